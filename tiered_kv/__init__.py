@@ -1,0 +1,33 @@
+"""tiered-kv: a three-tier KV cache (GPU pages, pinned CPU pool, SSD / Redis / Mooncake Store).
+
+The core exports: specs (``KVSpec`` and presets), the L1 ``DevicePool`` wrapper, the L2
+``HostPool``, page records, and the torch transfer path. Backends live in ``tiered_kv.backends``,
+GPU kernels in ``tiered_kv.kernels``.
+"""
+
+from .device_pool import DeviceBuffer, DevicePool, allocate_engine_like
+from .errors import *  # noqa: F403 - the error tree is part of the public API
+from .errors import __doc__ as _errors_doc  # noqa: F401
+from .host_pool import HostPool
+from .spec import FORMAT_VERSION, Component, KVSpec, mha_spec, mla_spec, model_spec, nsa_spec
+from .transfer import pages_from_token_indices, torch_backup, torch_load, torch_load_layer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FORMAT_VERSION",
+    "Component",
+    "DeviceBuffer",
+    "DevicePool",
+    "HostPool",
+    "KVSpec",
+    "allocate_engine_like",
+    "mha_spec",
+    "mla_spec",
+    "model_spec",
+    "nsa_spec",
+    "pages_from_token_indices",
+    "torch_backup",
+    "torch_load",
+    "torch_load_layer",
+]

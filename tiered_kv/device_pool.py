@@ -1,0 +1,138 @@
+"""L1: a view over the serving engine's own per-layer KV tensors. It allocates nothing.
+
+Engines lay components out differently, so each component is described by a ``DeviceBuffer``:
+the engine's per-layer tensors plus how many leading-dimension rows make one page. SGLang's NSA
+latent is token-indexed ``[tokens, 1, 656]`` (64 rows a page), its indexer page-indexed
+``[pages, 8448]`` (1 row a page); a vLLM k cache sliced out of ``[blocks, 2, ...]`` is page-indexed
+with a row stride of twice its page. Everything downstream sees *chunk views*: ``uint8 [pages,
+chunk_bytes]`` per (component, layer), with the engine's page stride.
+
+Pages the engine reserves (SGLang's page 0 is a padding sink) are never read or written: transfers
+reject them before launch. On a CPU machine the tensors are CPU tensors, which is how CI runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .errors import SpecError
+from .spec import KVSpec
+
+
+@dataclass(frozen=True)
+class DeviceBuffer:
+    """One component of the engine's pool: a tensor per layer, ``rows_per_page`` rows per page.
+
+    Each row (``tensor[i]``) must be contiguous; consecutive rows of a page must be adjacent when
+    ``rows_per_page > 1``. Row ``page * rows_per_page`` starts page ``page``.
+    """
+
+    layers: tuple[torch.Tensor, ...]
+    rows_per_page: int = 1
+
+    @classmethod
+    def token_indexed(cls, layers: Sequence[torch.Tensor], page_size: int) -> "DeviceBuffer":
+        """Tensors ``[tokens, ...]``: ``page_size`` token rows make a page (SGLang's latent)."""
+        return cls(tuple(layers), page_size)
+
+    @classmethod
+    def page_indexed(cls, layers: Sequence[torch.Tensor]) -> "DeviceBuffer":
+        """Tensors ``[pages, ...]``: one row is a page (SGLang's indexer, vLLM blocks)."""
+        return cls(tuple(layers), 1)
+
+
+def _chunk_view(t: torch.Tensor, rows_per_page: int, what: str) -> torch.Tensor:
+    """``uint8 [pages, chunk_bytes]`` over ``t`` with the engine's page stride; no copy."""
+    if t.dim() < 1 or t.shape[0] < rows_per_page:
+        raise SpecError(f"{what}: tensor of shape {tuple(t.shape)} holds less than one page ({rows_per_page} rows)")
+    item = t.element_size()
+    if not t[0].is_contiguous():
+        raise SpecError(f"{what}: each row must be contiguous; shape {tuple(t.shape)} strides {t.stride()}")
+    row_bytes = t[0].numel() * item
+    row_stride = t.stride(0) * item
+    if rows_per_page > 1 and row_stride != row_bytes:
+        raise SpecError(f"{what}: token rows of a page must be adjacent (row stride {row_stride} B, row {row_bytes} B)")
+    flat = t.view(torch.uint8) if t.dim() > 0 and t.stride(-1) == 1 else None
+    if flat is None:
+        raise SpecError(f"{what}: innermost dimension must be contiguous, strides {t.stride()}")
+    num_pages = t.shape[0] // rows_per_page
+    return torch.as_strided(
+        flat,
+        (num_pages, rows_per_page * row_bytes),
+        (rows_per_page * row_stride, 1),
+        t.storage_offset() * item,
+    )
+
+
+class DevicePool:
+    """The engine's L1 pool seen as pages of ``spec``; wraps tensors, allocates nothing.
+
+    Args:
+        spec: what a page holds.
+        buffers: one ``DeviceBuffer`` per spec component, by component name.
+        reserved_pages: page ids no transfer may touch.
+    """
+
+    def __init__(self, spec: KVSpec, buffers: Mapping[str, DeviceBuffer], reserved_pages: Iterable[int] = ()) -> None:
+        expected = [c.name for c in spec.components]
+        if sorted(buffers) != sorted(expected):
+            raise SpecError(f"device buffers {sorted(buffers)} do not match the spec's components {expected}")
+        self.spec = spec
+        self._views: list[list[torch.Tensor]] = []
+        devices: set[torch.device] = set()
+        for component in spec.components:
+            buffer = buffers[component.name]
+            if len(buffer.layers) != spec.num_layers:
+                raise SpecError(f"component {component.name!r}: {len(buffer.layers)} layer tensors, spec has {spec.num_layers} layers")
+            views = []
+            for layer, tensor in enumerate(buffer.layers):
+                what = f"component {component.name!r} layer {layer}"
+                view = _chunk_view(tensor, buffer.rows_per_page, what)
+                if view.shape[1] != component.bytes_per_layer:
+                    raise SpecError(
+                        f"{what}: a page of tensor shape {tuple(tensor.shape)} ({tensor.dtype}, {buffer.rows_per_page} rows) "
+                        f"is {view.shape[1]} B, the spec says {component.bytes_per_layer} B"
+                    )
+                views.append(view)
+                devices.add(tensor.device)
+            self._views.append(views)
+        if len(devices) != 1:
+            raise SpecError(f"all device tensors must be on one device, got {sorted(map(str, devices))}")
+        self.device: torch.device = devices.pop()
+        # Components may have a different page count (SGLang's indexer has spare pages): the pool
+        # exposes the pages every component has.
+        self.num_pages = min(v.shape[0] for views in self._views for v in views)
+        reserved = frozenset(int(p) for p in reserved_pages)
+        bad = [p for p in reserved if not 0 <= p < self.num_pages]
+        if bad:
+            raise SpecError(f"reserved pages {sorted(bad)} outside 0..{self.num_pages - 1}")
+        self.reserved_pages = reserved
+
+    def chunk_view(self, component_index: int, layer: int) -> torch.Tensor:
+        """``uint8 [num_pages(component), bytes_per_layer]`` for one (component, local layer)."""
+        return self._views[component_index][layer]
+
+    def __repr__(self) -> str:
+        return f"DevicePool({self.spec.kind}, pages={self.num_pages}, device={self.device}, reserved={sorted(self.reserved_pages)})"
+
+
+def allocate_engine_like(spec: KVSpec, num_pages: int, device: str | torch.device = "cpu", reserved_pages: Iterable[int] = (0,)) -> DevicePool:
+    """Allocate tensors shaped the way an SGLang-style engine would and wrap them.
+
+    For the embedded default (replay, benchmarks, tests): the first component is token-indexed
+    ``[pages * page_size, bytes_per_token_row]`` and the others page-indexed ``[pages, bytes]``,
+    all uint8, one tensor per layer.
+    """
+    buffers: dict[str, DeviceBuffer] = {}
+    for i, c in enumerate(spec.components):
+        if i == 0 and c.bytes_per_layer % spec.page_size == 0:
+            row = c.bytes_per_layer // spec.page_size
+            layers = [torch.empty(num_pages * spec.page_size, 1, row, dtype=torch.uint8, device=device) for _ in range(spec.num_layers)]
+            buffers[c.name] = DeviceBuffer.token_indexed(layers, spec.page_size)
+        else:
+            layers = [torch.empty(num_pages, c.bytes_per_layer, dtype=torch.uint8, device=device) for _ in range(spec.num_layers)]
+            buffers[c.name] = DeviceBuffer.page_indexed(layers)
+    return DevicePool(spec, buffers, reserved_pages)

@@ -1,0 +1,87 @@
+"""The library's one exception tree.
+
+    TieredKVError
+    ├── ConfigError              a config value, CLI argument or size string is wrong
+    ├── SpecError                a spec, or tensors that do not match a spec
+    │   └── SpecMismatchError    two pools / a record written for another spec
+    ├── IndexValidationError     page or token indices rejected before any byte moved
+    ├── PoolError
+    │   ├── PoolExhaustedError   not enough free host slots
+    │   ├── DoubleFreeError      a slot freed twice
+    │   └── ForeignSlotError     a slot id this pool never handed out
+    ├── RecordError              a stored page record failed verification: callers treat it as a miss
+    │   ├── TruncatedRecordError
+    │   ├── CorruptRecordError   bad magic, header or payload checksum
+    │   └── ForeignRecordError   written for another spec fingerprint or another key
+    └── BackendError             an L3 backend failed (not a miss)
+        ├── BackendUnavailableError   cannot reach the server / medium
+        └── BackendTimeoutError
+
+Dependency errors (redis, mooncake, OSError) are mapped at the boundary with ``raise ... from``.
+"""
+
+from __future__ import annotations
+
+
+class TieredKVError(Exception):
+    """Root of every error tiered-kv raises on purpose."""
+
+
+class ConfigError(TieredKVError, ValueError):
+    """A config value, CLI argument or size string is invalid."""
+
+
+class SpecError(TieredKVError, ValueError):
+    """A KV spec is inconsistent, or tensors do not match it."""
+
+
+class SpecMismatchError(SpecError):
+    """Two objects built for different specs were combined."""
+
+
+class IndexValidationError(TieredKVError, ValueError):
+    """Page ids or token indices were rejected before anything was moved."""
+
+
+class PoolError(TieredKVError):
+    """Misuse of a pool's allocator."""
+
+
+class PoolExhaustedError(PoolError):
+    """Not enough free slots for an allocation."""
+
+
+class DoubleFreeError(PoolError):
+    """A slot was freed that is already free (or already waiting to be freed)."""
+
+
+class ForeignSlotError(PoolError, IndexValidationError):
+    """A slot id that this pool never handed out (out of range or not allocated)."""
+
+
+class RecordError(TieredKVError):
+    """A page record failed verification. Callers count it and treat it as a miss."""
+
+
+class TruncatedRecordError(RecordError):
+    """The record is shorter than its header says."""
+
+
+class CorruptRecordError(RecordError):
+    """Bad magic, unknown version, or a header / payload checksum mismatch."""
+
+
+class ForeignRecordError(RecordError):
+    """The record is intact but belongs to another spec fingerprint or page key."""
+
+
+class BackendError(TieredKVError):
+    """An L3 backend failed. A miss is never an exception; this is."""
+
+
+class BackendUnavailableError(BackendError):
+    """The backend's server or medium cannot be reached."""
+
+
+class BackendTimeoutError(BackendError, TimeoutError):
+    """A backend call did not finish in time."""

@@ -1,0 +1,53 @@
+"""Host memory for the L2 pool: exact size, page aligned, pinned by registering it with CUDA.
+
+torch's ``pin_memory=True`` rounds allocations up to a power of two (a 300 GiB pool would take
+512 GiB), so the pool maps anonymous memory of exactly its size (4 KiB aligned, which direct I/O
+needs) and registers that range with ``cudaHostRegister`` when CUDA is present. Without CUDA it is
+plain memory. The range stays registered until ``release()``.
+"""
+
+from __future__ import annotations
+
+import mmap
+
+import torch
+
+from .errors import PoolError
+
+_CUDA_HOST_REGISTER_PORTABLE = 1  # visible to every CUDA context, so any device can use UVA on it
+
+
+class HostMemory:
+    """An anonymous mapping of ``size`` bytes, viewed as a uint8 tensor, optionally CUDA-pinned."""
+
+    def __init__(self, size: int, *, pin: bool | None = None) -> None:
+        if size <= 0:
+            raise PoolError(f"host memory size must be > 0, got {size}")
+        self.size = size
+        self._mmap = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.tensor = torch.frombuffer(self._mmap, dtype=torch.uint8)
+        self.pinned = False
+        if pin is None:
+            pin = torch.cuda.is_available()
+        if pin:
+            self._register()
+
+    def _register(self) -> None:
+        cudart = torch.cuda.cudart()
+        err = cudart.cudaHostRegister(self.tensor.data_ptr(), self.size, _CUDA_HOST_REGISTER_PORTABLE)
+        if int(err) != 0:
+            raise PoolError(f"cudaHostRegister of {self.size} B failed with CUDA error {int(err)}")
+        self.pinned = True
+
+    @property
+    def address(self) -> int:
+        return self.tensor.data_ptr()
+
+    def memoryview(self) -> memoryview:
+        return memoryview(self._mmap)
+
+    def release(self) -> None:
+        """Unregister from CUDA. The mapping itself is freed when the last view goes away."""
+        if self.pinned:
+            torch.cuda.cudart().cudaHostUnregister(self.tensor.data_ptr())
+            self.pinned = False

@@ -1,0 +1,153 @@
+"""Allocation of host pool slots: runs of adjacent slots, completion-gated frees.
+
+Slots are integers ``0 .. num_slots-1``. ``allocate(n)`` prefers one run of ``n`` adjacent slots
+(long copies are faster for copy engines, Mooncake and direct I/O), else the fewest, longest runs.
+``free(slots, completion)`` returns slots only once ``completion.done()``: a slot is never handed to
+a second user while a copy into or out of it may still run.
+
+Not thread-safe by itself: the host pool (or the controller's loop) owns it.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+
+from .completion import Completion, as_completion
+from .errors import DoubleFreeError, ForeignSlotError, PoolExhaustedError
+
+
+class SlotAllocator:
+    """Free space as sorted, disjoint ``[start, end)`` runs, plus frees waiting on completions."""
+
+    def __init__(self, num_slots: int) -> None:
+        if num_slots <= 0:
+            raise ValueError(f"num_slots must be > 0, got {num_slots}")
+        self.num_slots = num_slots
+        self._starts: list[int] = [0]
+        self._ends: list[int] = [num_slots]
+        self._allocated = bytearray(num_slots)  # 1 = handed out (including pending frees)
+        self._pending: list[tuple[Completion, list[int]]] = []
+        self._pending_slots: set[int] = set()
+        self._free_count = num_slots
+
+    # --- queries -----------------------------------------------------------------------------
+    @property
+    def free_count(self) -> int:
+        """Slots free right now (pending frees whose completion is done are counted after reap)."""
+        return self._free_count
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending_slots)
+
+    def is_allocated(self, slot: int) -> bool:
+        return bool(self._allocated[slot]) and slot not in self._pending_slots
+
+    def runs(self) -> list[tuple[int, int]]:
+        """Free runs as ``(start, end)``; for tests and stats."""
+        return list(zip(self._starts, self._ends))
+
+    # --- allocation --------------------------------------------------------------------------
+    def allocate(self, count: int) -> list[int]:
+        """Hand out ``count`` slots, as few runs as possible. Raises PoolExhaustedError."""
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        if count == 0:
+            return []
+        if count > self._free_count:
+            self.reap()
+        if count > self._free_count:
+            raise PoolExhaustedError(
+                f"need {count} host slots, {self._free_count} free of {self.num_slots} "
+                f"({len(self._pending_slots)} waiting for their transfers to complete)"
+            )
+        slots: list[int] = []
+        # Best fit: the shortest run that holds everything keeps long runs for later.
+        best = -1
+        for i, (start, end) in enumerate(zip(self._starts, self._ends)):
+            length = end - start
+            if length >= count and (best < 0 or length < self._ends[best] - self._starts[best]):
+                best = i
+        if best >= 0:
+            slots.extend(self._take(best, count))
+        else:
+            # Fragmented: take the longest runs first.
+            while len(slots) < count:
+                i = max(range(len(self._starts)), key=lambda j: self._ends[j] - self._starts[j])
+                slots.extend(self._take(i, count - len(slots)))
+        for s in slots:
+            self._allocated[s] = 1
+        self._free_count -= count
+        return slots
+
+    def _take(self, run_index: int, count: int) -> range:
+        start, end = self._starts[run_index], self._ends[run_index]
+        taken = min(count, end - start)
+        if taken == end - start:
+            del self._starts[run_index], self._ends[run_index]
+        else:
+            self._starts[run_index] = start + taken
+        return range(start, start + taken)
+
+    # --- freeing -----------------------------------------------------------------------------
+    def free(self, slots: Iterable[int], completion: object = None) -> None:
+        """Give ``slots`` back once ``completion`` (event, future or None) is done.
+
+        Raises ForeignSlotError for ids outside the pool or never allocated, DoubleFreeError for a
+        slot already free or already waiting to be freed; on error nothing is freed.
+        """
+        slot_list = list(slots)
+        self._check_freeable(slot_list)
+        done = as_completion(completion)
+        if done.done():
+            self._release(slot_list)
+        else:
+            self._pending.append((done, slot_list))
+            self._pending_slots.update(slot_list)
+
+    def _check_freeable(self, slots: Sequence[int]) -> None:
+        seen: set[int] = set()
+        for s in slots:
+            if not isinstance(s, int) or not 0 <= s < self.num_slots:
+                raise ForeignSlotError(f"slot {s!r} is not a slot of this pool (0..{self.num_slots - 1})")
+            if s in seen or s in self._pending_slots:
+                raise DoubleFreeError(f"slot {s} freed twice")
+            if not self._allocated[s]:
+                raise DoubleFreeError(f"slot {s} is already free")
+            seen.add(s)
+
+    def reap(self) -> int:
+        """Release every pending free whose completion is done; returns the slots released."""
+        released = 0
+        still: list[tuple[Completion, list[int]]] = []
+        for done, slots in self._pending:
+            if done.done():
+                self._pending_slots.difference_update(slots)
+                self._release(slots)
+                released += len(slots)
+            else:
+                still.append((done, slots))
+        self._pending = still
+        return released
+
+    def _release(self, slots: Sequence[int]) -> None:
+        for s in sorted(slots):
+            self._allocated[s] = 0
+            self._insert_free(s)
+        self._free_count += len(slots)
+
+    def _insert_free(self, slot: int) -> None:
+        i = bisect.bisect_right(self._starts, slot)
+        joins_left = i > 0 and self._ends[i - 1] == slot
+        joins_right = i < len(self._starts) and self._starts[i] == slot + 1
+        if joins_left and joins_right:
+            self._ends[i - 1] = self._ends[i]
+            del self._starts[i], self._ends[i]
+        elif joins_left:
+            self._ends[i - 1] = slot + 1
+        elif joins_right:
+            self._starts[i] = slot
+        else:
+            self._starts.insert(i, slot)
+            self._ends.insert(i, slot + 1)

@@ -1,0 +1,161 @@
+"""Checking and describing L1 <-> L2 page copies, and the pure torch path that performs them.
+
+Validation runs on CPU copies of the indices, so no call forces a device sync, and it happens
+before anything is written: out-of-range ids, duplicate destinations, reserved device pages,
+mismatched lengths or pools of different specs raise ``IndexValidationError`` / ``SpecMismatchError``
+naming the offending index.
+
+``backup_pairs`` / ``load_pairs`` turn pools into the ``(src_view, dst_view)`` chunk pairs that every
+copy path (``kernels.copy_pages_reference``, the Triton kernels, the copy-engine path) consumes.
+``torch_backup`` / ``torch_load_layer`` are the reference path used on machines without CUDA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .device_pool import DevicePool
+from .errors import IndexValidationError, SpecMismatchError
+from .host_pool import HostPool
+from .kernels import copy_pages_reference
+
+IdsLike = Sequence[int] | torch.Tensor
+
+
+def _as_cpu_ids(ids: IdsLike, what: str) -> torch.Tensor:
+    if isinstance(ids, torch.Tensor):
+        if ids.dim() != 1:
+            raise IndexValidationError(f"{what}: expected a 1-D index tensor, got shape {tuple(ids.shape)}")
+        if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.dtype.is_complex:
+            raise IndexValidationError(f"{what}: expected integer indices, got {ids.dtype}")
+        # One copy to the CPU; callers pass CPU tensors to avoid even that.
+        return ids.to("cpu", torch.int64)
+    try:
+        return torch.as_tensor(list(ids), dtype=torch.int64)
+    except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
+        raise IndexValidationError(f"{what}: expected a sequence of ints") from exc
+
+
+def pages_from_token_indices(token_indices: IdsLike, page_size: int) -> torch.Tensor:
+    """Page ids from engine token indices (page-aligned, whole pages, contiguous within a page).
+
+    Raises IndexValidationError naming the first index that breaks a rule.
+    """
+    tokens = _as_cpu_ids(token_indices, "token indices")
+    if tokens.numel() % page_size:
+        raise IndexValidationError(f"token indices: {tokens.numel()} indices is not a whole number of pages of {page_size}")
+    if tokens.numel() == 0:
+        return tokens
+    per_page = tokens.view(-1, page_size)
+    firsts = per_page[:, 0]
+    misaligned = torch.nonzero(firsts % page_size).flatten()
+    if misaligned.numel():
+        p = int(misaligned[0])
+        raise IndexValidationError(
+            f"token indices: index {p * page_size} (value {int(firsts[p])}) starts a page but is not a multiple of the page size {page_size}"
+        )
+    expected = firsts.unsqueeze(1) + torch.arange(page_size)
+    wrong = torch.nonzero((per_page != expected).flatten()).flatten()
+    if wrong.numel():
+        i = int(wrong[0])
+        raise IndexValidationError(
+            f"token indices: index {i} (value {int(tokens[i])}) should be {int(expected.flatten()[i])}: tokens of a page must be contiguous"
+        )
+    return firsts // page_size
+
+
+def _check_ids(ids: torch.Tensor, limit: int, what: str, *, unique: bool, reserved: frozenset[int] = frozenset()) -> None:
+    if ids.numel() == 0:
+        return
+    out = torch.nonzero((ids < 0) | (ids >= limit)).flatten()
+    if out.numel():
+        i = int(out[0])
+        raise IndexValidationError(f"{what}: index {i} is {int(ids[i])}, outside 0..{limit - 1}")
+    if reserved:
+        hit = torch.nonzero(torch.isin(ids, torch.tensor(sorted(reserved), dtype=torch.int64))).flatten()
+        if hit.numel():
+            i = int(hit[0])
+            raise IndexValidationError(f"{what}: index {i} is page {int(ids[i])}, which the engine reserves")
+    if unique:
+        sorted_ids, order = torch.sort(ids, stable=True)
+        dup = torch.nonzero(sorted_ids[1:] == sorted_ids[:-1]).flatten()
+        if dup.numel():
+            j = int(dup[0])
+            raise IndexValidationError(
+                f"{what}: index {int(order[j + 1])} repeats destination {int(sorted_ids[j])} (also at index {int(order[j])})"
+            )
+
+
+@dataclass(frozen=True)
+class PageCopy:
+    """A validated copy: CPU int64 ids of equal length, device pages and host slots."""
+
+    device_pages: torch.Tensor
+    host_slots: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.device_pages.numel()
+
+
+def validate(device_pool: DevicePool, host_pool: HostPool, device_pages: IdsLike, host_slots: IdsLike,
+             *, to_host: bool, token_indices: bool = False) -> PageCopy:
+    """Check a copy between the pools before anything moves; returns its ids on the CPU.
+
+    ``token_indices=True`` means ``device_pages`` holds engine token indices (see
+    ``pages_from_token_indices``). Destinations must be unique; device pages must not be reserved.
+    """
+    if device_pool.spec.fingerprint != host_pool.spec.fingerprint:
+        raise SpecMismatchError(
+            f"device pool spec ({device_pool.spec.describe()}) differs from host pool spec ({host_pool.spec.describe()})"
+        )
+    pages = (pages_from_token_indices(device_pages, device_pool.spec.page_size) if token_indices
+             else _as_cpu_ids(device_pages, "device pages"))
+    slots = _as_cpu_ids(host_slots, "host slots")
+    if pages.numel() != slots.numel():
+        raise IndexValidationError(f"{pages.numel()} device pages but {slots.numel()} host slots")
+    _check_ids(pages, device_pool.num_pages, "device pages", unique=not to_host, reserved=device_pool.reserved_pages)
+    _check_ids(slots, host_pool.num_slots, "host slots", unique=to_host)
+    return PageCopy(pages, slots)
+
+
+def backup_pairs(device_pool: DevicePool, host_pool: HostPool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Chunk pairs device -> host for every component and layer (layer-major, component-minor)."""
+    spec = device_pool.spec
+    return [(device_pool.chunk_view(ci, layer), host_pool.chunk_view(ci, layer))
+            for layer in range(spec.num_layers) for ci in range(len(spec.components))]
+
+
+def load_pairs(host_pool: HostPool, device_pool: DevicePool, layer: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Chunk pairs host -> device for every component of one layer (latent *and* indexer)."""
+    return [(host_pool.chunk_view(ci, layer), device_pool.chunk_view(ci, layer))
+            for ci in range(len(device_pool.spec.components))]
+
+
+def torch_backup(device_pool: DevicePool, host_pool: HostPool, device_pages: IdsLike, host_slots: IdsLike,
+                 *, token_indices: bool = False) -> PageCopy:
+    """Copy every component and layer of ``device_pages`` into ``host_slots`` (reference path)."""
+    copy = validate(device_pool, host_pool, device_pages, host_slots, to_host=True, token_indices=token_indices)
+    copy_pages_reference(backup_pairs(device_pool, host_pool), copy.device_pages, copy.host_slots)
+    return copy
+
+
+def torch_load_layer(host_pool: HostPool, device_pool: DevicePool, host_slots: IdsLike, device_pages: IdsLike,
+                     layer: int, *, token_indices: bool = False) -> PageCopy:
+    """Copy one layer (every component) of ``host_slots`` into ``device_pages`` (reference path)."""
+    if not 0 <= layer < device_pool.spec.num_layers:
+        raise IndexValidationError(f"layer {layer} outside 0..{device_pool.spec.num_layers - 1}")
+    copy = validate(device_pool, host_pool, device_pages, host_slots, to_host=False, token_indices=token_indices)
+    copy_pages_reference(load_pairs(host_pool, device_pool, layer), copy.host_slots, copy.device_pages)
+    return copy
+
+
+def torch_load(host_pool: HostPool, device_pool: DevicePool, host_slots: IdsLike, device_pages: IdsLike,
+               *, token_indices: bool = False) -> PageCopy:
+    """Load every layer, one after another (reference path)."""
+    copy = validate(device_pool, host_pool, device_pages, host_slots, to_host=False, token_indices=token_indices)
+    for layer in range(device_pool.spec.num_layers):
+        copy_pages_reference(load_pairs(host_pool, device_pool, layer), copy.host_slots, copy.device_pages)
+    return copy

@@ -149,6 +149,11 @@ class HostPool:
         with self._lock:
             self._allocator.free(slots, completion)
 
+    def hold(self, slots: Iterable[int], completion: object) -> None:
+        """Keep ``slots`` from being reused until ``completion`` is done, even after ``free``."""
+        with self._lock:
+            self._allocator.hold(slots, completion)
+
     def reap(self) -> int:
         """Release pending frees whose completion is done; returns how many slots came back."""
         with self._lock:

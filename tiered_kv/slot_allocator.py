@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Sequence
 
-from .completion import Completion, as_completion
+from .completion import AllOf, Completion, as_completion
 from .errors import DoubleFreeError, ForeignSlotError, PoolExhaustedError
 
 
@@ -29,6 +29,7 @@ class SlotAllocator:
         self._allocated = bytearray(num_slots)  # 1 = handed out (including pending frees)
         self._pending: list[tuple[Completion, list[int]]] = []
         self._pending_slots: set[int] = set()
+        self._holds: dict[int, Completion] = {}  # slot -> work that may still write into it
         self._free_count = num_slots
 
     # --- queries -----------------------------------------------------------------------------
@@ -100,6 +101,10 @@ class SlotAllocator:
         slot_list = list(slots)
         self._check_freeable(slot_list)
         done = as_completion(completion)
+        holds = [self._holds.pop(s) for s in slot_list if s in self._holds]
+        holds = [h for h in holds if not h.done()]
+        if holds:
+            done = AllOf([done, *holds])
         if done.done():
             self._release(slot_list)
         else:
@@ -116,6 +121,19 @@ class SlotAllocator:
             if not self._allocated[s]:
                 raise DoubleFreeError(f"slot {s} is already free")
             seen.add(s)
+
+    def hold(self, slots: Iterable[int], completion: object) -> None:
+        """Mark allocated ``slots`` as possibly written by work that ends with ``completion``.
+
+        A later ``free`` of those slots waits for it too: a cancelled or timed-out L3 read keeps its
+        slots until its worker thread has returned.
+        """
+        done = as_completion(completion)
+        for s in slots:
+            if not isinstance(s, int) or not 0 <= s < self.num_slots or not self._allocated[s]:
+                raise ForeignSlotError(f"slot {s!r} is not an allocated slot of this pool")
+            previous = self._holds.get(s)
+            self._holds[s] = done if previous is None or previous.done() else AllOf([previous, done])
 
     def reap(self) -> int:
         """Release every pending free whose completion is done; returns the slots released."""

@@ -1,0 +1,272 @@
+"""The L3 backend contract, and the machinery every backend shares.
+
+Public, async, batch-first (single-key helpers are built on these):
+
+    exists(keys) -> int               length of the leading run of keys present
+    get_into(keys, slots) -> [bool]   records land in page_first slots and are verified there
+    put_from(keys, slots) -> [bool]   sealed slots go out; put-if-absent (present = success)
+    delete(keys)                      absent keys are fine
+    aclose() / async with             stop the executor, close connections
+
+Shared semantics, implemented here once so backends cannot drift:
+- a miss is ``False``; a failure raises a ``BackendError`` (mapped with ``raise ... from``);
+- a get counts only the leading run of hits: once a key misses, later ones are reported False;
+- a slot counts as filled only after its record verifies (``HostPool.verify_slot``); a corrupt,
+  truncated or foreign record is counted, deleted from the backend and reported as a miss;
+- only slots sealed for their key are put (``HostPool.is_sealed``), else ValueError;
+- duplicate keys in one batch are fetched / stored once;
+- blocking calls run on the backend's own bounded executor (``run_blocking``); when a caller
+  is cancelled or times out, the slots of that call stay held in the pool (``HostPool.hold``)
+  until the worker thread has returned, so no late write lands in a slot given to someone else;
+- hits, misses, corrupt records, bytes and errors are counted from the start (``stats``).
+
+A backend subclass implements four primitives on distinct keys: ``_exists``, ``_get``, ``_put``,
+``_delete`` (see their docstrings), a ``scheme``, ``capabilities`` and ``from_url``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+from ..errors import BackendError, BackendTimeoutError, IndexValidationError, PoolError, RecordError
+from ..host_pool import HostPool
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can promise. Frozen: decided by the backend class and its config."""
+
+    zero_copy: bool  # records move straight between host slots and the medium
+    persistent: bool  # pages survive a restart of every process (and of the server)
+    shared_across_processes: bool
+    shared_across_nodes: bool
+
+
+@dataclass
+class BackendStats:
+    """Counters kept from the first call on. Read by metrics and benchmarks."""
+
+    hits: int = 0
+    misses: int = 0
+    corrupt: int = 0
+    puts: int = 0
+    put_rejected: int = 0  # put returned False: no room, or the medium refused
+    bytes_read: int = 0
+    bytes_written: int = 0
+    errors: int = 0
+
+
+def check_keys(keys: Sequence[str]) -> list[str]:
+    if isinstance(keys, (str, bytes)):
+        raise TypeError("keys must be a sequence of str, not a single str/bytes")
+    out = list(keys)
+    for i, k in enumerate(out):
+        if not isinstance(k, str):
+            raise TypeError(f"keys[{i}] must be str, got {type(k).__name__}")
+        if not k or not k.isascii() or len(k) > 512 or not k.isprintable():
+            raise ValueError(f"keys[{i}] must be 1..512 printable ASCII characters, got {k[:80]!r}")
+    return out
+
+
+class Backend(ABC):
+    """Base class of every L3 backend. One instance serves one page_first ``HostPool``."""
+
+    scheme: ClassVar[str]
+    capabilities: ClassVar[Capabilities]
+
+    def __init__(self, pool: HostPool, *, max_workers: int = 4, timeout_s: float | None = 30.0) -> None:
+        if not pool.holds_records:
+            raise PoolError(f"L3 backends move whole page records and need a page_first host pool; got {pool.layout}")
+        self.pool = pool
+        self.timeout_s = timeout_s
+        self.stats = BackendStats()
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"tkv-{self.scheme}")
+        self._closed = False
+
+    # --- construction ------------------------------------------------------------------------
+    @classmethod
+    @abstractmethod
+    def from_url(cls, url: str, pool: HostPool, **options: Any) -> "Backend":
+        """Parse ``url`` (and keyword options) into a typed config and open the backend."""
+
+    @classmethod
+    def measure_raw_ceiling(cls, url: str, *, page_bytes: int, pages: int) -> dict[str, float] | None:
+        """The medium's own put/get throughput for ``pages`` values of ``page_bytes`` (blocking).
+
+        For benchmarks: returns ``{"raw_put_gbps", "raw_get_gbps", "raw_method"}`` measured the way the
+        backend's docs name (direct I/O for files, redis-benchmark, Mooncake's own zero-copy calls),
+        or None where there is no such ceiling.
+        """
+        return None
+
+    async def __aenter__(self) -> "Backend":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self._close()
+        # Running workers finish on their own; nothing new starts.
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _close(self) -> None:
+        """Release connections / files. Default: nothing."""
+
+    # --- primitives a backend implements (distinct keys; may raise BackendError) -----------
+    @abstractmethod
+    async def _exists(self, keys: list[str]) -> list[bool]:
+        """Presence of each key."""
+
+    @abstractmethod
+    async def _get(self, keys: list[str], slots: list[int]) -> list[bool]:
+        """Write each present key's stored record into its slot's ``record_view``; False if absent.
+
+        Need not verify: the base verifies every slot reported True before counting it.
+        """
+
+    @abstractmethod
+    async def _put(self, keys: list[str], slots: list[int]) -> list[bool]:
+        """Store each slot's ``record_view`` under its key unless present (present = True)."""
+
+    @abstractmethod
+    async def _delete(self, keys: list[str]) -> None:
+        """Remove keys; absent keys are not an error."""
+
+    # --- helpers for subclasses --------------------------------------------------------------
+    async def run_blocking(self, fn: Callable[..., T], *args: Any, hold_slots: Sequence[int] = ()) -> T:
+        """Run ``fn`` on this backend's executor, with this backend's timeout.
+
+        ``hold_slots``: slots ``fn`` may write into; if the caller is cancelled or times out they
+        stay held in the pool until ``fn`` has returned.
+        """
+        if self._closed:
+            raise BackendError(f"{self.scheme} backend is closed")
+        future = self._executor.submit(fn, *args)
+        if hold_slots:
+            self.pool.hold(hold_slots, future)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), self.timeout_s)
+        except TimeoutError as exc:
+            raise BackendTimeoutError(f"{self.scheme}: {getattr(fn, '__name__', 'call')} took longer than {self.timeout_s}s") from exc
+
+    # --- the public contract -----------------------------------------------------------------
+    async def exists(self, keys: Sequence[str]) -> int:
+        """Length of the leading run of ``keys`` present in the backend."""
+        keys = check_keys(keys)
+        if not keys:
+            return 0
+        unique = list(dict.fromkeys(keys))
+        present = dict(zip(unique, await self._guard(self._exists(unique))))
+        run = 0
+        for k in keys:
+            if not present[k]:
+                break
+            run += 1
+        return run
+
+    async def get_into(self, keys: Sequence[str], slots: Sequence[int]) -> list[bool]:
+        """Fill ``slots`` with the records of ``keys``; True only for the verified leading run."""
+        keys, slots = self._check_batch(keys, slots)
+        if not keys:
+            return []
+        if len(set(slots)) != len(slots):
+            raise IndexValidationError("get_into: a slot appears twice in one batch")
+        first_slot: dict[str, int] = {}
+        for k, s in zip(keys, slots):
+            first_slot.setdefault(k, s)
+        unique = list(first_slot)
+        got = await self._guard(self._get(unique, [first_slot[k] for k in unique]))
+        ok: dict[str, bool] = {}
+        corrupt: list[str] = []
+        for k, hit in zip(unique, got):
+            ok[k] = hit and self._verify(k, first_slot[k], corrupt)
+        if corrupt:
+            await self._guard(self._delete(corrupt))
+        results: list[bool] = []
+        for k, s in zip(keys, slots):
+            hit = ok[k] and (not results or results[-1])
+            if hit and s != first_slot[k]:
+                self.pool.record_view(s)[:] = self.pool.record_view(first_slot[k])
+            results.append(hit)
+        hits = sum(results)
+        self.stats.hits += hits
+        self.stats.misses += len(results) - hits
+        self.stats.bytes_read += hits * self.pool.record_bytes
+        return results
+
+    def _verify(self, key: str, slot: int, corrupt: list[str]) -> bool:
+        try:
+            self.pool.verify_slot(slot, key)
+        except RecordError as exc:
+            log.warning("%s: dropping stored page %s: %s", self.scheme, key[:32], exc)
+            self.stats.corrupt += 1
+            corrupt.append(key)
+            return False
+        return True
+
+    async def put_from(self, keys: Sequence[str], slots: Sequence[int]) -> list[bool]:
+        """Store the sealed records in ``slots`` under ``keys``; per key, False if it did not fit."""
+        keys, slots = self._check_batch(keys, slots)
+        for k, s in zip(keys, slots):
+            if not self.pool.is_sealed(s, k):
+                raise ValueError(f"put_from: slot {s} is not sealed for key {k[:64]!r}; seal it after its bytes land")
+        first_slot: dict[str, int] = {}
+        for k, s in zip(keys, slots):
+            first_slot.setdefault(k, s)
+        unique = list(first_slot)
+        if not unique:
+            return []
+        stored = dict(zip(unique, await self._guard(self._put(unique, [first_slot[k] for k in unique]))))
+        done = sum(stored.values())
+        self.stats.puts += done
+        self.stats.put_rejected += len(unique) - done
+        self.stats.bytes_written += done * self.pool.record_bytes
+        return [stored[k] for k in keys]
+
+    async def delete(self, keys: Sequence[str]) -> None:
+        keys = check_keys(keys)
+        if keys:
+            await self._guard(self._delete(list(dict.fromkeys(keys))))
+
+    # --- single-key conveniences -------------------------------------------------------------
+    async def get(self, key: str, slot: int) -> bool:
+        return (await self.get_into([key], [slot]))[0]
+
+    async def put(self, key: str, slot: int) -> bool:
+        return (await self.put_from([key], [slot]))[0]
+
+    async def contains(self, key: str) -> bool:
+        return await self.exists([key]) == 1
+
+    # --- internals ---------------------------------------------------------------------------
+    def _check_batch(self, keys: Sequence[str], slots: Sequence[int]) -> tuple[list[str], list[int]]:
+        keys = check_keys(keys)
+        slot_list = [self.pool.check_slot(s) for s in slots]
+        if len(keys) != len(slot_list):
+            raise IndexValidationError(f"{len(keys)} keys but {len(slot_list)} slots")
+        return keys, slot_list
+
+    async def _guard(self, call: "asyncio.Future[T] | Any") -> T:
+        """Await a primitive, counting failures; only BackendError may leave a backend."""
+        try:
+            return await call
+        except BackendError:
+            self.stats.errors += 1
+            raise
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.scheme}, pool={self.pool!r})"
+

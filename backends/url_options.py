@@ -23,9 +23,9 @@ _FALSE = {"0", "false", "no", "off"}
 def _convert(name: str, kind: Any, value: Any, url: str) -> Any:
     if not isinstance(value, str):
         return value  # given as a keyword option, already typed
+    if name.endswith("_bytes"):
+        return parse_size(value, what=f"{url}: option {name}")
     try:
-        if name.endswith("_bytes"):
-            return parse_size(value, what=f"{url}: option {name}")
         if kind is bool or kind == "bool":
             lowered = value.lower()
             if lowered not in _TRUE | _FALSE:

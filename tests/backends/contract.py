@@ -1,0 +1,162 @@
+"""The contract every L3 backend keeps, as a test class to subclass.
+
+Usage in ``tests/backends/test_<name>.py``::
+
+    class TestFileContract(BackendContract):
+        @pytest.fixture
+        async def backend(self, pool, tmp_path):
+            async with open_backend(f"file://{tmp_path}", pool) as b:
+                yield b
+
+``pool`` (a small page_first NSA pool) comes from this module's fixture; subclasses may override it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+
+import pytest
+import torch
+
+from tiered_kv import HostPool, nsa_spec
+from tiered_kv.errors import ForeignSlotError, IndexValidationError
+
+SPEC = nsa_spec(num_layers=2)  # 100,864 B payload: small enough for CI, same shape of record
+
+
+def fill_and_seal(pool: HostPool, slots: list[int], keys: list[str]) -> dict[str, bytes]:
+    """Random payload in each slot, sealed for its key; returns key -> record bytes."""
+    records = {}
+    for slot, key in zip(slots, keys):
+        payload = pool.record_view(slot)[4096:]
+        payload[:] = torch.randint(0, 256, (len(payload),), dtype=torch.uint8).numpy().tobytes()
+        pool.seal(slot, key)
+        records[key] = bytes(pool.record_view(slot))
+    return records
+
+
+def new_keys(n: int) -> list[str]:
+    prefix = secrets.token_hex(6)
+    return [f"{prefix}-{i:04d}-{secrets.token_hex(8)}" for i in range(n)]
+
+
+class BackendContract:
+    """Behaviour shared by every backend. Subclasses provide the ``backend`` fixture."""
+
+    @pytest.fixture
+    def pool(self):
+        with HostPool(SPEC, 48, "page_first") as pool:
+            yield pool
+
+    async def test_round_trip_random_pages(self, backend, pool):
+        keys = new_keys(6)
+        src = pool.allocate(6)
+        records = fill_and_seal(pool, src, keys)
+        assert await backend.put_from(keys, src) == [True] * 6
+        dst = pool.allocate(6)
+        for s in dst:  # poison: a hit must overwrite every byte
+            pool.record_view(s)[:] = b"\xa5" * pool.record_bytes
+        assert await backend.get_into(keys, dst) == [True] * 6
+        for key, slot in zip(keys, dst):
+            assert bytes(pool.record_view(slot)) == records[key]
+
+    async def test_exists_counts_leading_run(self, backend, pool):
+        keys = new_keys(5)
+        slots = pool.allocate(5)
+        fill_and_seal(pool, slots, keys)
+        await backend.put_from([keys[0], keys[1], keys[3]], [slots[0], slots[1], slots[3]])
+        assert await backend.exists(keys) == 2
+        assert await backend.exists(keys[:2]) == 2
+        assert await backend.exists([keys[2], keys[0]]) == 0
+        assert await backend.exists([]) == 0
+
+    async def test_get_counts_only_leading_run(self, backend, pool):
+        keys = new_keys(3)
+        slots = pool.allocate(3)
+        fill_and_seal(pool, slots, keys)
+        await backend.put_from([keys[0], keys[2]], [slots[0], slots[2]])
+        dst = pool.allocate(3)
+        assert await backend.get_into(keys, dst) == [True, False, False]
+
+    async def test_put_is_put_if_absent(self, backend, pool):
+        [key] = new_keys(1)
+        first, second, dst = pool.allocate(3)
+        original = fill_and_seal(pool, [first], [key])[key]
+        fill_and_seal(pool, [second], [key])  # different bytes, same key
+        assert await backend.put_from([key], [first]) == [True]
+        assert await backend.put_from([key], [second]) == [True]
+        assert await backend.get_into([key], [dst]) == [True]
+        assert bytes(pool.record_view(dst)) == original
+
+    async def test_delete(self, backend, pool):
+        keys = new_keys(2)
+        slots = pool.allocate(2)
+        fill_and_seal(pool, slots, keys)
+        await backend.put_from(keys, slots)
+        await backend.delete([keys[0], "absent-key"])
+        assert await backend.exists(keys) == 0
+        assert await backend.exists(keys[1:]) == 1
+        dst = pool.allocate(1)
+        assert await backend.get_into(keys[:1], dst) == [False]
+        await backend.delete([])
+
+    async def test_empty_batches(self, backend, pool):
+        assert await backend.put_from([], []) == []
+        assert await backend.get_into([], []) == []
+        assert await backend.exists([]) == 0
+
+    async def test_duplicate_keys_in_one_batch(self, backend, pool):
+        [key] = new_keys(1)
+        slots = pool.allocate(2)
+        fill_and_seal(pool, slots, [key, key])
+        assert await backend.put_from([key, key], slots) == [True, True]
+        dst = pool.allocate(2)
+        assert await backend.get_into([key, key], dst) == [True, True]
+        assert bytes(pool.record_view(dst[0])) == bytes(pool.record_view(dst[1]))
+        assert await backend.exists([key, key]) == 2
+
+    async def test_many_tasks_at_once(self, backend, pool):
+        keys = new_keys(16)
+        src = pool.allocate(16)
+        records = fill_and_seal(pool, src, keys)
+        puts = await asyncio.gather(*(backend.put_from([k], [s]) for k, s in zip(keys, src)))
+        assert all(r == [True] for r in puts)
+        dst = pool.allocate(16)
+        gets = await asyncio.gather(*(backend.get_into(keys[i:i + 4], dst[i:i + 4]) for i in range(0, 16, 4)))
+        assert all(r == [True] * 4 for r in gets)
+        for key, slot in zip(keys, dst):
+            assert bytes(pool.record_view(slot)) == records[key]
+
+    async def test_unsealed_slot_is_refused(self, backend, pool):
+        keys = new_keys(2)
+        slots = pool.allocate(2)
+        fill_and_seal(pool, slots[:1], keys[:1])
+        pool.record_view(slots[1])[:4096] = bytes(4096)
+        with pytest.raises(ValueError, match="not sealed"):
+            await backend.put_from(keys, slots)
+        with pytest.raises(ValueError, match="not sealed"):  # sealed for another key
+            await backend.put_from([keys[1]], [slots[0]])
+        assert await backend.exists(keys[:1]) == 0  # nothing of a refused batch was stored
+
+    async def test_bad_arguments(self, backend, pool):
+        slots = pool.allocate(2)
+        with pytest.raises(TypeError, match=r"keys\[0\]"):
+            await backend.get_into([b"bytes-key"], slots[:1])
+        with pytest.raises(TypeError):
+            await backend.exists("a-single-string")
+        with pytest.raises(IndexValidationError, match="2 keys but 1 slots"):
+            await backend.get_into(new_keys(2), slots[:1])
+        with pytest.raises(ForeignSlotError):
+            await backend.get_into(new_keys(1), [pool.num_slots])
+
+    async def test_stats_are_counted(self, backend, pool):
+        keys = new_keys(2)
+        slots = pool.allocate(2)
+        fill_and_seal(pool, slots, keys)
+        before = (backend.stats.hits, backend.stats.misses, backend.stats.bytes_written)
+        await backend.put_from(keys[:1], slots[:1])
+        await backend.get_into(keys, pool.allocate(2))
+        assert backend.stats.hits - before[0] == 1
+        assert backend.stats.misses - before[1] == 1
+        assert backend.stats.bytes_written - before[2] == pool.record_bytes

@@ -1,0 +1,55 @@
+"""Runs of adjacent ids: the unit the copy-engine paths issue one copy for.
+
+A copy engine moves one long copy at full speed but pays a few microseconds of CPU and engine
+setup per copy, so the copy-engine paths merge pages whose source *and* destination ids are both
+consecutive into one (possibly 2-D, pitched) copy. Pure CPU work on CPU id tensors; never touches
+a device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class Runs:
+    """``len(starts_src)`` runs: run k copies rows ``src[s_k : s_k + n_k]`` to ``dst[d_k : d_k + n_k]``."""
+
+    src_starts: np.ndarray  # int64 [runs]
+    dst_starts: np.ndarray  # int64 [runs]
+    lengths: np.ndarray  # int64 [runs]
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def mean_length(self) -> float:
+        return float(self.lengths.mean()) if len(self.lengths) else 0.0
+
+
+def find_runs(src_ids: torch.Tensor, dst_ids: torch.Tensor, *, sort_by: str = "dst") -> Runs:
+    """Merge ``(src_ids[i], dst_ids[i])`` into maximal runs where both ids step by +1.
+
+    The order of the pairs does not matter to a copy (destinations are unique), so they are first
+    sorted by ``sort_by`` (``"dst"`` or ``"src"``) to find the longest runs.
+
+    Args:
+        src_ids, dst_ids: int64 ``[n]`` CPU tensors.
+    """
+    src = src_ids.detach().cpu().numpy().astype(np.int64, copy=False).reshape(-1)
+    dst = dst_ids.detach().cpu().numpy().astype(np.int64, copy=False).reshape(-1)
+    if src.shape != dst.shape:
+        raise ValueError(f"src_ids has {src.size} ids, dst_ids {dst.size}")
+    if src.size == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return Runs(empty, empty, empty)
+    key = dst if sort_by == "dst" else src
+    order = np.argsort(key, kind="stable")
+    src, dst = src[order], dst[order]
+    breaks = np.flatnonzero((np.diff(src) != 1) | (np.diff(dst) != 1)) + 1
+    starts = np.concatenate(([0], breaks))
+    ends = np.concatenate((breaks, [src.size]))
+    return Runs(src[starts], dst[starts], ends - starts)

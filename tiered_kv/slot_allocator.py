@@ -101,15 +101,21 @@ class SlotAllocator:
         slot_list = list(slots)
         self._check_freeable(slot_list)
         done = as_completion(completion)
-        holds = [self._holds.pop(s) for s in slot_list if s in self._holds]
-        holds = [h for h in holds if not h.done()]
-        if holds:
-            done = AllOf([done, *holds])
+        plain: list[int] = []
+        for s in slot_list:
+            hold = self._holds.pop(s, None)
+            if hold is None or hold.done():
+                plain.append(s)
+            else:  # a worker may still write into it: wait for that too
+                self._defer(AllOf([done, hold]), [s])
         if done.done():
-            self._release(slot_list)
-        else:
-            self._pending.append((done, slot_list))
-            self._pending_slots.update(slot_list)
+            self._release(plain)
+        elif plain:
+            self._defer(done, plain)
+
+    def _defer(self, done: Completion, slots: list[int]) -> None:
+        self._pending.append((done, slots))
+        self._pending_slots.update(slots)
 
     def _check_freeable(self, slots: Sequence[int]) -> None:
         seen: set[int] = set()

@@ -1,0 +1,67 @@
+"""``tiered-kv plan`` and size parsing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tiered_kv.cli import main
+from tiered_kv.errors import ConfigError
+from tiered_kv.sizes import parse_size
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("64GiB", 64 * 2**30), ("1.5TB", 1_500_000_000_000), ("4096", 4096), ("512 MiB", 512 * 2**20), ("2g", 2 * 2**30), (7, 7)],
+)
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "1.2.3GB", "12XB", "-5GB", "five"])
+def test_malformed_sizes(text):
+    with pytest.raises(ConfigError, match="size"):
+        parse_size(text)
+
+
+def test_plan_json_deepseek(capsys):
+    assert main(["plan", "--model", "deepseek-v3.2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["bytes_per_token"] == 48_068
+    assert out["page_bytes"] == 3_076_352
+    for tier in ("gpu", "host", "disk"):
+        assert out[tier]["tokens"] == out[tier]["pages"] * 64
+
+
+def test_plan_tiers_follow_sizes(capsys):
+    assert main(["plan", "--json", "--gpu-mem", "30GB", "--host-mem", "1TiB", "--disk", "1.5TB", "--layers", "30",
+                 "--page-size", "32", "--latent-dtype", "bf16"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    page = 30 * (32 * 1_152 + 32 * 132)
+    assert out["page_bytes"] == page
+    assert out["gpu"]["pages"] == 30_000_000_000 // page
+    stored = -(-(4096 + page) // 4096) * 4096
+    assert out["host"]["pages"] == 2**40 // stored
+    assert out["disk"]["pages"] == 1_500_000_000_000 // stored
+
+
+def test_plan_table_output(capsys):
+    assert main(["plan"]) == 0
+    text = capsys.readouterr().out
+    assert "48068 B" in text and "3076352 B" in text
+
+
+def test_malformed_size_exits_2():
+    result = subprocess.run([sys.executable, "-m", "tiered_kv.cli", "plan", "--disk", "1.5XB"], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "--disk" in result.stderr and "1.5XB" in result.stderr
+
+
+@pytest.mark.parametrize("argv", [["plan", "--layers", "0"], ["plan", "--model", "nope"], ["plan", "--page-size", "x"]])
+def test_bad_arguments_exit_2(argv):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2

@@ -1,0 +1,113 @@
+"""DevicePool wraps engine tensors without copying; HostPool geometry and allocation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tiered_kv import DeviceBuffer, DevicePool, HostPool, allocate_engine_like, mha_spec, nsa_spec
+from tiered_kv.errors import ForeignSlotError, PoolError, PoolExhaustedError, SpecError
+
+NSA = nsa_spec(num_layers=3, page_size=64)
+
+
+def sglang_nsa_tensors(pages: int, layers: int = 3):
+    """Shapes as SGLang's NSATokenToKVPool has them: latent [tokens, 1, 656], indexer [pages+1, 8448]."""
+    latent = [torch.zeros(pages * 64, 1, 656, dtype=torch.uint8) for _ in range(layers)]
+    indexer = [torch.empty(pages + 1, 8448, dtype=torch.uint8) for _ in range(layers)]
+    return latent, indexer
+
+
+def test_wraps_sglang_shapes_without_copying():
+    latent, indexer = sglang_nsa_tensors(10)
+    pool = DevicePool(NSA, {"latent": DeviceBuffer.token_indexed(latent, 64),
+                            "indexer": DeviceBuffer.page_indexed(indexer)}, reserved_pages=[0])
+    assert pool.num_pages == 10  # the indexer's spare page is not exposed
+    view = pool.chunk_view(0, 1)
+    assert view.shape == (10, 41_984)
+    assert view.data_ptr() == latent[1].data_ptr()
+    view[3].fill_(7)  # writes land in the engine's tensor, tokens 192..255
+    assert bool((latent[1][192:256] == 7).all())
+    assert int(latent[1][:192].sum()) == 0 and int(latent[1][256:].sum()) == 0
+    assert int(latent[0].sum()) == 0
+    assert pool.chunk_view(1, 2).data_ptr() == indexer[2].data_ptr()
+    assert pool.reserved_pages == frozenset({0})
+
+
+def test_strided_vllm_style_buffers():
+    spec = mha_spec(num_layers=2, page_size=16, num_kv_heads=2, head_dim=8, dtype="bf16")
+    kv = [torch.zeros(5, 2, 16, 2, 8, dtype=torch.bfloat16) for _ in range(2)]  # [blocks, k|v, ...]
+    pool = DevicePool(spec, {"k": DeviceBuffer.page_indexed([t[:, 0] for t in kv]),
+                             "v": DeviceBuffer.page_indexed([t[:, 1] for t in kv])})
+    pool.chunk_view(1, 0)[2].fill_(1)
+    assert bool((kv[0][2, 1].view(torch.uint8) == 1).all())
+    assert int(kv[0][2, 0].view(torch.uint8).sum()) == 0
+    assert int(kv[0][1].view(torch.uint8).sum()) == 0 and int(kv[0][3].view(torch.uint8).sum()) == 0
+
+
+def test_mismatched_tensors_are_named():
+    latent, indexer = sglang_nsa_tensors(4)
+    bad_latent = [torch.empty(4 * 64, 1, 640, dtype=torch.uint8) for _ in range(3)]
+    with pytest.raises(SpecError, match=r"component 'latent' layer 0: .*\(256, 1, 640\).*40960 B, the spec says 41984 B"):
+        DevicePool(NSA, {"latent": DeviceBuffer.token_indexed(bad_latent, 64), "indexer": DeviceBuffer.page_indexed(indexer)})
+    with pytest.raises(SpecError, match="2 layer tensors, spec has 3"):
+        DevicePool(NSA, {"latent": DeviceBuffer.token_indexed(latent[:2], 64), "indexer": DeviceBuffer.page_indexed(indexer)})
+    with pytest.raises(SpecError, match="do not match the spec's components"):
+        DevicePool(NSA, {"latent": DeviceBuffer.token_indexed(latent, 64)})
+    with pytest.raises(SpecError, match="reserved pages"):
+        DevicePool(NSA, {"latent": DeviceBuffer.token_indexed(latent, 64), "indexer": DeviceBuffer.page_indexed(indexer)},
+                   reserved_pages=[4])
+    strided = [torch.empty(64 * 4, 2, 656, dtype=torch.uint8)[:, 0] for _ in range(3)]
+    with pytest.raises(SpecError, match="adjacent"):
+        DevicePool(NSA, {"latent": DeviceBuffer.token_indexed(strided, 64), "indexer": DeviceBuffer.page_indexed(indexer)})
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_host_pool_geometry(layout):
+    with HostPool(NSA, 5, layout) as pool:
+        seen = set()
+        for ci, c in enumerate(NSA.components):
+            for layer in range(NSA.num_layers):
+                view = pool.chunk_view(ci, layer)
+                assert view.shape == (5, c.bytes_per_layer)
+                for slot in range(5):
+                    start = view[slot].data_ptr() - pool.buffer.data_ptr()
+                    seen.add((start, start + c.bytes_per_layer))
+        spans = sorted(seen)
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # no two chunks overlap
+        assert spans[-1][1] <= pool.nbytes
+        assert pool.buffer.data_ptr() % 4096 == 0
+        if layout == "page_first":
+            assert pool.slot_bytes % 4096 == 0
+            assert pool.nbytes == 5 * pool.slot_bytes  # exact size, no power-of-two rounding
+            assert pool.chunk_view(0, 0)[2].data_ptr() == pool.slot_address(2) + 4096
+
+
+def test_host_pool_allocation_and_errors():
+    with HostPool(NSA, 4) as pool:
+        slots = pool.allocate(3)
+        assert slots == [0, 1, 2]
+        with pytest.raises(PoolExhaustedError):
+            pool.allocate(2)
+        pool.free(slots)
+        assert pool.free_slots == 4
+        with pytest.raises(ForeignSlotError):
+            pool.record_view(4)
+    with pytest.raises(PoolError, match="unknown host layout 'middle_first'"):
+        HostPool(NSA, 4, "middle_first")
+    with pytest.raises(PoolError, match="num_slots"):
+        HostPool(NSA, 0)
+    with HostPool(NSA, 2, "layer_first") as pool:
+        with pytest.raises(PoolError, match="page_first"):
+            pool.seal(0, "k")
+
+
+def test_host_pool_is_not_pinned_without_cuda():
+    with HostPool(NSA, 2) as pool:
+        assert pool.memory.pinned == torch.cuda.is_available()
+
+
+def test_allocate_engine_like_matches_spec():
+    pool = allocate_engine_like(NSA, 6)
+    assert pool.num_pages == 6 and pool.reserved_pages == {0}
+    assert pool.chunk_view(0, 0).stride(0) == 41_984

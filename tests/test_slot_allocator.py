@@ -1,0 +1,141 @@
+"""The host slot allocator: runs of adjacent slots, completion-gated frees, misuse errors."""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import Future
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tiered_kv.errors import DoubleFreeError, ForeignSlotError, PoolExhaustedError
+from tiered_kv.slot_allocator import SlotAllocator
+
+
+class FakeEvent:
+    """Stands in for a CUDA event: ``query()`` answers whether the GPU work is done."""
+
+    def __init__(self) -> None:
+        self.finished = False
+
+    def query(self) -> bool:
+        return self.finished
+
+
+def test_fresh_allocations_are_one_run():
+    alloc = SlotAllocator(100)
+    slots = alloc.allocate(10)
+    assert slots == list(range(slots[0], slots[0] + 10))
+    assert alloc.free_count == 90
+
+
+def test_prefers_a_run_that_fits_over_fragments():
+    alloc = SlotAllocator(20)
+    everything = alloc.allocate(20)
+    alloc.free([1, 2, 5, 6, 7, 8, 12, 13, 14])  # runs of 2, 4 and 3
+    got = alloc.allocate(3)
+    assert got == [12, 13, 14]  # best fit: the run of exactly 3
+    got = alloc.allocate(3)
+    assert got == [5, 6, 7]
+    assert set(everything) >= set(got)
+
+
+def test_fragmented_allocation_takes_longest_runs_first():
+    alloc = SlotAllocator(12)
+    alloc.allocate(12)
+    alloc.free([0, 3, 4, 5, 9, 10])
+    got = alloc.allocate(5)
+    assert got[:3] == [3, 4, 5]
+    assert sorted(got) == [0, 3, 4, 5, 9] or sorted(got) == [3, 4, 5, 9, 10]
+
+
+def test_exhaustion():
+    alloc = SlotAllocator(4)
+    alloc.allocate(3)
+    with pytest.raises(PoolExhaustedError, match="need 2 host slots, 1 free of 4"):
+        alloc.allocate(2)
+    assert alloc.free_count == 1  # nothing was taken by the failed call
+
+
+def test_double_free_and_foreign_ids():
+    alloc = SlotAllocator(8)
+    slots = alloc.allocate(2)
+    alloc.free(slots[:1])
+    with pytest.raises(DoubleFreeError, match=f"slot {slots[0]} is already free"):
+        alloc.free(slots[:1])
+    with pytest.raises(DoubleFreeError, match="freed twice"):
+        alloc.free([slots[1], slots[1]])
+    with pytest.raises(ForeignSlotError, match="slot 8"):
+        alloc.free([8])
+    with pytest.raises(ForeignSlotError, match="slot -1"):
+        alloc.free([-1])
+    with pytest.raises(DoubleFreeError):
+        alloc.free([7])  # in range but never handed out
+    # The failed calls freed nothing.
+    assert alloc.free_count == 7
+    alloc.free(slots[1:])
+    assert alloc.free_count == 8
+
+
+def test_free_waits_for_event_completion():
+    alloc = SlotAllocator(4)
+    slots = alloc.allocate(4)
+    event = FakeEvent()
+    alloc.free(slots[:2], event)
+    assert alloc.free_count == 0
+    with pytest.raises(PoolExhaustedError, match="2 waiting"):
+        alloc.allocate(1)
+    with pytest.raises(DoubleFreeError):
+        alloc.free(slots[:1])  # already waiting to be freed
+    event.finished = True
+    assert alloc.allocate(2) == slots[:2]
+
+
+def test_free_waits_for_future_and_holds():
+    alloc = SlotAllocator(3)
+    slots = alloc.allocate(3)
+    future: Future = Future()
+    worker: Future = Future()
+    alloc.hold(slots[2:], worker)  # a cancelled read whose thread still runs
+    alloc.free(slots[:1], future)
+    alloc.free(slots[1:])  # slot 1 now; slot 2 only once the worker returns
+    assert alloc.free_count == 1
+    future.set_result(None)
+    assert alloc.reap() == 1
+    assert alloc.free_count == 2
+    worker.set_result(None)
+    assert alloc.reap() == 1
+    assert alloc.runs() == [(0, 3)]
+
+
+def test_hold_rejects_unallocated():
+    alloc = SlotAllocator(3)
+    with pytest.raises(ForeignSlotError):
+        alloc.hold([1], None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 6)), max_size=40), st.integers(0, 2**32))
+def test_random_sequences_keep_invariants(ops, seed):
+    rng = random.Random(seed)
+    alloc = SlotAllocator(32)
+    owned: set[int] = set()
+    for is_alloc, n in ops:
+        if is_alloc:
+            try:
+                got = alloc.allocate(n)
+            except PoolExhaustedError:
+                assert alloc.free_count < n
+                continue
+            assert len(got) == n and not owned & set(got)
+            owned |= set(got)
+        elif owned:
+            give = rng.sample(sorted(owned), min(n, len(owned)))
+            alloc.free(give)
+            owned -= set(give)
+        assert alloc.free_count == 32 - len(owned)
+        runs = alloc.runs()
+        assert all(a < b for a, b in runs)
+        assert all(runs[i][1] < runs[i + 1][0] for i in range(len(runs) - 1))  # disjoint, merged
+        assert sum(b - a for a, b in runs) == alloc.free_count

@@ -1,0 +1,65 @@
+"""Backends from URLs, and a third-party backend registered through the entry-point group."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from tiered_kv import HostPool
+from tiered_kv.backends import available_schemes, backend_class, open_backend
+from tiered_kv.backends.memory import MemoryBackend
+from tiered_kv.errors import ConfigError
+
+from .contract import SPEC, fill_and_seal, new_keys
+
+
+@pytest.fixture
+def plugin_on_path(tmp_path, monkeypatch):
+    """An installed distribution (dist-info + module) that adds the scheme ``vault://``."""
+    (tmp_path / "vault_backend.py").write_text(textwrap.dedent('''
+        from tiered_kv.backends.memory import MemoryBackend, MemoryOptions
+
+        class VaultBackend(MemoryBackend):
+            scheme = "vault"
+
+            @classmethod
+            def from_url(cls, url, pool, **options):
+                return cls(pool, MemoryOptions())
+
+        NotABackend = object
+    '''))
+    dist = tmp_path / "vault_backend-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vault-backend\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[tiered_kv.backends]\nvault = vault_backend:VaultBackend\nbroken = vault_backend:NotABackend\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    sys.modules.pop("vault_backend", None)
+
+
+async def test_entry_point_backend_is_opened_by_url(plugin_on_path):
+    assert "vault" in available_schemes()
+    with HostPool(SPEC, 4) as pool:
+        async with open_backend("vault://anything", pool) as backend:
+            assert type(backend).__name__ == "VaultBackend"
+            [key] = new_keys(1)
+            slot = pool.allocate(1)
+            fill_and_seal(pool, slot, [key])
+            assert await backend.put_from([key], slot) == [True]
+            assert await backend.exists([key]) == 1
+
+
+def test_entry_point_must_name_a_backend(plugin_on_path):
+    with pytest.raises(ConfigError, match="not a tiered_kv Backend subclass"):
+        backend_class("broken")
+
+
+def test_builtin_schemes():
+    assert backend_class("memory") is MemoryBackend
+    assert {"memory", "file", "redis", "rediss", "unix", "mooncake"} <= set(available_schemes())
+    with pytest.raises(ConfigError, match="unknown backend scheme 'ftp'"):
+        backend_class("ftp")

@@ -1,0 +1,519 @@
+"""``redis://``, ``rediss://``, ``unix://``: page records as Redis string values.
+
+URLs::
+
+    redis://[user[:password]@]host[:port][/db][?option=value...]
+    rediss://...        TLS; ssl_ca_certs, ssl_certfile, ssl_keyfile, ssl_cert_reqs (none|optional|required)
+    unix://[user[:password]@]/path/redis.sock?db=0
+
+Options (query or keyword): ``prefix`` (key namespace, default ``tkv:``), ``ttl_s`` (0 = keep until
+evicted), ``max_in_flight`` (requests at once = connections per pool), ``socket_timeout_s`` (one
+request, send to last byte), ``connect_timeout_s``, ``zero_copy`` (default on; forced off for TLS),
+``username`` / ``password`` (also from the URL's user info).
+
+How it talks to the server:
+- Control commands (``EXISTS`` pipelined per batch, ``DEL``) go through ``redis.asyncio`` and its
+  connection pool.
+- Page values (~3 MB each) go through a small RESP client on raw non-blocking sockets: a ``GET``
+  reply's bulk string is received with ``sock_recv_into`` straight into the slot's record view, and
+  ``SET key <value> NX`` is sent from the slot's memoryview without joining it into a bytes object.
+  redis-py copies every value two or three times and reached only 0.25-0.45 of ``redis-benchmark``
+  on a 2-core machine (docs/benchmarks.md); this path reaches it. With TLS (asyncio's socket calls
+  do not take SSL sockets) or ``zero_copy=false`` values go through redis-py and are copied.
+- A request that fails, times out or is cancelled closes its connection: a half-read reply or a
+  half-sent value never meets the next request. After the server restarts, new connections are
+  made on demand by the same backend object.
+- A cancelled get never writes into its slots afterwards: every receive runs on the event loop and
+  a cancelled receive is never completed, so the caller may free the slots as soon as it returns.
+
+Semantics: put is ``SET key value NX [PX ttl]`` (a present key is success). A put refused for memory
+(``-OOM``, maxmemory reached under ``noeviction``) returns False for that key, not an exception.
+A stored value of the wrong length is reported to the base class as an unverifiable record (counted
+as corrupt, deleted, a miss). Connection errors -> ``BackendUnavailableError``; timeouts ->
+``BackendTimeoutError``; other server errors -> ``BackendError``; a server that rejects our config
+(wrong password, db index out of range) -> ``ConfigError``.
+
+Server settings it needs:
+- ``maxmemory`` and an eviction policy, e.g. ``maxmemory 64gb`` + ``maxmemory-policy allkeys-lru``:
+  without them Redis grows until the machine runs out of memory. Under ``noeviction`` puts beyond
+  maxmemory return False and earlier pages stay readable. Use ``allkeys-lru``/``allkeys-lfu`` (not
+  ``volatile-*``, which can only evict keys with a TTL, i.e. only with ``ttl_s`` set).
+- ``proto-max-bulk-len`` >= the record size (default 512 MB: fine for pages of a few MB).
+- ``client-output-buffer-limit`` for normal clients must stay 0 0 0 (the default).
+- Persistence: capabilities say ``persistent=False``; pages survive a server restart only if the
+  server persists (RDB/AOF), which costs fork and disk time for a cache of many GiB.
+- TLS: use ``rediss://`` and pass the certificate options through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import socket
+import ssl
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from ..errors import BackendError, BackendTimeoutError, BackendUnavailableError, ConfigError
+from ..host_pool import HostPool
+from ..record import HEADER_BYTES
+from .base import Backend, Capabilities
+from .url_options import options_from_url
+
+T = TypeVar("T")
+
+_SSL_CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
+_RECV_CHUNK = 64 * 1024  # small replies and the first bytes of a bulk reply
+_DRAIN_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class RedisOptions:
+    """Where the server is and how to talk to it. Built by ``RedisBackend.from_url``."""
+
+    host: str = "127.0.0.1"
+    port: int = 6379
+    path: str = ""  # unix socket path; set for unix:// URLs
+    db: int = 0
+    tls: bool = False
+    username: str = ""
+    password: str = ""
+    prefix: str = "tkv:"
+    ttl_s: float = 0.0
+    max_in_flight: int = 8
+    socket_timeout_s: float = 10.0
+    connect_timeout_s: float = 5.0
+    zero_copy: bool = True
+    ssl_ca_certs: str = ""
+    ssl_certfile: str = ""
+    ssl_keyfile: str = ""
+    ssl_cert_reqs: str = "required"
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ConfigError(f"redis backend: port must be 1..65535, got {self.port}")
+        if self.db < 0:
+            raise ConfigError(f"redis backend: db must be >= 0, got {self.db}")
+        if self.ttl_s < 0:
+            raise ConfigError(f"redis backend: ttl_s must be >= 0 (0 = no TTL), got {self.ttl_s}")
+        if self.max_in_flight < 1:
+            raise ConfigError(f"redis backend: max_in_flight must be >= 1, got {self.max_in_flight}")
+        if self.socket_timeout_s <= 0 or self.connect_timeout_s <= 0:
+            raise ConfigError("redis backend: socket_timeout_s and connect_timeout_s must be > 0")
+        if self.ssl_cert_reqs not in _SSL_CERT_REQS:
+            raise ConfigError(f"redis backend: ssl_cert_reqs must be one of {sorted(_SSL_CERT_REQS)}, got {self.ssl_cert_reqs!r}")
+        if self.password and not isinstance(self.password, str):
+            raise ConfigError("redis backend: password must be a string")
+
+    @property
+    def address(self) -> str:
+        return f"unix:{self.path}" if self.path else f"{self.host}:{self.port}"
+
+    @property
+    def ttl_ms(self) -> int:
+        return round(self.ttl_s * 1000)
+
+
+def parse_redis_url(url: str, overrides: dict[str, Any]) -> RedisOptions:
+    """``RedisOptions`` from a redis / rediss / unix URL; ConfigError naming what is wrong."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in ("redis", "rediss", "unix"):
+        raise ConfigError(f"{url}: the redis backend serves redis://, rediss:// and unix://, not {scheme}://")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ConfigError(f"{url}: bad port {parts.netloc.rpartition(':')[2]!r}; expected 1..65535") from None
+    fixed: dict[str, Any] = {"tls": scheme == "rediss"}
+    if parts.username:
+        fixed["username"] = unquote(parts.username)
+    if parts.password:
+        fixed["password"] = unquote(parts.password)
+    query_keys = {k for k, _ in parse_qsl(parts.query, keep_blank_values=True)}
+    if scheme == "unix":
+        if not parts.path or parts.path == "/":
+            raise ConfigError(f"{url}: a unix:// URL needs the socket path, e.g. unix:///run/redis.sock")
+        fixed["path"] = unquote(parts.path)
+    else:
+        if not parts.hostname:
+            raise ConfigError(f"{url}: no host; expected {scheme}://host:port/db")
+        fixed["host"] = parts.hostname
+        if port is not None:
+            fixed["port"] = port
+        db_text = parts.path.strip("/")
+        if db_text:
+            if not db_text.isdigit():
+                raise ConfigError(f"{url}: bad db {db_text!r} in the path; expected a number such as /0")
+            if "db" in query_keys or "db" in overrides:
+                raise ConfigError(f"{url}: db given both in the path and as an option")
+            fixed["db"] = int(db_text)
+    for name in ("host", "port", "path", "tls"):
+        if name in query_keys or name in overrides:
+            raise ConfigError(f"{url}: {name} comes from the URL itself, not from an option")
+    options = options_from_url(RedisOptions, url, overrides, **fixed)
+    if options.tls and options.zero_copy:
+        options = replace(options, zero_copy=False)  # asyncio's socket calls do not take SSL sockets
+    return options
+
+
+# --- mapping dependency errors ------------------------------------------------------------------
+def _config_problem(message: str) -> bool:
+    """Server errors that mean our configuration is wrong, not that the server is unwell."""
+    return any(tag in message for tag in ("WRONGPASS", "NOAUTH", "invalid password", "DB index is out of range", "NOPERM"))
+
+
+def _is_oom(message: str) -> bool:
+    return message.startswith("OOM")
+
+
+class RespError(Exception):
+    """An error reply (``-ERR ...``) from the server, on the raw path."""
+
+
+# --- the zero-copy value path -------------------------------------------------------------------
+class _RespConnection:
+    """One raw, non-blocking socket to the server, with a tiny RESP2 reader.
+
+    Only ever used by one request at a time. Any exception leaves it in an unknown state: the
+    owner closes it (``RedisBackend._request``) instead of returning it to the idle list.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._buf = bytearray()
+        self._chunk = bytearray(_RECV_CHUNK)
+
+    @classmethod
+    async def open(cls, options: RedisOptions) -> "_RespConnection":
+        loop = asyncio.get_running_loop()
+        if options.path:
+            family, address = socket.AF_UNIX, options.path
+        else:
+            infos = await loop.getaddrinfo(options.host, options.port, type=socket.SOCK_STREAM)
+            family, _, _, _, address = infos[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            if family != socket.AF_UNIX:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            async with asyncio.timeout(options.connect_timeout_s):
+                await loop.sock_connect(sock, address)
+            conn = cls(sock)
+            await conn._handshake(options)
+        except BaseException:
+            sock.close()
+            raise
+        return conn
+
+    async def _handshake(self, options: RedisOptions) -> None:
+        commands = []
+        if options.password:
+            auth = [b"AUTH", options.username.encode(), options.password.encode()] if options.username else [b"AUTH", options.password.encode()]
+            commands.append(auth)
+        if options.db:
+            commands.append([b"SELECT", str(options.db).encode()])
+        if not commands:
+            return
+        await self.send(b"".join(_command(*c) for c in commands))
+        for _ in commands:
+            kind, value = await self.read_reply()
+            if kind == b"-":
+                raise RespError(value.decode(errors="replace"))
+
+    def close(self) -> None:
+        self.sock.close()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
+    async def send(self, *parts: bytes | memoryview) -> None:
+        for part in parts:
+            await self.loop.sock_sendall(self.sock, part)
+
+    async def _fill(self) -> None:
+        n = await self.loop.sock_recv_into(self.sock, self._chunk)
+        if n == 0:
+            raise ConnectionResetError(errno.ECONNRESET, "redis closed the connection")
+        self._buf += memoryview(self._chunk)[:n]
+
+    async def _line(self) -> bytes:
+        while True:
+            end = self._buf.find(b"\r\n")
+            if end >= 0:
+                line = bytes(self._buf[:end])
+                del self._buf[:end + 2]
+                return line
+            if len(self._buf) > _RECV_CHUNK:
+                raise RespError("protocol: reply line too long")
+            await self._fill()
+
+    async def _exact(self, n: int) -> bytes:
+        while len(self._buf) < n:
+            await self._fill()
+        out = bytes(self._buf[:n])
+        del self._buf[:n]
+        return out
+
+    async def read_reply(self) -> tuple[bytes, bytes]:
+        """A simple reply: (``+``/``-``/``:``, line) or (``$``, small bulk value or b"" for nil)."""
+        line = await self._line()
+        kind, rest = line[:1], line[1:]
+        if kind == b"$":
+            length = int(rest)
+            if length < 0:
+                return b"$", b""
+            value = await self._exact(length + 2)
+            return b"$", value[:-2]
+        if kind not in (b"+", b"-", b":"):
+            raise RespError(f"protocol: unexpected reply {line[:40]!r}")
+        return kind, rest
+
+    async def read_bulk_into(self, view: memoryview) -> int:
+        """Receive a bulk reply straight into ``view``; returns its length, -1 for nil.
+
+        A value whose length differs from ``len(view)`` is consumed and discarded (its length is
+        returned, so the caller can tell); the view is then left as it was or partly written.
+        """
+        line = await self._line()
+        if line[:1] == b"-":
+            raise RespError(line[1:].decode(errors="replace"))
+        if line[:1] != b"$":
+            raise RespError(f"protocol: expected a bulk reply, got {line[:40]!r}")
+        length = int(line[1:])
+        if length < 0:
+            return -1
+        if length != len(view):
+            await self._discard(length + 2)
+            return length
+        have = min(length, len(self._buf))
+        view[:have] = self._buf[:have]
+        del self._buf[:have]
+        while have < length:
+            n = await self.loop.sock_recv_into(self.sock, view[have:])
+            if n == 0:
+                raise ConnectionResetError(errno.ECONNRESET, "redis closed the connection mid-value")
+            have += n
+        if await self._exact(2) != b"\r\n":
+            raise RespError("protocol: bulk value not terminated by CRLF")
+        return length
+
+    async def _discard(self, n: int) -> None:
+        take = min(n, len(self._buf))
+        del self._buf[:take]
+        n -= take
+        scratch = bytearray(min(n, _DRAIN_CHUNK))
+        while n > 0:
+            got = await self.loop.sock_recv_into(self.sock, memoryview(scratch)[:min(n, len(scratch))])
+            if got == 0:
+                raise ConnectionResetError(errno.ECONNRESET, "redis closed the connection mid-value")
+            n -= got
+
+
+def _command(*args: bytes) -> bytes:
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+
+
+async def _all_or_nothing(calls: Iterable[Awaitable[T]]) -> list[T]:
+    """Run ``calls`` concurrently; on the first failure (or our cancellation) cancel the rest.
+
+    Unlike ``asyncio.gather``, no call keeps running after this returns or raises: a caller that
+    frees its slots after an error can be sure no request of this batch still writes into them.
+    """
+    tasks = [asyncio.ensure_future(c) for c in calls]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for t in tasks:
+        if not t.cancelled() and t.exception() is not None:
+            raise t.exception()  # type: ignore[misc]
+    return [t.result() for t in tasks]
+
+
+class RedisBackend(Backend):
+    scheme = "redis"
+    capabilities = Capabilities(zero_copy=True, persistent=False, shared_across_processes=True, shared_across_nodes=True)
+
+    def __init__(self, pool: HostPool, options: RedisOptions) -> None:
+        import redis.asyncio  # only whoever opens a redis URL needs redis-py
+
+        super().__init__(pool, max_workers=1, timeout_s=options.socket_timeout_s)
+        self.options = options
+        if not options.zero_copy:
+            self.capabilities = replace(type(self).capabilities, zero_copy=False)
+        self._prefix = options.prefix.encode()
+        self._gate = asyncio.Semaphore(options.max_in_flight)
+        self._idle: list[_RespConnection] = []
+        self._client = redis.asyncio.Redis.from_pool(self._redis_py_pool(options))  # owns and closes the pool
+
+    @staticmethod
+    def _redis_py_pool(options: RedisOptions):
+        import redis.asyncio
+
+        common: dict[str, Any] = dict(
+            db=options.db, username=options.username or None, password=options.password or None,
+            socket_timeout=options.socket_timeout_s, socket_connect_timeout=options.connect_timeout_s,
+            max_connections=options.max_in_flight, retry=None,
+        )
+        if options.path:
+            return redis.asyncio.ConnectionPool(connection_class=redis.asyncio.UnixDomainSocketConnection, path=options.path, **common)
+        if options.tls:
+            tls = dict(ssl_ca_certs=options.ssl_ca_certs or None, ssl_certfile=options.ssl_certfile or None,
+                       ssl_keyfile=options.ssl_keyfile or None, ssl_cert_reqs=options.ssl_cert_reqs)
+            return redis.asyncio.ConnectionPool(connection_class=redis.asyncio.SSLConnection, host=options.host, port=options.port, **common, **tls)
+        return redis.asyncio.ConnectionPool(host=options.host, port=options.port, **common)
+
+    @classmethod
+    def from_url(cls, url: str, pool: HostPool, **options: Any) -> "RedisBackend":
+        return cls(pool, parse_redis_url(url, options))
+
+    def _key(self, key: str) -> bytes:
+        return self._prefix + key.encode("ascii")
+
+    # --- error mapping ----------------------------------------------------------------------
+    async def _mapped(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """Run one request, mapping socket, redis-py and server errors onto our tree."""
+        import redis.exceptions as rex
+
+        where = f"redis at {self.options.address}"
+        try:
+            async with asyncio.timeout(self.options.socket_timeout_s):
+                return await call()
+        except (TimeoutError, rex.TimeoutError) as exc:
+            raise BackendTimeoutError(f"{where}: {what} took longer than {self.options.socket_timeout_s}s") from exc
+        except rex.AuthenticationError as exc:
+            raise ConfigError(f"{where} refused our credentials: {exc}") from exc
+        except (OSError, rex.ConnectionError) as exc:
+            raise BackendUnavailableError(f"{where}: {what} failed: {exc}") from exc
+        except (RespError, rex.ResponseError) as exc:
+            if _config_problem(str(exc)):
+                raise ConfigError(f"{where} (db {self.options.db}) rejected our settings: {exc}") from exc
+            raise BackendError(f"{where}: {what}: server error: {exc}") from exc
+        except (ValueError, rex.RedisError) as exc:  # int() of a garbled reply, other client errors
+            raise BackendError(f"{where}: {what}: {exc}") from exc
+
+    async def _raw(self, what: str, request: Callable[[_RespConnection], Awaitable[T]]) -> T:
+        """One request on a raw connection, at most ``max_in_flight`` at once.
+
+        The connection goes back to the idle list only after a complete, successful exchange;
+        any failure or cancellation closes it, so no later request reads a stale half reply.
+        """
+        async with self._gate:
+            async def exchange() -> T:
+                conn = self._idle.pop() if self._idle else await _RespConnection.open(self.options)
+                try:
+                    result = await request(conn)
+                except BaseException:
+                    conn.close()
+                    raise
+                self._idle.append(conn)
+                return result
+            return await self._mapped(what, exchange)
+
+    async def _py(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        async with self._gate:
+            return await self._mapped(what, call)
+
+    # --- primitives -------------------------------------------------------------------------
+    async def _exists(self, keys: list[str]) -> list[bool]:
+        async def run() -> list[bool]:
+            async with self._client.pipeline(transaction=False) as pipe:
+                for k in keys:
+                    pipe.exists(self._key(k))
+                return [bool(n) for n in await pipe.execute()]
+        return await self._py("EXISTS", run)
+
+    async def _delete(self, keys: list[str]) -> None:
+        await self._py("DEL", lambda: self._client.delete(*(self._key(k) for k in keys)))
+
+    async def _get(self, keys: list[str], slots: list[int]) -> list[bool]:
+        fetch = self._get_zero_copy if self.options.zero_copy else self._get_copying
+        return await _all_or_nothing(fetch(k, s) for k, s in zip(keys, slots))
+
+    async def _put(self, keys: list[str], slots: list[int]) -> list[bool]:
+        store = self._put_zero_copy if self.options.zero_copy else self._put_copying
+        return await _all_or_nothing(store(k, s) for k, s in zip(keys, slots))
+
+    def _poison(self, slot: int) -> bool:
+        """A value of the wrong length: make the slot fail verification, so the base class counts
+        it as corrupt and deletes it. (Stale bytes from an earlier page must not pass as a hit.)"""
+        self.pool.record_view(slot)[:HEADER_BYTES] = bytes(HEADER_BYTES)
+        return True
+
+    async def _get_zero_copy(self, key: str, slot: int) -> bool:
+        view = self.pool.record_view(slot)
+        command = _command(b"GET", self._key(key))
+
+        async def request(conn: _RespConnection) -> int:
+            await conn.send(command)
+            return await conn.read_bulk_into(view)
+
+        length = await self._raw("GET", request)
+        if length < 0:
+            return False
+        return True if length == len(view) else self._poison(slot)
+
+    async def _get_copying(self, key: str, slot: int) -> bool:
+        value = await self._py("GET", lambda: self._client.get(self._key(key)))
+        if value is None:
+            return False
+        view = self.pool.record_view(slot)
+        if len(value) != len(view):
+            return self._poison(slot)
+        view[:] = value
+        return True
+
+    def _set_args(self) -> list[bytes]:
+        return [b"NX", b"PX", str(self.options.ttl_ms).encode()] if self.options.ttl_ms else [b"NX"]
+
+    async def _put_zero_copy(self, key: str, slot: int) -> bool:
+        view = self.pool.record_view(slot)
+        k = self._key(key)
+        extra = self._set_args()
+        # *N, SET, key, then the value's length line; the value itself goes out from the slot.
+        head = b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (3 + len(extra), len(k), k, len(view))
+        tail = b"\r\n" + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in extra)
+
+        async def request(conn: _RespConnection) -> tuple[bytes, bytes]:
+            await conn.send(head, view, tail)
+            return await conn.read_reply()
+
+        kind, reply = await self._raw("SET", request)
+        if kind == b"-":
+            message = reply.decode(errors="replace")
+            if _is_oom(message):
+                return False
+            raise self._server_error("SET", message)
+        return True  # +OK: stored; nil: already present, which counts as success
+
+    async def _put_copying(self, key: str, slot: int) -> bool:
+        import redis.exceptions as rex
+
+        value = bytes(self.pool.record_view(slot))
+        px = self.options.ttl_ms or None
+
+        async def run() -> bool:
+            try:
+                await self._client.set(self._key(key), value, nx=True, px=px)
+            except rex.OutOfMemoryError:
+                return False
+            return True
+        return await self._py("SET", run)
+
+    def _server_error(self, what: str, message: str) -> Exception:
+        if _config_problem(message):
+            return ConfigError(f"redis at {self.options.address} rejected our settings: {message}")
+        return BackendError(f"redis at {self.options.address}: {what}: server error: {message}")
+
+    async def _close(self) -> None:
+        while self._idle:
+            self._idle.pop().close()
+        await self._client.aclose()

@@ -1,0 +1,319 @@
+"""The Redis backend against real ``redis-server`` processes on loopback.
+
+The contract runs over TCP with the zero-copy path, over TCP through redis-py (copying), and over a
+unix socket. Then: sharing with a second process, namespaces, TTL, maxmemory, corrupt values, a
+server killed / hung / restarted under the same backend object, a get cancelled while its reply
+trickles through a delaying proxy, and URL errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from tiered_kv import HostPool, nsa_spec
+from tiered_kv.backends import open_backend
+from tiered_kv.backends.redis import RedisBackend
+from tiered_kv.errors import BackendError, BackendTimeoutError, BackendUnavailableError, ConfigError
+
+from .contract import SPEC, BackendContract, fill_and_seal, new_keys
+from .redis_server import REDIS_SERVER, DelayProxy, RedisServer
+
+pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with RedisServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+def own_server():
+    """A server this test may kill, pause or restart."""
+    with RedisServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"t{secrets.token_hex(4)}:"
+
+
+def raw_client(srv: RedisServer) -> redis.Redis:
+    return redis.Redis(host="127.0.0.1", port=srv.port)
+
+
+class TestRedisContract(BackendContract):
+    @pytest.fixture(params=["zero_copy", "redis_py", "unix"])
+    async def backend(self, request, pool, server, prefix):
+        url = server.unix_url if request.param == "unix" else server.url
+        async with open_backend(url, pool, prefix=prefix, zero_copy=request.param != "redis_py") as backend:
+            yield backend
+
+
+async def test_capabilities_and_paths(server):
+    with HostPool(SPEC, 2) as pool:
+        async with open_backend(server.url, pool) as fast, open_backend(server.url, pool, zero_copy=False) as slow:
+            assert isinstance(fast, RedisBackend)
+            assert fast.capabilities.zero_copy and not slow.capabilities.zero_copy
+            assert fast.capabilities.shared_across_nodes and not fast.capabilities.persistent
+            assert fast.options.prefix == "tkv:"
+
+
+# --- sharing and namespaces ---------------------------------------------------------------------
+_READER = """
+import asyncio, hashlib, json, sys
+from tiered_kv import HostPool, nsa_spec
+from tiered_kv.backends import open_backend
+
+async def main(url, prefix, keys):
+    with HostPool(nsa_spec(num_layers=2), len(keys)) as pool:
+        async with open_backend(url, pool, prefix=prefix) as backend:
+            slots = pool.allocate(len(keys))
+            hits = await backend.get_into(keys, slots)
+            digests = [hashlib.sha256(pool.record_view(s)).hexdigest() for s in slots]
+            print(json.dumps({"hits": hits, "digests": digests}))
+
+asyncio.run(main(sys.argv[1], sys.argv[2], json.loads(sys.argv[3])))
+"""
+
+
+async def test_second_process_reads_what_the_first_wrote(server, prefix):
+    with HostPool(SPEC, 4) as pool:
+        async with open_backend(server.url, pool, prefix=prefix) as backend:
+            keys = new_keys(4)
+            slots = pool.allocate(4)
+            records = fill_and_seal(pool, slots, keys)
+            assert await backend.put_from(keys, slots) == [True] * 4
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", _READER, server.url, prefix, json.dumps(keys),
+                cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+            assert proc.returncode == 0, err.decode()
+            seen = json.loads(out)
+            assert seen["hits"] == [True] * 4
+            assert seen["digests"] == [hashlib.sha256(records[k]).hexdigest() for k in keys]
+
+
+async def test_prefixes_do_not_see_each_other(server):
+    with HostPool(SPEC, 4) as pool:
+        async with open_backend(server.url, pool, prefix="ns-a:") as a, open_backend(server.url, pool, prefix="ns-b:") as b:
+            keys = new_keys(2)
+            slots = pool.allocate(2)
+            fill_and_seal(pool, slots, keys)
+            assert await a.put_from(keys, slots) == [True, True]
+            assert await b.exists(keys) == 0
+            assert await b.get_into(keys, pool.allocate(2)) == [False, False]
+            await b.delete(keys)
+            assert await a.exists(keys) == 2
+            assert raw_client(server).exists(*(f"ns-a:{k}" for k in keys)) == 2
+
+
+async def test_ttl_expires_pages(server, prefix):
+    with HostPool(SPEC, 2) as pool:
+        async with open_backend(server.url + "?ttl_s=0.4", pool, prefix=prefix) as backend:
+            [key] = new_keys(1)
+            slot = pool.allocate(1)
+            fill_and_seal(pool, slot, [key])
+            assert await backend.put_from([key], slot) == [True]
+            assert 0 < raw_client(server).pttl(prefix + key) <= 400
+            assert await backend.exists([key]) == 1
+            await asyncio.sleep(0.6)
+            assert await backend.exists([key]) == 0
+
+
+# --- memory limits and corrupt values -----------------------------------------------------------
+async def test_maxmemory_noeviction_refuses_puts_and_keeps_pages():
+    """Decision: a put the server refuses for memory (OOM) is False, counted, not an exception."""
+    with RedisServer(maxmemory="4mb", policy="noeviction") as srv, HostPool(SPEC, 96) as pool:
+        async with open_backend(srv.url, pool) as backend:
+            keys = new_keys(48)
+            slots = pool.allocate(48)
+            records = fill_and_seal(pool, slots, keys)
+            stored = []
+            for k, s in zip(keys, slots):  # one at a time, so the OOM point is exact
+                stored += await backend.put_from([k], [s])
+            assert 0 < sum(stored) < 48, "the server should take some pages and refuse the rest"
+            assert backend.stats.put_rejected == stored.count(False)
+            kept = [k for k, ok in zip(keys, stored) if ok]
+            dst = pool.allocate(len(kept))
+            assert await backend.get_into(kept, dst) == [True] * len(kept)
+            assert all(bytes(pool.record_view(s)) == records[k] for k, s in zip(kept, dst))
+
+
+async def test_maxmemory_allkeys_lru_evicts_old_pages():
+    with RedisServer(maxmemory="4mb", policy="allkeys-lru") as srv, HostPool(SPEC, 49) as pool:
+        async with open_backend(srv.url, pool) as backend:
+            keys = new_keys(48)
+            slots = pool.allocate(48)
+            fill_and_seal(pool, slots, keys)
+            assert await backend.put_from(keys, slots) == [True] * 48
+            present = [await backend.contains(k) for k in keys]
+            assert 0 < sum(present) < 48 and present[-1]
+            gone = keys[present.index(False)]
+            assert await backend.get_into([gone], pool.allocate(1)) == [False]  # evicted: a miss, not an error
+
+
+@pytest.mark.parametrize("damage", ["flip_header", "flip_payload", "truncate", "extend", "garbage", "empty"])
+@pytest.mark.parametrize("zero_copy", [True, False])
+async def test_corrupt_value_is_a_counted_deleted_miss(server, prefix, damage, zero_copy):
+    with HostPool(SPEC, 3) as pool:
+        async with open_backend(server.url, pool, prefix=prefix, zero_copy=zero_copy) as backend:
+            [key] = new_keys(1)
+            src, dst, _ = pool.allocate(3)
+            record = fill_and_seal(pool, [src], [key])[key]
+            assert await backend.put_from([key], [src]) == [True]
+            # A truncated value must not pass because the slot already holds the intact record.
+            pool.record_view(dst)[:] = record
+            value = bytearray(record)
+            if damage == "flip_header":
+                value[100] ^= 0x01
+            elif damage == "flip_payload":
+                value[-1] ^= 0x80
+            elif damage == "truncate":
+                value = value[:-10]
+            elif damage == "extend":
+                value += b"tail"
+            elif damage == "garbage":
+                value = bytearray(secrets.token_bytes(len(record)))
+            else:
+                value = bytearray()
+            raw_client(server).set(prefix + key, bytes(value))
+            assert await backend.get_into([key], [dst]) == [False]
+            assert backend.stats.corrupt == 1
+            assert raw_client(server).exists(prefix + key) == 0
+            assert await backend.put_from([key], [src]) == [True]  # the page can be stored again
+            assert await backend.get_into([key], [dst]) == [True]
+
+
+# --- failures -----------------------------------------------------------------------------------
+BIG = nsa_spec(num_layers=61)  # 3 MB pages: a batch takes long enough to kill the server under it
+
+
+async def test_server_killed_mid_batch_then_restarted(own_server):
+    with HostPool(BIG, 28) as pool:
+        async with open_backend(own_server.url, pool, socket_timeout_s=5) as backend:
+            keys = new_keys(24)
+            slots = pool.allocate(24)
+            fill_and_seal(pool, slots, keys)
+            watcher = raw_client(own_server)
+            put = asyncio.create_task(backend.put_from(keys, slots))
+            while watcher.dbsize() == 0:  # some pages are in, the rest are on their way
+                await asyncio.sleep(0.001)
+            own_server.kill()
+            started = time.monotonic()
+            with pytest.raises(BackendUnavailableError):
+                await put
+            assert time.monotonic() - started < 5
+            with pytest.raises(BackendUnavailableError, match="127.0.0.1"):
+                await backend.exists(keys)
+            assert backend.stats.errors >= 2
+
+            own_server.start()  # same port, empty: the same object serves again
+            assert await backend.exists(keys) == 0
+            assert await backend.get_into(keys[:2], slots[:2]) == [False, False]
+            assert await backend.put_from(keys[:4], slots[:4]) == [True] * 4
+            assert await backend.get_into(keys[:4], pool.allocate(4)) == [True] * 4
+
+
+async def test_hung_server_times_out_then_serves_again(own_server):
+    with HostPool(SPEC, 4) as pool:
+        async with open_backend(own_server.url, pool, socket_timeout_s=0.5) as backend:
+            keys = new_keys(2)
+            slots = pool.allocate(2)
+            fill_and_seal(pool, slots, keys)
+            assert await backend.put_from(keys, slots) == [True, True]
+            own_server.pause()
+            try:
+                for call in (backend.get_into(keys, pool.allocate(2)), backend.put_from(keys, slots), backend.exists(keys)):
+                    started = time.monotonic()
+                    with pytest.raises(BackendTimeoutError):
+                        await call
+                    assert time.monotonic() - started < 2
+            finally:
+                own_server.resume()
+            assert await backend.get_into(keys, slots) == [True, True]
+
+
+async def test_cancelled_get_never_writes_into_reused_slots(server, prefix):
+    """Cancel a get while its reply trickles through a proxy; hand its slots to someone else; the
+    rest of the reply must never land there, and the backend must go on serving."""
+    proxy = await DelayProxy(server.port, chunk=4096, delay_s=0.005).start()
+    try:
+        with HostPool(SPEC, 8) as pool:
+            async with open_backend(proxy.url, pool, prefix=prefix) as backend:
+                keys = new_keys(2)
+                src = pool.allocate(2)
+                records = fill_and_seal(pool, src, keys)
+                assert await backend.put_from(keys, src) == [True, True]
+                dst = pool.allocate(2)
+                get = asyncio.create_task(backend.get_into(keys, dst))
+                while proxy.forwarded < 16 * 1024:  # midway through the replies
+                    await asyncio.sleep(0.002)
+                get.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await get
+                assert proxy.forwarded < 2 * pool.record_bytes
+                pool.free(dst)
+                reused = pool.allocate(2)
+                assert sorted(reused) == sorted(dst)
+                pattern = secrets.token_bytes(64) * (pool.record_bytes // 64) + bytes(pool.record_bytes % 64)
+                for s in reused:
+                    pool.record_view(s)[:] = pattern
+                await asyncio.sleep(0.5)  # long enough for the whole reply to have trickled in
+                assert all(bytes(pool.record_view(s)) == pattern for s in reused)
+                assert await backend.get_into(keys, reused) == [True, True]
+                assert [bytes(pool.record_view(s)) for s in reused] == [records[k] for k in keys]
+    finally:
+        await proxy.close()
+
+
+# --- configuration errors -----------------------------------------------------------------------
+@pytest.mark.parametrize("url, message", [
+    ("redis://127.0.0.1:99999/0", "bad port"),
+    ("redis://127.0.0.1:6379/abc", "bad db 'abc'"),
+    ("redis://127.0.0.1:6379/0?db=1", "both in the path"),
+    ("redis://127.0.0.1:6379/0?colour=red", "unknown option 'colour'"),
+    ("redis://127.0.0.1:6379/0?max_in_flight=0", "max_in_flight"),
+    ("redis://127.0.0.1:6379/0?ttl_s=soon", "ttl_s"),
+    ("redis:///0", "no host"),
+    ("unix://", "socket path"),
+    ("rediss://127.0.0.1:6379/0?ssl_cert_reqs=maybe", "ssl_cert_reqs"),
+    ("nosuch://127.0.0.1:6379", "unknown backend scheme"),
+])
+def test_bad_urls_are_config_errors(url, message):
+    with HostPool(SPEC, 2) as pool, pytest.raises(ConfigError, match=message):
+        open_backend(url, pool)
+
+
+async def test_server_side_config_errors(own_server):
+    with HostPool(SPEC, 2) as pool:
+        async with open_backend(own_server.url.replace("/0", "/999"), pool) as backend:
+            with pytest.raises(ConfigError, match="DB index is out of range"):
+                await backend.get_into(new_keys(1), [0])
+        async with open_backend(f"redis://nobody:secret@127.0.0.1:{own_server.port}/0", pool) as backend:
+            with pytest.raises(ConfigError, match="WRONGPASS|invalid"):
+                await backend.get_into(new_keys(1), [0])
+
+
+async def test_nobody_listening_is_unavailable():
+    from .redis_server import free_port
+
+    with HostPool(SPEC, 2) as pool:
+        async with open_backend(f"redis://127.0.0.1:{free_port()}/0", pool, connect_timeout_s=1) as backend:
+            with pytest.raises(BackendUnavailableError, match="127.0.0.1"):
+                await backend.get_into(new_keys(1), [0])
+            with pytest.raises(BackendUnavailableError):
+                await backend.exists(new_keys(1))
+            assert isinstance(BackendUnavailableError("x"), BackendError)

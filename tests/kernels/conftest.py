@@ -2,12 +2,14 @@
 
 import os
 
-# The kernels pick the interpreter themselves for host-only copies; setting the variable too keeps
-# Triton's own helpers in interpreter mode whatever imported triton first in this process.
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
+
+# Without CUDA, every Triton kernel runs in the interpreter (the kernels also pick it themselves for
+# host-only copies). With CUDA the GPU tests must compile for real, so the variable stays unset.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):

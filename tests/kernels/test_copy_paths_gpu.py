@@ -1,0 +1,76 @@
+"""The copy paths against the reference on a GPU at realistic sizes (run on the H200).
+
+Device pools in GPU memory, pinned host pools in both layouts, DeepSeek-V3.2 NSA at full shape
+plus MLA and MHA; random device pages and host slots in runs (what the allocator hands out) or
+scattered. Byte-for-byte checks with poisoned destinations, as on CPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tiered_kv import mha_spec, mla_spec, nsa_spec
+from tiered_kv.kernels import StagedCopier, copy_pages_direct, copy_pages_uva
+from tiered_kv.transfer import backup_pairs, load_pairs
+
+from .pools import adjacent_ids, check_copy, make_device_pool, make_host_pool, random_ids
+
+pytestmark = pytest.mark.gpu
+
+SPECS = {
+    "nsa": nsa_spec(61, 64),
+    "mla": mla_spec(61, 64),
+    "mha": mha_spec(32, 16, 8, 128),
+}
+PAGES, SLOTS, COUNT = 400, 330, 257
+
+
+@pytest.fixture(scope="module")
+def copiers():
+    return {"load": StagedCopier("cuda"), "backup": StagedCopier("cuda", buffer_bytes=8 << 20, num_buffers=3)}
+
+
+def _run(path, pairs, src, dst, to_device, copiers):
+    if path == "uva":
+        copy_pages_uva(pairs, src, dst)
+    elif path == "direct":
+        copy_pages_direct(pairs, src, dst)
+    else:
+        copy_stream, kernel_stream = torch.cuda.Stream(), torch.cuda.Stream()
+        copy_stream.wait_stream(torch.cuda.current_stream())
+        kernel_stream.wait_stream(torch.cuda.current_stream())
+        copier = copiers["load" if to_device else "backup"]
+        if to_device:
+            copier.to_device(pairs, src, dst, copy_stream=copy_stream, kernel_stream=kernel_stream)
+        else:
+            copier.to_host(pairs, src, dst, copy_stream=copy_stream, kernel_stream=kernel_stream)
+
+
+@pytest.mark.parametrize("slots_kind", ["runs", "scattered"])
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("spec_name", sorted(SPECS))
+@pytest.mark.parametrize("path", ["uva", "direct", "staged"])
+def test_gpu_backup_and_load(path, spec_name, layout, slots_kind, copiers):
+    spec = SPECS[spec_name]
+    device = make_device_pool(spec, PAGES, "cuda")
+    host = make_host_pool(spec, SLOTS, layout)
+    with host:  # unpins at the end
+        pages = random_ids(COUNT, 1, PAGES)
+        slots = adjacent_ids(COUNT, 0, SLOTS) if slots_kind == "runs" else random_ids(COUNT, 0, SLOTS)
+        pairs = backup_pairs(device.pool, host)
+        check_copy(pairs, pages, slots, [host.buffer], lambda: _run(path, pairs, pages, slots, False, copiers))
+        layer = int(torch.randint(0, spec.num_layers, ()).item())
+        pairs = load_pairs(host, device.pool, layer)
+        check_copy(pairs, slots, pages, device.roots, lambda: _run(path, pairs, slots, pages, True, copiers))
+
+
+@pytest.mark.parametrize("num_ctas", [1, 4, 16, 132])
+def test_gpu_uva_budgets_and_single_page(num_ctas):
+    spec = SPECS["nsa"]
+    device = make_device_pool(spec, PAGES, "cuda")
+    with make_host_pool(spec, SLOTS, "page_first") as host:
+        for count in (0, 1, COUNT):
+            pages, slots = random_ids(count, 1, PAGES), random_ids(count, 0, SLOTS)
+            pairs = backup_pairs(device.pool, host)
+            check_copy(pairs, pages, slots, [host.buffer], lambda: copy_pages_uva(pairs, pages, slots, num_ctas=num_ctas))

@@ -1,0 +1,325 @@
+"""The worker-side transfer engine: L1 <-> L2 page copies on the library's own CUDA streams.
+
+    engine = TransferEngine(device_pool, host_pool)           # path="auto"
+    load = engine.load(host_slots, device_pages)              # every layer, one event per layer
+    for layer in range(num_layers):
+        load.wait_layer(layer)                                # the engine's stream waits for
+        ...                                                   # exactly this layer (all components)
+    backup = engine.backup(device_pages, host_slots)          # all layers, returns at once
+    host_pool.free(slots, completion=backup)                  # released only once it completed
+
+Rules this module keeps:
+- Every CUDA call is issued from the caller's thread, under the pool's device, on streams this
+  engine owns (two for loads, two for backups: one for kernels, one for copy engines), never on
+  the default stream. Each transfer first waits for the work already enqueued on the caller's
+  current stream (the pages it reads or overwrites may still be in use there).
+- Validation (``tiered_kv.transfer.validate``) runs on CPU copies of the ids before anything is
+  enqueued, so no call forces a device sync and a rejected call writes nothing.
+- A load records one CUDA event per layer after *every* component of that layer (latent and
+  indexer) has landed; ``wait_layer(i)`` waits on exactly that event.
+- A backup returns a completion (``done()`` / ``query()``) that never blocks; host slots and
+  device pages it touches are to be released only through it.
+- On a CPU machine the same calls run the copy at once and return completed handles.
+
+Paths: ``kernel`` (Triton UVA kernel), ``direct`` (copy engines, runs of adjacent pages),
+``staged`` (copy engines on host runs + kernel scatter/gather on the device), ``torch``
+(the reference), ``auto`` (chosen per call from the id runs, by the measurements in
+docs/benchmarks.md). This module must never poll or wait on the device itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import nullcontext
+
+import torch
+
+from .device_pool import DevicePool
+from .errors import IndexValidationError, PoolError, SpecMismatchError
+from .host_pool import HostPool
+from .kernels import copy_pages_reference
+from .transfer import IdsLike, PageCopy, backup_pairs, load_pairs, validate
+
+PATHS = ("auto", "kernel", "direct", "staged", "torch")
+
+#: ``auto`` sends a transfer through the copy engines (``staged``) when the host slots come in runs
+#: at least this long on average; scattered slots make one copy-engine copy per slot and layer,
+#: which the CPU cannot issue fast enough, so those go through the UVA kernel.
+STAGED_MIN_MEAN_RUN = 8
+#: ``auto`` skips the staging hop (``direct``) when device pages *and* host slots run together.
+DIRECT_MIN_MEAN_RUN = 64
+
+
+class LoadHandle:
+    """A load in flight: one CUDA event per loaded layer (None on CPU, where it is complete)."""
+
+    def __init__(self, device: torch.device, layers: Sequence[int], events: dict[int, torch.cuda.Event] | None,
+                 copy: PageCopy, path: str) -> None:
+        self.device = device
+        self.layers = tuple(layers)
+        self.path = path
+        self.copy = copy
+        self._events = events
+
+    def wait_layer(self, layer: int, stream: torch.cuda.Stream | None = None) -> None:
+        """Make ``stream`` (default: the current stream) wait until ``layer`` has fully landed.
+
+        Covers every component of the layer (NSA: latent and indexer). Never blocks the caller.
+        """
+        if layer not in self.layers:
+            raise IndexValidationError(f"layer {layer} is not part of this load (layers {self.layers[0]}..{self.layers[-1]})")
+        if self._events is None:
+            return
+        if stream is None:
+            stream = torch.cuda.current_stream(self.device)
+        stream.wait_event(self._events[layer])
+
+    def event(self, layer: int) -> torch.cuda.Event | None:
+        """The CUDA event recorded once ``layer`` has landed (None on CPU)."""
+        return None if self._events is None else self._events[layer]
+
+    def layer_done(self, layer: int) -> bool:
+        """Whether ``layer`` has landed (non-blocking)."""
+        if layer not in self.layers:
+            raise IndexValidationError(f"layer {layer} is not part of this load")
+        return self._events is None or self._events[layer].query()
+
+    def done(self) -> bool:
+        """Whether every layer has landed (non-blocking): the completion for slots and pages."""
+        return self._events is None or all(e.query() for e in self._events.values())
+
+    query = done
+
+    def synchronize(self) -> None:
+        """Block the calling thread until the load completed (tests, benchmarks; not the hot path)."""
+        if self._events is not None:
+            for event in self._events.values():
+                event.synchronize()
+
+
+class BackupHandle:
+    """A backup in flight: one event after the last byte reached host memory (None on CPU)."""
+
+    def __init__(self, event: torch.cuda.Event | None, copy: PageCopy, path: str) -> None:
+        self._event = event
+        self.copy = copy
+        self.path = path
+
+    def done(self) -> bool:
+        """Whether the backup completed (non-blocking); pass the handle as a pool completion."""
+        return self._event is None or self._event.query()
+
+    query = done
+
+    @property
+    def event(self) -> torch.cuda.Event | None:
+        return self._event
+
+    def synchronize(self) -> None:
+        """Block the calling thread until the backup completed (tests, benchmarks)."""
+        if self._event is not None:
+            self._event.synchronize()
+
+
+class TransferEngine:
+    """Copies pages between one device pool and one host pool of the same spec.
+
+    Args:
+        device_pool, host_pool: pools of one spec; the host pool pinned when the device is a GPU.
+        path: default path for every call (see module docstring).
+        num_ctas: CTA budget of the UVA kernel launches (default: measured per direction).
+        staging_bytes, staging_buffers: the device staging ring per direction (``staged`` path),
+            allocated on first use.
+        timing: create the handles' events with timing enabled (benchmarks; slightly costlier).
+    """
+
+    def __init__(self, device_pool: DevicePool, host_pool: HostPool, *, path: str = "auto", num_ctas: int | None = None,
+                 staging_bytes: int | None = None, staging_buffers: int = 2, timing: bool = False) -> None:
+        if device_pool.spec.fingerprint != host_pool.spec.fingerprint:
+            raise SpecMismatchError(
+                f"device pool spec ({device_pool.spec.describe()}) differs from host pool spec ({host_pool.spec.describe()})"
+            )
+        self._check_path(path)
+        self.device_pool = device_pool
+        self.host_pool = host_pool
+        self.path = path
+        self.num_ctas = num_ctas
+        self.device = device_pool.device
+        self.on_gpu = self.device.type == "cuda"
+        self._staging_bytes = staging_bytes
+        self._staging_buffers = staging_buffers
+        self._timing = timing
+        self._copiers: dict[str, object] = {}
+        self._backup_pairs = backup_pairs(device_pool, host_pool)
+        self._load_pairs = [load_pairs(host_pool, device_pool, layer) for layer in range(device_pool.spec.num_layers)]
+        self._plans: dict[object, object] = {}
+        if self.on_gpu:
+            if not host_pool.memory.pinned:
+                # UVA kernels and async copy-engine copies both need page-locked host memory.
+                raise PoolError("a GPU transfer engine needs a pinned host pool (HostPool(..., pin=True))")
+            with torch.cuda.device(self.device):
+                self.load_stream = torch.cuda.Stream(self.device)
+                self.load_copy_stream = torch.cuda.Stream(self.device)
+                self.backup_stream = torch.cuda.Stream(self.device)
+                self.backup_copy_stream = torch.cuda.Stream(self.device)
+
+    # --- public ----------------------------------------------------------------------------------
+    def backup(self, device_pages: IdsLike, host_slots: IdsLike, *, path: str | None = None,
+               token_indices: bool = False) -> BackupHandle:
+        """Copy every component and layer of ``device_pages`` into ``host_slots``; returns at once.
+
+        Args:
+            device_pages: page ids (or engine token indices with ``token_indices=True``), any
+                int sequence or 1-D integer tensor; CPU tensors avoid a device sync.
+            host_slots: slot ids of the host pool, unique.
+        """
+        copy = validate(self.device_pool, self.host_pool, device_pages, host_slots, to_host=True, token_indices=token_indices)
+        path = self._choose(path, copy, to_host=True)
+        if not self.on_gpu:
+            self._run_on_cpu(path, self._backup_pairs, copy.device_pages, copy.host_slots, to_host=True, key="backup")
+            return BackupHandle(None, copy, path)
+        with torch.cuda.device(self.device):
+            caller = torch.cuda.current_stream(self.device)
+            self.backup_stream.wait_stream(caller)
+            done_on = self.backup_stream
+            if len(copy):
+                if path == "kernel":
+                    with torch.cuda.stream(self.backup_stream):
+                        self._uva(self._plan("backup", self._backup_pairs), copy.device_pages, copy.host_slots)
+                elif path == "staged":
+                    self._copier("backup").to_host(self._backup_pairs, copy.device_pages, copy.host_slots,
+                                                   copy_stream=self.backup_copy_stream, kernel_stream=self.backup_stream)
+                    done_on = self.backup_copy_stream
+                elif path == "direct":
+                    from .kernels import copy_pages_direct
+
+                    copy_pages_direct(self._backup_pairs, copy.device_pages, copy.host_slots, stream=self.backup_stream)
+                else:
+                    with torch.cuda.stream(self.backup_stream):
+                        copy_pages_reference(self._backup_pairs, copy.device_pages, copy.host_slots)
+            event = torch.cuda.Event(enable_timing=self._timing)
+            event.record(done_on)
+        return BackupHandle(event, copy, path)
+
+    def load(self, host_slots: IdsLike, device_pages: IdsLike, *, layers: Sequence[int] | None = None,
+             path: str | None = None, token_indices: bool = False) -> LoadHandle:
+        """Copy ``host_slots`` into ``device_pages`` layer by layer (default: every layer, in order).
+
+        Enqueues everything at once and returns; each layer gets its own event, recorded once all
+        of its components have landed, so the engine can compute layer i while i+1 is in flight.
+        """
+        num_layers = self.device_pool.spec.num_layers
+        layers = list(range(num_layers)) if layers is None else [int(layer) for layer in layers]
+        for layer in layers:
+            if not 0 <= layer < num_layers:
+                raise IndexValidationError(f"layer {layer} outside 0..{num_layers - 1}")
+        if len(set(layers)) != len(layers):
+            raise IndexValidationError(f"layers repeat: {layers}")
+        copy = validate(self.device_pool, self.host_pool, device_pages, host_slots, to_host=False, token_indices=token_indices)
+        path = self._choose(path, copy, to_host=False)
+        if not self.on_gpu:
+            for layer in layers:
+                self._run_on_cpu(path, self._load_pairs[layer], copy.host_slots, copy.device_pages, to_host=False,
+                                 key=("load", layer))
+            return LoadHandle(self.device, layers, None, copy, path)
+        events: dict[int, torch.cuda.Event] = {}
+        with torch.cuda.device(self.device):
+            self.load_stream.wait_stream(torch.cuda.current_stream(self.device))
+            runs = None
+            for layer in layers:
+                pairs = self._load_pairs[layer]
+                if len(copy):
+                    if path == "kernel":
+                        with torch.cuda.stream(self.load_stream):
+                            self._uva(self._plan(("load", layer), pairs), copy.host_slots, copy.device_pages)
+                    elif path == "staged":
+                        self._copier("load").to_device(pairs, copy.host_slots, copy.device_pages,
+                                                      copy_stream=self.load_copy_stream, kernel_stream=self.load_stream)
+                    elif path == "direct":
+                        from .kernels import copy_pages_direct, find_runs
+
+                        runs = runs or find_runs(copy.host_slots, copy.device_pages)
+                        copy_pages_direct(pairs, copy.host_slots, copy.device_pages, stream=self.load_stream, runs=runs)
+                    else:
+                        with torch.cuda.stream(self.load_stream):
+                            copy_pages_reference(pairs, copy.host_slots, copy.device_pages)
+                event = torch.cuda.Event(enable_timing=self._timing)
+                event.record(self.load_stream)
+                events[layer] = event
+        return LoadHandle(self.device, layers, events, copy, path)
+
+    def load_layer(self, host_slots: IdsLike, device_pages: IdsLike, layer: int, **options) -> LoadHandle:
+        """``load`` of one layer."""
+        return self.load(host_slots, device_pages, layers=[layer], **options)
+
+    # --- path choice -----------------------------------------------------------------------------
+    @staticmethod
+    def _check_path(path: str) -> None:
+        if path not in PATHS:
+            raise ValueError(f"unknown transfer path {path!r}; choose one of {PATHS}")
+
+    def _choose(self, path: str | None, copy: PageCopy, *, to_host: bool) -> str:
+        path = path or self.path
+        self._check_path(path)
+        if path != "auto":
+            return path
+        if not self.on_gpu or len(copy) == 0:
+            return "torch"
+        return choose_path(copy.host_slots, copy.device_pages)
+
+    # --- helpers ---------------------------------------------------------------------------------
+    def _plan(self, key, pairs):
+        plan = self._plans.get(key)
+        if plan is None:
+            from .kernels import plan_uva_copy
+
+            plan = self._plans[key] = plan_uva_copy(pairs)
+        return plan
+
+    def _uva(self, plan, src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:
+        from .kernels import copy_pages_uva
+
+        copy_pages_uva(plan, src_ids, dst_ids, num_ctas=self.num_ctas)
+
+    def _copier(self, direction: str):
+        copier = self._copiers.get(direction)
+        if copier is None:
+            from .kernels import StagedCopier
+            from .kernels.staged_copy import DEFAULT_BUFFER_BYTES
+
+            copier = self._copiers[direction] = StagedCopier(
+                self.device, buffer_bytes=self._staging_bytes or DEFAULT_BUFFER_BYTES, num_buffers=self._staging_buffers
+            )
+        return copier
+
+    def _run_on_cpu(self, path: str, pairs, src_ids: torch.Tensor, dst_ids: torch.Tensor, *, to_host: bool, key) -> None:
+        """CPU pools: the same paths run synchronously (kernels through Triton's interpreter)."""
+        if len(src_ids) == 0:
+            return
+        if path == "kernel":
+            self._uva(self._plan(key, pairs), src_ids, dst_ids)
+        elif path == "staged":
+            copier = self._copier("backup" if to_host else "load")
+            # Both take (pairs, src ids, dst ids): device pages then slots for backups, and back.
+            (copier.to_host if to_host else copier.to_device)(pairs, src_ids, dst_ids)
+        elif path == "direct":
+            from .kernels import copy_pages_direct
+
+            copy_pages_direct(pairs, src_ids, dst_ids)
+        else:
+            copy_pages_reference(pairs, src_ids, dst_ids)
+
+
+def choose_path(host_slots: torch.Tensor, device_pages: torch.Tensor) -> str:
+    """The ``auto`` rule for a GPU transfer, from how the ids run (CPU tensors, no device work)."""
+    from .kernels import find_runs
+
+    host_runs = find_runs(host_slots, torch.arange(host_slots.numel()), sort_by="src")
+    if host_runs.mean_length < STAGED_MIN_MEAN_RUN:
+        return "kernel"
+    if find_runs(host_slots, device_pages).mean_length >= DIRECT_MIN_MEAN_RUN:
+        return "direct"
+    return "staged"
+
+
+__all__ = ["PATHS", "BackupHandle", "LoadHandle", "TransferEngine", "choose_path"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import glob
 import os
 
 _MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: direction inferred from the (unified) addresses
@@ -38,6 +39,11 @@ def _runtime() -> ctypes.CDLL:
                     candidates.append(path)
     except OSError:
         pass
+    # Not mapped (a static build, or not loaded yet): the pip wheel's copy, then the system's.
+    roots = [os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(torch.__file__))]
+    for root in roots:
+        candidates += sorted(glob.glob(os.path.join(root, "nvidia", "*", "lib", "libcudart.so*")))
+        candidates += sorted(glob.glob(os.path.join(root, "lib", "libcudart*.so*")))
     found = ctypes.util.find_library("cudart")
     if found:
         candidates.append(found)

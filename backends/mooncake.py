@@ -1,0 +1,509 @@
+"""``mooncake://``: page records in a Mooncake Store, moved zero-copy from and into host slots.
+
+URL (query options are ``MooncakeOptions`` fields)::
+
+    mooncake://MASTER_HOST:RPC_PORT?metadata_server=http://HOST:PORT/metadata&protocol=tcp
+        &local_hostname=10.0.0.5&contribute_segment=true&global_segment_bytes=64GiB
+        &local_buffer_bytes=16MiB&replica_num=1&device_name=&workers=4&timeout_s=30
+
+How it works: the whole host pool is registered with the store once (``register_buffer``); a put
+is one ``batch_put_from`` of slot addresses, a get one ``batch_get_into`` straight into the
+destination slots (held by the pool until the call returns, see ``Backend.run_blocking``).
+
+What the store is, and what that means here:
+- objects live in memory *segments* that client processes contribute (``global_segment_bytes``);
+  a writer's pages vanish when the process holding them exits, and the master evicts under
+  pressure. So the capability is not persistent. ``contribute_segment=false`` makes a pure client
+  (say, when another process on the host already contributes: pages are not held twice in one
+  host's RAM); ``python -m tiered_kv.backends.mooncake hold-segment URL`` runs such a process.
+- a master restart loses every object; the client reconnects and remounts by itself, so the same
+  backend object serves again (earlier pages read as misses).
+- a put of a key already present is refused by the store and reported as success: records are
+  immutable and put-if-absent.
+- a read takes a lease (the master's ``--default_kv_lease_ttl``, 10 s by default) that blocks plain
+  removal, so deletes are forced. A reader racing a forced delete gets at worst bytes that fail
+  verification, i.e. a miss.
+- in one process over TCP the store copies with memcpy instead of the network.
+
+Server settings: ``mooncake_master --enable_http_metadata_server=true`` (its HTTP metadata server
+is the default ``metadata_server``, port 8080 on the master's host); give every master its own
+``--metrics_port``. Over TCP, set ``MC_TCP_BIND_ADDRESS`` to the address ``local_hostname`` names
+(``127.0.0.1`` for a single host) in the environment of every client process.
+
+The ``mooncake`` module (one of the wheels ``mooncake-transfer-engine``,
+``-cuda13``, ``-non-cuda``) is imported only when a store is opened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import dataclasses
+import logging
+import mmap
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..errors import BackendError, BackendUnavailableError, ConfigError
+from ..host_pool import HostPool
+from ..sizes import parse_size
+from .base import Backend, Capabilities
+from .url_options import options_from_url
+
+log = logging.getLogger(__name__)
+
+# Mooncake Store's ErrorCode values (mooncake-store/include/types.h) that this backend acts on.
+OK = 0
+BUFFER_OVERFLOW = -10
+SEGMENT_NOT_FOUND = -101
+CLIENT_NOT_FOUND = -103
+NO_AVAILABLE_HANDLE = -200
+INVALID_PARAMS = -600
+REPLICA_IS_NOT_READY = -703
+OBJECT_NOT_FOUND = -704
+OBJECT_ALREADY_EXISTS = -705
+LEASE_EXPIRED = -707
+REPLICA_NOT_FOUND = -710
+REPLICA_IS_GONE = -712
+TRANSFER_FAIL = -800
+RPC_FAIL = -900
+UNAVAILABLE_IN_CURRENT_STATUS = -1010
+
+_NAMES = {
+    -1: "INTERNAL_ERROR", BUFFER_OVERFLOW: "BUFFER_OVERFLOW", SEGMENT_NOT_FOUND: "SEGMENT_NOT_FOUND",
+    CLIENT_NOT_FOUND: "CLIENT_NOT_FOUND", NO_AVAILABLE_HANDLE: "NO_AVAILABLE_HANDLE", -300: "INVALID_VERSION",
+    -400: "INVALID_KEY", -500: "WRITE_FAIL", INVALID_PARAMS: "INVALID_PARAMS", -601: "ILLEGAL_CLIENT",
+    -700: "INVALID_WRITE", -701: "INVALID_READ", -702: "INVALID_REPLICA", REPLICA_IS_NOT_READY: "REPLICA_IS_NOT_READY",
+    OBJECT_NOT_FOUND: "OBJECT_NOT_FOUND", OBJECT_ALREADY_EXISTS: "OBJECT_ALREADY_EXISTS", -706: "OBJECT_HAS_LEASE",
+    LEASE_EXPIRED: "LEASE_EXPIRED", REPLICA_NOT_FOUND: "REPLICA_NOT_FOUND", REPLICA_IS_GONE: "REPLICA_IS_GONE",
+    TRANSFER_FAIL: "TRANSFER_FAIL", RPC_FAIL: "RPC_FAIL", UNAVAILABLE_IN_CURRENT_STATUS: "UNAVAILABLE_IN_CURRENT_STATUS",
+}
+# The store cannot be reached, or lost track of this client: the caller may retry later.
+_UNAVAILABLE = {TRANSFER_FAIL, RPC_FAIL, UNAVAILABLE_IN_CURRENT_STATUS, CLIENT_NOT_FOUND, -1011}
+# The key is not readable (absent, evicted, still being written, or its replica went away).
+_MISSING = {OBJECT_NOT_FOUND, REPLICA_IS_NOT_READY, LEASE_EXPIRED, REPLICA_NOT_FOUND, REPLICA_IS_GONE}
+# A put that found no room: the page did not fit, which put_from reports as False.
+_NO_ROOM = {NO_AVAILABLE_HANDLE, BUFFER_OVERFLOW, SEGMENT_NOT_FOUND}
+
+DEFAULT_SEGMENT_BYTES = 1 << 30
+_PROTOCOLS = ("tcp", "rdma")
+_MIN_SEGMENT_BYTES = 1024  # the store refuses anything smaller but 0
+
+
+def code_name(code: int) -> str:
+    return f"{_NAMES.get(code, 'error')} ({code})"
+
+
+def mooncake_error(code: int, what: str) -> BackendError:
+    """Our error for a negative Mooncake return ``code`` of operation ``what``."""
+    cls = BackendUnavailableError if code in _UNAVAILABLE else BackendError
+    return cls(f"mooncake: {what} failed with {code_name(code)}")
+
+
+def _import_store_class() -> Any:
+    try:
+        from mooncake.store import MooncakeDistributedStore
+    except ImportError as exc:
+        raise ConfigError(
+            "mooncake:// needs the mooncake module: pip install 'tiered-kv[mooncake]' "
+            "(or the mooncake-cuda13 / mooncake-cpu extra)") from exc
+    return MooncakeDistributedStore
+
+
+@dataclass(frozen=True)
+class MooncakeOptions:
+    """One store client. ``master`` is ``host:port`` of the master's RPC service (from the URL)."""
+
+    master: str
+    metadata_server: str = ""  # default: the master's own HTTP metadata server, port 8080
+    protocol: str = "tcp"
+    local_hostname: str = "127.0.0.1"  # the address other clients reach this one's segment at
+    contribute_segment: bool = True
+    global_segment_bytes: int | None = None  # default: 1 GiB when contributing, else 0
+    local_buffer_bytes: int = 16 << 20  # staging for non-registered buffers; zero-copy needs little
+    replica_num: int = 1
+    device_name: str = ""  # RDMA devices, comma separated ("" = all / not rdma)
+    workers: int = 4
+    timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        host, _, port = self.master.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"mooncake: the URL must name the master as host:port, got {self.master!r}")
+        if self.protocol not in _PROTOCOLS:
+            raise ConfigError(f"mooncake: protocol must be one of {_PROTOCOLS}, got {self.protocol!r}")
+        if not self.local_hostname:
+            raise ConfigError("mooncake: local_hostname must name this host's reachable address")
+        if self.metadata_server and not (self.metadata_server.startswith(("http://", "etcd://", "redis://"))
+                                         or self.metadata_server == "P2PHANDSHAKE"):
+            raise ConfigError(f"mooncake: metadata_server must be an http://, etcd:// or redis:// address "
+                              f"or P2PHANDSHAKE, got {self.metadata_server!r}")
+        segment = self.global_segment_bytes
+        if segment is not None and self.contribute_segment and segment < _MIN_SEGMENT_BYTES:
+            raise ConfigError(f"mooncake: contribute_segment=true needs global_segment_bytes >= "
+                              f"{_MIN_SEGMENT_BYTES}, got {segment}")
+        if segment and not self.contribute_segment:
+            raise ConfigError(f"mooncake: contribute_segment=false but global_segment_bytes={segment}; "
+                              "a pure client contributes no memory (leave global_segment_bytes out or 0)")
+        if self.local_buffer_bytes < _MIN_SEGMENT_BYTES:
+            raise ConfigError(f"mooncake: local_buffer_bytes must be >= {_MIN_SEGMENT_BYTES}, "
+                              f"got {self.local_buffer_bytes}")
+        if self.replica_num < 1:
+            raise ConfigError(f"mooncake: replica_num must be >= 1, got {self.replica_num}")
+        if self.workers < 1:
+            raise ConfigError(f"mooncake: workers must be >= 1, got {self.workers}")
+        if not self.timeout_s > 0:
+            raise ConfigError(f"mooncake: timeout_s must be > 0, got {self.timeout_s}")
+
+    @classmethod
+    def from_url(cls, url: str, overrides: dict[str, Any] | None = None) -> "MooncakeOptions":
+        parts = urlsplit(url)
+        if parts.scheme != "mooncake":
+            raise ConfigError(f"not a mooncake:// URL: {url!r}")
+        try:
+            port = parts.port
+        except ValueError:
+            raise ConfigError(f"{url}: the master's port is not a number in 1..65535") from None
+        if not parts.hostname or port is None:
+            raise ConfigError(f"{url}: the URL must name the master as mooncake://host:port")
+        return options_from_url(cls, url, overrides, master=f"{parts.hostname}:{port}")
+
+    @property
+    def master_host(self) -> str:
+        return self.master.rpartition(":")[0]
+
+    @property
+    def segment_bytes(self) -> int:
+        if not self.contribute_segment:
+            return 0
+        return DEFAULT_SEGMENT_BYTES if self.global_segment_bytes is None else self.global_segment_bytes
+
+    def setup_config(self) -> dict[str, str]:
+        """The dict ``MooncakeDistributedStore.setup`` takes."""
+        return {
+            "local_hostname": self.local_hostname,
+            "metadata_server": self.metadata_server or f"http://{self.master_host}:8080/metadata",
+            "global_segment_size": str(self.segment_bytes),
+            "local_buffer_size": str(self.local_buffer_bytes),
+            "protocol": self.protocol,
+            "rdma_devices": self.device_name,
+            "master_server_addr": self.master,
+        }
+
+
+def open_store(options: MooncakeOptions) -> Any:
+    """A set-up ``MooncakeDistributedStore`` client, within ``options.timeout_s``.
+
+    Blocking. The master's RPC port is probed first: the store's own setup retries for about 90 s
+    when no master answers, far longer than any caller should wait.
+    """
+    store_cls = _import_store_class()
+    host, _, port = options.master.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=min(options.timeout_s, 5.0)).close()
+    except OSError as exc:
+        raise BackendUnavailableError(f"mooncake: no master answers at {options.master}: {exc}") from exc
+    store = store_cls()
+    # setup() may still block (metadata server down, master going away): run it aside and wait
+    # at most timeout_s; a late setup is closed by its own thread.
+    runner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tkv-mooncake-setup")
+    future = runner.submit(store.setup, options.setup_config())
+    runner.shutdown(wait=False)
+    try:
+        rc = future.result(timeout=options.timeout_s)
+    except concurrent.futures.TimeoutError as exc:
+        future.add_done_callback(lambda _: store.close())
+        raise BackendUnavailableError(f"mooncake: setup with master {options.master} took longer than "
+                                      f"{options.timeout_s}s") from exc
+    if rc != OK:
+        raise BackendUnavailableError(f"mooncake: setup with master {options.master} failed with {code_name(rc)}; "
+                                      "see the store's log above for the reason")
+    return store
+
+
+class MooncakeBackend(Backend):
+    scheme = "mooncake"
+    capabilities = Capabilities(zero_copy=True, persistent=False, shared_across_processes=True, shared_across_nodes=True)
+
+    def __init__(self, pool: HostPool, options: MooncakeOptions) -> None:
+        super().__init__(pool, max_workers=options.workers, timeout_s=options.timeout_s)
+        self.options = options
+        self._store = open_store(options)
+        # Once, for the whole pool: every slot is then a valid source and target.
+        rc = self._store.register_buffer(pool.memory.address, pool.nbytes)
+        if rc != OK:
+            self._store.close()
+            raise mooncake_error(rc, f"register_buffer of the host pool ({pool.nbytes} B)")
+        self._replicate = None
+        if options.replica_num != 1:
+            from mooncake.store import ReplicateConfig
+
+            self._replicate = ReplicateConfig()
+            self._replicate.replica_num = options.replica_num
+
+    @classmethod
+    def from_url(cls, url: str, pool: HostPool, **options: Any) -> "MooncakeBackend":
+        return cls(pool, MooncakeOptions.from_url(url, options))
+
+    # --- primitives --------------------------------------------------------------------------
+    async def _exists(self, keys: list[str]) -> list[bool]:
+        codes = await self.run_blocking(self._store.batch_is_exist, keys)
+        for code in codes:
+            if code < 0:
+                raise mooncake_error(code, f"batch_is_exist of {len(keys)} keys")
+        return [code == 1 for code in codes]
+
+    async def _get(self, keys: list[str], slots: list[int]) -> list[bool]:
+        size = self.pool.record_bytes
+        addresses = [self.pool.slot_address(s) for s in slots]
+        codes = await self.run_blocking(self._store.batch_get_into, keys, addresses, [size] * len(keys),
+                                        hold_slots=slots)
+        found = []
+        for key, slot, code in zip(keys, slots, codes):
+            if code == size:
+                found.append(True)
+            elif code in _MISSING:
+                found.append(False)
+            elif 0 <= code < size or code == INVALID_PARAMS:
+                # A stored object of another length (shorter, or longer than the slot: the store
+                # refuses with INVALID_PARAMS) is no record of ours. Spoil the slot's magic so the
+                # base's verification counts it as corrupt and deletes it.
+                self.pool.record_view(slot)[:8] = bytes(8)
+                found.append(True)
+            else:
+                raise mooncake_error(code, f"batch_get_into of key {key[:64]!r}")
+        return found
+
+    async def _put(self, keys: list[str], slots: list[int]) -> list[bool]:
+        size = self.pool.record_bytes
+        addresses = [self.pool.slot_address(s) for s in slots]
+        args: tuple[Any, ...] = (keys, addresses, [size] * len(keys))
+        if self._replicate is not None:
+            args += (self._replicate,)
+        codes = await self.run_blocking(self._store.batch_put_from, *args)
+        stored = []
+        for key, code in zip(keys, codes):
+            if code in (OK, OBJECT_ALREADY_EXISTS):
+                stored.append(True)
+            elif code in _NO_ROOM:
+                stored.append(False)
+            else:
+                raise mooncake_error(code, f"batch_put_from of key {key[:64]!r}")
+        return stored
+
+    async def _delete(self, keys: list[str]) -> None:
+        # force: a recent read's lease would refuse a plain remove for seconds (see module doc).
+        codes = await self.run_blocking(self._store.batch_remove, keys, True)
+        for key, code in zip(keys, codes):
+            if code not in (OK, OBJECT_NOT_FOUND):
+                raise mooncake_error(code, f"batch_remove of key {key[:64]!r}")
+
+    async def _close(self) -> None:
+        # The executor is still running here; the store's close may wait on an absent master.
+        future = self._executor.submit(self._close_store)
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(future), self.timeout_s)
+        except TimeoutError:
+            log.warning("mooncake: closing the store took longer than %ss; it finishes in the background", self.timeout_s)
+
+    def _close_store(self) -> None:
+        self._store.unregister_buffer(self.pool.memory.address)
+        self._store.close()
+
+    # --- benchmarks --------------------------------------------------------------------------
+    @classmethod
+    def measure_raw_ceiling(cls, url: str, *, page_bytes: int, pages: int) -> dict[str, float] | None:
+        """Mooncake's own calls on ``pages`` values of ``page_bytes``, store memory in a second process.
+
+        The ceiling is its zero-copy ``batch_put_from`` / ``batch_get_into`` from and into one
+        registered buffer (``raw_*``); its bytes API ``put_batch`` / ``get_batch`` is the naive path
+        (``naive_*``). This process is a pure client, as the backend under test should be.
+        """
+        return measure_raw(MooncakeOptions.from_url(url), page_bytes=page_bytes, pages=pages)
+
+
+RAW_BATCH = 16  # pages per call in measure_raw
+
+
+def measure_raw(options: MooncakeOptions, *, page_bytes: int, pages: int) -> dict[str, Any]:
+    if page_bytes <= 0 or pages <= 0:
+        raise ConfigError(f"measure_raw: page_bytes and pages must be > 0, got {page_bytes}, {pages}")
+    total = page_bytes * pages
+    # Room for every page twice over (the store evicts above 95% full), whatever the allocator rounds.
+    donor = dataclasses.replace(options, contribute_segment=True, global_segment_bytes=2 * total + (64 << 20))
+    client = dataclasses.replace(options, contribute_segment=False, global_segment_bytes=None,
+                                 local_buffer_bytes=max(options.local_buffer_bytes, RAW_BATCH * page_bytes + (16 << 20)))
+    with SegmentHolder(donor):
+        store = open_store(client)
+        buffer = mmap.mmap(-1, total)
+        try:
+            return _measure(store, buffer, page_bytes, pages)
+        finally:
+            store.close()
+            buffer.close()
+
+
+def _measure(store: Any, buffer: mmap.mmap, page_bytes: int, pages: int) -> dict[str, Any]:
+    import numpy as np
+
+    np.frombuffer(buffer, dtype=np.uint8)[:] = np.random.default_rng().integers(0, 256, len(buffer), dtype=np.uint8)
+    address = _buffer_address(buffer)
+    _check(store.register_buffer(address, len(buffer)), "register_buffer")
+    prefix = f"tkv-raw-{secrets.token_hex(6)}"
+    batches = [range(i, min(i + RAW_BATCH, pages)) for i in range(0, pages, RAW_BATCH)]
+
+    def zero_copy(call: Any, tag: str) -> float:
+        start = time.perf_counter()
+        for batch in batches:
+            codes = call([f"{prefix}-{tag}-{i}" for i in batch], [address + i * page_bytes for i in batch],
+                         [page_bytes] * len(batch))
+            for code in codes:
+                if code < 0:
+                    raise mooncake_error(code, call.__name__)
+        return time.perf_counter() - start
+
+    put_s = zero_copy(store.batch_put_from, "zc")
+    get_s = zero_copy(store.batch_get_into, "zc")
+    store.batch_remove([f"{prefix}-zc-{i}" for i in range(pages)], True)
+    view = memoryview(buffer)
+    start = time.perf_counter()
+    for batch in batches:
+        _check(store.put_batch([f"{prefix}-b-{i}" for i in batch], [view[i * page_bytes:(i + 1) * page_bytes] for i in batch]),
+               "put_batch")
+    naive_put_s = time.perf_counter() - start
+    start = time.perf_counter()
+    for batch in batches:
+        values = store.get_batch([f"{prefix}-b-{i}" for i in batch])
+        if [len(v) for v in values] != [page_bytes] * len(batch):
+            raise BackendError("mooncake: get_batch returned values of the wrong length")
+    naive_get_s = time.perf_counter() - start
+    store.batch_remove([f"{prefix}-b-{i}" for i in range(pages)], True)
+    store.unregister_buffer(address)
+    del view
+    total = page_bytes * pages / 1e9
+    return {
+        "raw_put_gbps": total / put_s, "raw_get_gbps": total / get_s,
+        "raw_method": f"mooncake batch_put_from / batch_get_into, {RAW_BATCH} pages per call, "
+                      "store memory in a second process",
+        "naive_put_gbps": total / naive_put_s, "naive_get_gbps": total / naive_get_s,
+    }
+
+
+def _buffer_address(buffer: mmap.mmap) -> int:
+    import ctypes
+
+    return ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+
+
+def _check(code: int, what: str) -> None:
+    if code < 0:
+        raise mooncake_error(code, what)
+
+
+# --- a process that contributes segment memory ----------------------------------------------
+class SegmentHolder:
+    """A child process contributing ``options.segment_bytes`` to the store, until ``stop``.
+
+    ``with SegmentHolder(options): ...``. The child runs ``hold_segment``; over TCP its
+    ``MC_TCP_BIND_ADDRESS`` defaults to ``options.local_hostname``.
+    """
+
+    def __init__(self, options: MooncakeOptions, *, ready_timeout_s: float = 60.0) -> None:
+        if not options.contribute_segment:
+            raise ConfigError("SegmentHolder: options must contribute a segment")
+        self.options = options
+        self.ready_timeout_s = ready_timeout_s
+        self.process: subprocess.Popen[str] | None = None
+
+    def start(self) -> "SegmentHolder":
+        env = dict(os.environ)
+        env.setdefault("MC_TCP_BIND_ADDRESS", self.options.local_hostname)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", __name__, "hold-segment", options_url(self.options)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        # The child prints one line once its segment is mounted (or exits with the reason).
+        ready = _read_line(self.process, self.ready_timeout_s)
+        if ready != "ready":
+            self.stop()
+            raise BackendUnavailableError(f"mooncake: segment holder did not start (said {ready!r})")
+        return self
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self.process is None:
+            return
+        process, self.process = self.process, None
+        if process.poll() is None:
+            process.stdin.close()  # EOF: the child unmounts its segment and exits
+            try:
+                process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        else:
+            process.stdin.close()
+        process.stdout.close()
+
+    def __enter__(self) -> "SegmentHolder":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _read_line(process: subprocess.Popen[str], timeout_s: float) -> str:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as runner:
+        future = runner.submit(process.stdout.readline)
+        try:
+            return future.result(timeout=timeout_s).strip()
+        except concurrent.futures.TimeoutError:
+            process.kill()  # unblocks readline
+            return f"nothing within {timeout_s}s"
+
+
+def options_url(options: MooncakeOptions) -> str:
+    """A mooncake:// URL that ``MooncakeOptions.from_url`` turns back into ``options``."""
+    from urllib.parse import urlencode
+
+    query = {f.name: getattr(options, f.name) for f in dataclasses.fields(options) if f.name != "master"}
+    query = {k: str(v).lower() if isinstance(v, bool) else v for k, v in query.items() if v is not None}
+    return f"mooncake://{options.master}?{urlencode(query)}"
+
+
+def hold_segment(url: str) -> None:
+    """Contribute the segment ``url`` describes until stdin closes (blocking; a process's job)."""
+    options = MooncakeOptions.from_url(url)
+    if not options.contribute_segment:
+        raise ConfigError(f"{url}: hold-segment needs contribute_segment=true")
+    store = open_store(options)
+    print("ready", flush=True)
+    try:
+        sys.stdin.read()
+    finally:
+        store.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tiered_kv.backends.mooncake",
+                                     description="Mooncake Store helpers for tiered-kv.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    hold = sub.add_parser("hold-segment", help="contribute segment memory until stdin closes")
+    hold.add_argument("url", help="mooncake://master:port?global_segment_bytes=...")
+    args = parser.parse_args(argv)
+    try:
+        hold_segment(args.url)
+    except (ConfigError, BackendError) as exc:
+        print(f"error: {exc}", flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,266 @@
+"""The Mooncake Store backend against a real ``mooncake_master`` on loopback.
+
+Covers the shared contract, sharing with a second process, the failures Mooncake has (master
+killed mid-batch, master restarted, segment holder gone, store full), records a foreign or broken
+writer left, the read lease, the raw ceiling measurement, and bad URLs. Needs the ``mooncake``
+module (``pip install mooncake-transfer-engine-non-cuda`` on CPU machines); skipped without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+
+pytest.importorskip("mooncake.store")
+
+from tiered_kv import HostPool, nsa_spec  # noqa: E402
+from tiered_kv.backends import open_backend  # noqa: E402
+from tiered_kv.backends.mooncake import MooncakeBackend  # noqa: E402
+from tiered_kv.errors import BackendError, BackendTimeoutError, BackendUnavailableError, ConfigError  # noqa: E402
+
+from .contract import SPEC, BackendContract, fill_and_seal, new_keys  # noqa: E402
+from .mooncake_server import LOOPBACK_ENV, MooncakeMaster, RawClient, record_digest, run_reader, segment_holder  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def loopback_env():
+    saved = {k: os.environ.get(k) for k in LOOPBACK_ENV}
+    os.environ.update(LOOPBACK_ENV)
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def master(loopback_env):
+    server = MooncakeMaster().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_master(loopback_env):
+    """A master for tests that kill or restart it."""
+    server = MooncakeMaster().start()
+    yield server
+    server.stop()
+
+
+class TestMooncakeContract(BackendContract):
+    """One backend serves the whole class, as in an engine (a store client takes ~1 s to close)."""
+
+    @pytest.fixture(scope="class")
+    def pool(self):
+        with HostPool(SPEC, 256, "page_first") as pool:
+            yield pool
+
+    @pytest.fixture(scope="class")
+    def backend(self, pool, master):
+        # The backend holds no event-loop state: each test's loop may drive it.
+        backend = open_backend(master.url(global_segment_bytes="64MiB", timeout_s=10), pool)
+        yield backend
+        asyncio.run(backend.aclose())
+
+
+async def test_capabilities(master):
+    with HostPool(SPEC, 2) as pool:
+        async with open_backend(master.url(global_segment_bytes="16MiB"), pool) as backend:
+            assert isinstance(backend, MooncakeBackend)
+            caps = backend.capabilities
+            assert caps.zero_copy and not caps.persistent
+            assert caps.shared_across_processes and caps.shared_across_nodes
+
+
+async def test_second_process_reads_what_the_first_wrote(master):
+    """The writer contributes the segment and stays alive; the reader is a pure client elsewhere."""
+    with HostPool(SPEC, 8) as pool:
+        async with open_backend(master.url(global_segment_bytes="64MiB"), pool) as writer:
+            keys = new_keys(5)
+            slots = pool.allocate(5)
+            records = fill_and_seal(pool, slots, keys)
+            assert await writer.put_from(keys[:4], slots[:4]) == [True] * 4
+            read = await asyncio.to_thread(run_reader, master.url(contribute_segment=False), keys)
+    assert read == {k: (record_digest(records[k]) if i < 4 else None) for i, k in enumerate(keys)}
+
+
+async def test_pure_client_uses_another_process_segment(master):
+    with HostPool(SPEC, 8) as pool:
+        async with open_backend(master.url(contribute_segment=False, timeout_s=10), pool) as client:
+            keys = new_keys(4)
+            slots = pool.allocate(4)
+            records = fill_and_seal(pool, slots, keys)
+            with segment_holder(master, "32MiB"):
+                assert await client.put_from(keys, slots) == [True] * 4
+                dst = pool.allocate(4)
+                assert await client.get_into(keys, dst) == [True] * 4
+                assert [bytes(pool.record_view(s)) for s in dst] == [records[k] for k in keys]
+            # The holder unmounted its segment on exit: its pages are gone (not persistent).
+            assert await client.exists(keys) == 0
+            assert await client.get_into(keys, dst) == [False] * 4
+
+
+async def test_full_store_refuses_what_does_not_fit(master):
+    # DeepSeek-V3.2 pages (3 MiB): ten of them do not fit the smallest segment the store takes.
+    with HostPool(nsa_spec(), 16) as pool:
+        async with open_backend(master.url(contribute_segment=False, timeout_s=10), pool) as client:
+            with segment_holder(master, "16MiB"):
+                keys = new_keys(10)
+                slots = pool.allocate(10)
+                records = fill_and_seal(pool, slots, keys)
+                stored = await client.put_from(keys, slots)
+                assert 0 < sum(stored) < 10
+                assert client.stats.put_rejected == stored.count(False)
+                kept = [k for k, ok in zip(keys, stored) if ok]
+                dst = pool.allocate(len(kept))
+                assert await client.get_into(kept, dst) == [True] * len(kept)
+                assert [bytes(pool.record_view(s)) for s in dst] == [records[k] for k in kept]
+
+
+async def test_no_segment_anywhere_is_a_refused_put(own_master):
+    with HostPool(SPEC, 2) as pool:
+        async with open_backend(own_master.url(contribute_segment=False, timeout_s=10), pool) as client:
+            keys = new_keys(1)
+            slots = pool.allocate(1)
+            fill_and_seal(pool, slots, keys)
+            assert await client.put_from(keys, slots) == [False]
+
+
+async def test_master_killed_mid_batch_then_restarted(own_master):
+    timeout_s = 5
+    with HostPool(SPEC, 48) as pool:
+        async with open_backend(own_master.url(global_segment_bytes="64MiB", timeout_s=timeout_s), pool) as backend:
+            keys = new_keys(24)
+            src = pool.allocate(24)
+            fill_and_seal(pool, src, keys)
+            assert await backend.put_from(keys, src) == [True] * 24
+            dst = pool.allocate(24)
+
+            async def traffic() -> BaseException:
+                # Reads and writes without pause until the master's death surfaces as our error.
+                while True:
+                    try:
+                        await backend.get_into(keys, dst)
+                        await backend.exists(keys)
+                        more = new_keys(8)
+                        fill_and_seal(pool, src[:8], more)
+                        await backend.put_from(more, src[:8])
+                    except BackendError as exc:
+                        return exc
+
+            task = asyncio.create_task(traffic())
+            await asyncio.sleep(0.3)
+            killed_at = time.monotonic()
+            await asyncio.to_thread(own_master.kill)
+            error = await asyncio.wait_for(task, 3 * timeout_s)
+            assert isinstance(error, (BackendUnavailableError, BackendTimeoutError))
+            assert time.monotonic() - killed_at < 2 * timeout_s + 1
+            with pytest.raises((BackendUnavailableError, BackendTimeoutError)):
+                await backend.exists(keys)
+            assert backend.stats.errors >= 2
+
+            await asyncio.to_thread(own_master.start)
+            # The same backend object serves again once the client has re-registered.
+            fresh = new_keys(2)
+            fill_and_seal(pool, src[:2], fresh)
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if await backend.put_from(fresh, src[:2]) == [True, True]:
+                        break
+                except BackendError:
+                    pass
+                assert time.monotonic() < deadline, "backend did not serve again after the master restarted"
+                await asyncio.sleep(0.5)
+            assert await backend.get_into(fresh, dst[:2]) == [True, True]
+            assert await backend.exists(keys) == 0  # the master's restart lost every object
+
+
+async def test_unreachable_master_fails_fast():
+    with HostPool(SPEC, 2) as pool:
+        start = time.monotonic()
+        with pytest.raises(BackendUnavailableError, match="no master answers"):
+            open_backend("mooncake://127.0.0.1:9?metadata_server=http://127.0.0.1:9/metadata&timeout_s=2", pool)
+        assert time.monotonic() - start < 5
+
+
+def _foreign_records(pool: HostPool, key: str) -> dict[str, bytes]:
+    """Broken and foreign objects a store may hold under ``key``."""
+    [slot] = pool.allocate(1)
+    fill_and_seal(pool, [slot], [key])
+    good = bytes(pool.record_view(slot))
+    flipped = bytearray(good)
+    flipped[5000] ^= 0x40
+    fill_and_seal(pool, [slot], [key + "-other"])
+    return {
+        "corrupt": bytes(flipped),
+        "other_key": bytes(pool.record_view(slot)),
+        "truncated": good[:-100],
+        "longer": good + b"\0" * 4096,
+        "not_a_record": os.urandom(len(good)),
+    }
+
+
+@pytest.mark.parametrize("kind", ["corrupt", "other_key", "truncated", "longer", "not_a_record"])
+async def test_foreign_or_broken_record_is_a_counted_deleted_miss(master, kind):
+    with HostPool(SPEC, 4) as pool:
+        async with open_backend(master.url(global_segment_bytes="16MiB", timeout_s=10), pool) as backend:
+            [key] = new_keys(1)
+            raw = await asyncio.to_thread(RawClient, master)
+            try:
+                assert raw.put(key, _foreign_records(pool, key)[kind]) == 0
+            finally:
+                raw.close()
+            assert await backend.exists([key]) == 1
+            [dst] = pool.allocate(1)
+            pool.record_view(dst)[:] = b"\x5a" * pool.record_bytes
+            assert await backend.get_into([key], [dst]) == [False]
+            assert backend.stats.corrupt == 1 and backend.stats.hits == 0
+            assert await backend.exists([key]) == 0  # deleted despite the read's lease
+
+
+async def test_delete_right_after_a_read(master):
+    """A read's lease blocks a plain remove for seconds; delete must still take effect now."""
+    with HostPool(SPEC, 4) as pool:
+        async with open_backend(master.url(global_segment_bytes="16MiB"), pool) as backend:
+            keys = new_keys(2)
+            slots = pool.allocate(2)
+            fill_and_seal(pool, slots, keys)
+            await backend.put_from(keys, slots)
+            assert await backend.get_into(keys, pool.allocate(2)) == [True, True]
+            await backend.delete(keys)
+            assert await backend.exists(keys[:1]) == 0 and await backend.exists(keys[1:]) == 0
+
+
+def test_raw_ceiling_is_measured(master):
+    result = MooncakeBackend.measure_raw_ceiling(master.url(timeout_s=20), page_bytes=1 << 20, pages=8)
+    for name in ("raw_put_gbps", "raw_get_gbps", "naive_put_gbps", "naive_get_gbps"):
+        assert result[name] > 0.001, name
+    assert "batch_put_from" in result["raw_method"]
+
+
+@pytest.mark.parametrize(("url", "message"), [
+    ("mooncake://127.0.0.1", "host:port"),
+    ("mooncake://127.0.0.1:notaport", "port"),
+    ("mooncake://127.0.0.1:70000", "port"),
+    ("mooncake://:5000", "host:port"),
+    ("mooncake://127.0.0.1:5000?segment=1GiB", "unknown option 'segment'"),
+    ("mooncake://127.0.0.1:5000?protocol=udp", "protocol"),
+    ("mooncake://127.0.0.1:5000?global_segment_bytes=lots", "global_segment_bytes"),
+    ("mooncake://127.0.0.1:5000?global_segment_bytes=10", "global_segment_bytes >= 1024"),
+    ("mooncake://127.0.0.1:5000?contribute_segment=false&global_segment_bytes=1GiB", "pure client"),
+    ("mooncake://127.0.0.1:5000?contribute_segment=maybe", "contribute_segment"),
+    ("mooncake://127.0.0.1:5000?replica_num=0", "replica_num"),
+    ("mooncake://127.0.0.1:5000?timeout_s=0", "timeout_s"),
+    ("mooncake://127.0.0.1:5000?metadata_server=127.0.0.1:8080", "metadata_server"),
+    ("mooncake://127.0.0.1:5000?local_buffer_bytes=1", "local_buffer_bytes"),
+])
+def test_bad_url_is_a_clear_config_error(url, message):
+    with HostPool(SPEC, 2) as pool:
+        with pytest.raises(ConfigError, match=message):
+            open_backend(url, pool)

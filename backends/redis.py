@@ -104,8 +104,6 @@ class RedisOptions:
             raise ConfigError("redis backend: socket_timeout_s and connect_timeout_s must be > 0")
         if self.ssl_cert_reqs not in _SSL_CERT_REQS:
             raise ConfigError(f"redis backend: ssl_cert_reqs must be one of {sorted(_SSL_CERT_REQS)}, got {self.ssl_cert_reqs!r}")
-        if self.password and not isinstance(self.password, str):
-            raise ConfigError("redis backend: password must be a string")
 
     @property
     def address(self) -> str:
@@ -224,6 +222,17 @@ class _RespConnection:
 
     def close(self) -> None:
         self.sock.close()
+
+    def is_stale(self) -> bool:
+        """True when an idle connection can no longer be used: the server closed it (restart,
+        ``timeout`` setting) or sent something unasked. One non-blocking peek, no round trip."""
+        try:
+            self.sock.recv(1, socket.MSG_PEEK)  # b"": closed by the server; bytes: unasked data
+            return True
+        except BlockingIOError:
+            return False  # alive, nothing pending: the normal case
+        except OSError:
+            return True
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -357,11 +366,18 @@ class RedisBackend(Backend):
     @staticmethod
     def _redis_py_pool(options: RedisOptions):
         import redis.asyncio
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+        from redis.exceptions import ConnectionError as RedisConnectionError
 
         common: dict[str, Any] = dict(
             db=options.db, username=options.username or None, password=options.password or None,
             socket_timeout=options.socket_timeout_s, socket_connect_timeout=options.connect_timeout_s,
-            max_connections=options.max_in_flight, retry=None,
+            max_connections=options.max_in_flight,
+            # One immediate retry on a fresh connection: a pooled one may be stale after a server
+            # restart. Safe, every command we send is idempotent (SET NX included). Timeouts are
+            # not retried; our own timeout bounds the whole call anyway.
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         )
         if options.path:
             return redis.asyncio.ConnectionPool(connection_class=redis.asyncio.UnixDomainSocketConnection, path=options.path, **common)
@@ -374,6 +390,54 @@ class RedisBackend(Backend):
     @classmethod
     def from_url(cls, url: str, pool: HostPool, **options: Any) -> "RedisBackend":
         return cls(pool, parse_redis_url(url, options))
+
+    @classmethod
+    def measure_raw_ceiling(cls, url: str, *, page_bytes: int, pages: int) -> dict[str, float] | None:
+        """``redis-benchmark`` SET then GET of ``pages`` values of ``page_bytes`` on the same server,
+        with as many connections as this backend uses (``max_in_flight``), no pipelining."""
+        import shutil
+        import subprocess
+
+        import redis
+
+        options = parse_redis_url(url, {})
+        tool = shutil.which("redis-benchmark")
+        if tool is None:
+            raise BackendUnavailableError("redis-benchmark is not on PATH (Debian/Ubuntu: apt-get install redis-tools)")
+        args = [tool, "-t", "set,get", "-d", str(page_bytes), "-n", str(max(pages, 1)),
+                "-c", str(options.max_in_flight), "--dbnum", str(options.db), "--csv"]
+        args += ["-s", options.path] if options.path else ["-h", options.host, "-p", str(options.port)]
+        if options.password:
+            args += ["-a", options.password] + (["--user", options.username] if options.username else [])
+        if options.tls:
+            args += ["--tls"] + (["--cacert", options.ssl_ca_certs] if options.ssl_ca_certs else [])
+            args += (["--cert", options.ssl_certfile] if options.ssl_certfile else [])
+            args += (["--key", options.ssl_keyfile] if options.ssl_keyfile else [])
+            args += ["--insecure"] if options.ssl_cert_reqs == "none" else []
+        try:
+            run = subprocess.run(args, capture_output=True, text=True, timeout=600, check=True)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            raise BackendError(f"redis-benchmark against {options.address} failed: {exc}; {getattr(exc, 'stderr', '')}") from exc
+        rps = {}
+        for line in run.stdout.splitlines():
+            fields = [f.strip('"') for f in line.split(",")]
+            if len(fields) > 1 and fields[0] in ("SET", "GET"):
+                rps[fields[0]] = float(fields[1])
+        if set(rps) != {"SET", "GET"}:
+            raise BackendError(f"redis-benchmark printed no SET/GET results: {run.stdout[-500:]} {run.stderr[-500:]}")
+        # redis-benchmark's own key (no -r: one key, rewritten); do not leave 3 MB behind.
+        client_options = dict(db=options.db, username=options.username or None, password=options.password or None)
+        if options.path:
+            client = redis.Redis(unix_socket_path=options.path, **client_options)
+        else:
+            client = redis.Redis(host=options.host, port=options.port, ssl=options.tls, **client_options)
+        with client:
+            client.delete("key:__rand_int__")
+        return {
+            "raw_put_gbps": rps["SET"] * page_bytes / 1e9,
+            "raw_get_gbps": rps["GET"] * page_bytes / 1e9,
+            "raw_method": f"redis-benchmark -t set,get -d {page_bytes} -n {pages} -c {options.max_in_flight}",
+        }
 
     def _key(self, key: str) -> bytes:
         return self._prefix + key.encode("ascii")
@@ -406,19 +470,38 @@ class RedisBackend(Backend):
         The connection goes back to the idle list only after a complete, successful exchange;
         any failure or cancellation closes it, so no later request reads a stale half reply.
         """
+        self._check_open()
         async with self._gate:
             async def exchange() -> T:
-                conn = self._idle.pop() if self._idle else await _RespConnection.open(self.options)
+                conn = await self._connection()
                 try:
                     result = await request(conn)
                 except BaseException:
                     conn.close()
                     raise
-                self._idle.append(conn)
+                if self._closed:
+                    conn.close()
+                else:
+                    self._idle.append(conn)
                 return result
             return await self._mapped(what, exchange)
 
+    async def _connection(self) -> _RespConnection:
+        """An idle connection that is still good (stale ones after a server restart are dropped
+        here, so the first request after a restart does not fail), else a new one."""
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.is_stale():
+                return conn
+            conn.close()
+        return await _RespConnection.open(self.options)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendError(f"redis backend for {self.options.address} is closed")
+
     async def _py(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        self._check_open()
         async with self._gate:
             return await self._mapped(what, call)
 

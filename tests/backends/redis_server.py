@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -30,20 +31,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ping(port: int) -> bool:
+def _ping(port: int, tls: ssl.SSLContext | None = None) -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(64).startswith(b"+PONG")
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as raw:
+            if tls is None:
+                raw.sendall(b"PING\r\n")
+                return raw.recv(64).startswith(b"+PONG")
+            with tls.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(64).startswith(b"+PONG")
     except OSError:
         return False
+
+
+def make_certificates(directory: Path) -> dict[str, str]:
+    """A throwaway CA, a server certificate for 127.0.0.1 and a client certificate (openssl CLI)."""
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=tiered-kv test CA")
+    for name, ext in (("server", "subjectAltName=IP:127.0.0.1"), ("client", "extendedKeyUsage=clientAuth")):
+        (directory / f"{name}.ext").write_text(ext + "\n")
+        run("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext")
+    return {n: str(directory / n) for n in ("ca.crt", "server.crt", "server.key", "client.crt", "client.key")}
 
 
 class RedisServer:
     """One ``redis-server`` process on ``127.0.0.1:port`` and ``<dir>/redis.sock``."""
 
     def __init__(self, *, maxmemory: str = "256mb", policy: str = "allkeys-lru",
-                 extra: tuple[str, ...] = ()) -> None:
+                 extra: tuple[str, ...] = (), tls: bool = False) -> None:
         if REDIS_SERVER is None:
             raise RuntimeError("redis-server not found on PATH (apt-get install redis-server)")
         # Its own short temp dir: a unix socket path must stay under 108 bytes.
@@ -52,6 +72,21 @@ class RedisServer:
         self.socket_path = str(self.dir / "redis.sock")
         self.args = ["--maxmemory", maxmemory, "--maxmemory-policy", policy, *extra]
         self.process: subprocess.Popen | None = None
+        self.certs: dict[str, str] = {}
+        self._tls: ssl.SSLContext | None = None
+        if tls:  # TLS only, client certificates required: every TLS option of the backend is used
+            self.certs = make_certificates(self.dir)
+            self.args += ["--tls-port", str(self.port), "--tls-cert-file", self.certs["server.crt"],
+                          "--tls-key-file", self.certs["server.key"], "--tls-ca-cert-file", self.certs["ca.crt"],
+                          "--tls-auth-clients", "yes"]
+            self._tls = ssl.create_default_context(cafile=self.certs["ca.crt"])
+            self._tls.load_cert_chain(self.certs["client.crt"], self.certs["client.key"])
+
+    @property
+    def tls_url(self) -> str:
+        c = self.certs
+        return (f"rediss://127.0.0.1:{self.port}/0?ssl_ca_certs={c['ca.crt']}"
+                f"&ssl_certfile={c['client.crt']}&ssl_keyfile={c['client.key']}")
 
     @property
     def url(self) -> str:
@@ -63,13 +98,13 @@ class RedisServer:
 
     def start(self, timeout_s: float = 10.0) -> "RedisServer":
         self.process = subprocess.Popen(
-            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
+            [REDIS_SERVER, "--port", "0" if self._tls else str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
              "--save", "", "--appendonly", "no", "--unixsocket", self.socket_path, "--unixsocketperm", "700",
              "--logfile", str(self.dir / "redis.log"), *self.args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + timeout_s
-        while not _ping(self.port):
+        while not _ping(self.port, self._tls):
             if self.process.poll() is not None:
                 log = (self.dir / "redis.log").read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"redis-server exited with {self.process.returncode}:\n{log}")

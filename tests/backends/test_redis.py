@@ -202,7 +202,7 @@ BIG = nsa_spec(num_layers=61)  # 3 MB pages: a batch takes long enough to kill t
 
 
 async def test_server_killed_mid_batch_then_restarted(own_server):
-    with HostPool(BIG, 28) as pool:
+    with HostPool(BIG, 30) as pool:  # 24 to put, then 4 + 2 to read back
         async with open_backend(own_server.url, pool, socket_timeout_s=5) as backend:
             keys = new_keys(24)
             slots = pool.allocate(24)
@@ -225,6 +225,16 @@ async def test_server_killed_mid_batch_then_restarted(own_server):
             assert await backend.get_into(keys[:2], slots[:2]) == [False, False]
             assert await backend.put_from(keys[:4], slots[:4]) == [True] * 4
             assert await backend.get_into(keys[:4], pool.allocate(4)) == [True] * 4
+
+            # Restarted while idle: pooled connections are stale, yet the next calls just work.
+            own_server.restart()
+            errors = backend.stats.errors
+            assert await backend.put_from(keys[4:6], slots[4:6]) == [True, True]
+            assert await backend.get_into(keys[4:6], pool.allocate(2)) == [True, True]
+            assert await backend.exists(keys[4:6]) == 2
+            assert backend.stats.errors == errors
+        with pytest.raises(BackendError, match="closed"):
+            await backend.exists(keys)
 
 
 async def test_hung_server_times_out_then_serves_again(own_server):
@@ -317,3 +327,21 @@ async def test_nobody_listening_is_unavailable():
             with pytest.raises(BackendUnavailableError):
                 await backend.exists(new_keys(1))
             assert isinstance(BackendUnavailableError("x"), BackendError)
+
+
+# --- TLS ----------------------------------------------------------------------------------------
+async def test_tls_with_client_certificates():
+    with RedisServer(tls=True) as srv, HostPool(SPEC, 4) as pool:
+        async with open_backend(srv.tls_url, pool) as backend:
+            assert not backend.capabilities.zero_copy  # values go through redis-py's TLS streams
+            keys = new_keys(2)
+            slots = pool.allocate(2)
+            records = fill_and_seal(pool, slots, keys)
+            assert await backend.put_from(keys, slots) == [True, True]
+            dst = pool.allocate(2)
+            assert await backend.get_into(keys, dst) == [True, True]
+            assert [bytes(pool.record_view(s)) for s in dst] == [records[k] for k in keys]
+        without_client_cert = f"rediss://127.0.0.1:{srv.port}/0?ssl_ca_certs={srv.certs['ca.crt']}"
+        async with open_backend(without_client_cert, pool, connect_timeout_s=2) as backend:
+            with pytest.raises(BackendUnavailableError):
+                await backend.exists(keys)

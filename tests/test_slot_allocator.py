@@ -109,10 +109,13 @@ def test_free_waits_for_future_and_holds():
     assert alloc.runs() == [(0, 3)]
 
 
-def test_hold_rejects_unallocated():
+def test_hold_rejects_foreign_slots_and_ignores_unallocated():
     alloc = SlotAllocator(3)
     with pytest.raises(ForeignSlotError):
-        alloc.hold([1], None)
+        alloc.hold([3], None)
+    worker: Future = Future()
+    alloc.hold([1], worker)  # not handed out by this allocator: nothing to protect
+    assert alloc.allocate(3) == [0, 1, 2]
 
 
 @settings(max_examples=60, deadline=None)

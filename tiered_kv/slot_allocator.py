@@ -132,12 +132,14 @@ class SlotAllocator:
         """Mark allocated ``slots`` as possibly written by work that ends with ``completion``.
 
         A later ``free`` of those slots waits for it too: a cancelled or timed-out L3 read keeps its
-        slots until its worker thread has returned.
+        slots until its worker thread has returned. Slots not allocated here are ignored.
         """
         done = as_completion(completion)
         for s in slots:
-            if not isinstance(s, int) or not 0 <= s < self.num_slots or not self._allocated[s]:
-                raise ForeignSlotError(f"slot {s!r} is not an allocated slot of this pool")
+            if not isinstance(s, int) or not 0 <= s < self.num_slots:
+                raise ForeignSlotError(f"slot {s!r} is not a slot of this pool (0..{self.num_slots - 1})")
+            if not self._allocated[s]:
+                continue  # managed outside this allocator: nothing here could hand it out
             previous = self._holds.get(s)
             self._holds[s] = done if previous is None or previous.done() else AllOf([previous, done])
 

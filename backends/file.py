@@ -1,0 +1,313 @@
+"""``file://``: one file per page record under a directory meant for a local SSD.
+
+URL: ``file:///mnt/nvme/kv?capacity_bytes=2TiB&o_direct=true&fsync=true&workers=8``.
+
+- Names: a file is named by the sha-256 of its key (two hex levels of fan-out), so no key can
+  escape the directory or collide with a path; the key itself is checked from the record header.
+- Writes are atomic: the whole 4 KiB-padded slot goes to a temp file in the same directory, is
+  fsynced (``fsync=true``), then hard-linked to its name. ``link`` fails if the name exists, which
+  makes put-if-absent race-free across processes; there is never a half page under a real name.
+  Disk full or a write error: the temp file is removed and the put reports False.
+- Reads land directly in the host slot (``readinto`` the slot; with ``o_direct`` the whole padded
+  slot, which is 4 KiB aligned in address and length). Where the filesystem refuses O_DIRECT
+  (tmpfs) the backend falls back to buffered I/O and says so in ``direct_io``.
+- Capacity in bytes with least-recently-used eviction; the index is rebuilt from the directory
+  (mtime order) on open, so pages survive a restart of the process. Other processes may share the
+  directory: they find each other's pages on disk; each evicts only within its own budget.
+- Batches are split across the backend's executor threads; many reads and writes are in flight.
+
+Stale temp files (from a crash) older than ``stale_temp_s`` are removed on open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import mmap
+import os
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from ..errors import BackendError, BackendUnavailableError, ConfigError
+from ..host_pool import HostPool
+from .base import Backend, Capabilities
+from .url_options import options_from_url
+
+SUFFIX = ".page"
+TEMP_PREFIX = ".tmp-"
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+@dataclass(frozen=True)
+class FileOptions:
+    path: str
+    capacity_bytes: int = 0  # 0: bounded only by the disk
+    o_direct: bool = False
+    fsync: bool = True
+    workers: int = 8
+    timeout_s: float = 60.0
+    stale_temp_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not self.path or not os.path.isabs(self.path):
+            raise ConfigError(f"file backend: path must be absolute, got {self.path!r} (use file:///abs/dir)")
+        if self.capacity_bytes < 0 or self.workers <= 0 or self.timeout_s <= 0:
+            raise ConfigError(f"file backend: capacity_bytes >= 0, workers > 0, timeout_s > 0 required, got {self}")
+
+
+def page_name(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class FileBackend(Backend):
+    scheme = "file"
+    capabilities = Capabilities(zero_copy=True, persistent=True, shared_across_processes=True, shared_across_nodes=False)
+
+    def __init__(self, pool: HostPool, options: FileOptions) -> None:
+        super().__init__(pool, max_workers=options.workers, timeout_s=options.timeout_s)
+        self.options = options
+        self.root = Path(options.path)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BackendUnavailableError(f"file backend: cannot create {self.root}: {exc}") from exc
+        self.file_bytes = pool.slot_bytes  # whole padded slots, so direct I/O works both ways
+        self._index: OrderedDict[str, int] = OrderedDict()  # name -> bytes, least recent first
+        self._used = 0
+        self._lock = threading.Lock()
+        self.direct_io = options.o_direct and self._probe_direct_io()
+        self._scan()
+
+    @classmethod
+    def from_url(cls, url: str, pool: HostPool, **options: Any) -> "FileBackend":
+        parts = urlsplit(url)
+        if parts.netloc not in ("", "localhost"):
+            raise ConfigError(f"{url}: file URLs name a local directory (file:///abs/dir), not host {parts.netloc!r}")
+        return cls(pool, options_from_url(FileOptions, url, options, path=unquote(parts.path)))
+
+    # --- layout on disk ----------------------------------------------------------------------
+    def path_of(self, key: str) -> Path:
+        name = page_name(key)
+        return self.root / name[:2] / (name + SUFFIX)
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    def _probe_direct_io(self) -> bool:
+        probe = self.root / f"{TEMP_PREFIX}probe-{secrets.token_hex(4)}"
+        try:
+            fd = os.open(probe, os.O_CREAT | os.O_WRONLY | getattr(os, "O_DIRECT", 0), 0o644)
+        except OSError:
+            return False  # e.g. tmpfs: EINVAL
+        os.close(fd)
+        probe.unlink(missing_ok=True)
+        return hasattr(os, "O_DIRECT")
+
+    def _scan(self) -> None:
+        """Rebuild the LRU index from the directory; drop stale temp files."""
+        found = []
+        now = time.time()
+        for sub in self.root.iterdir():
+            if sub.name.startswith(TEMP_PREFIX):
+                self._remove_if_stale(sub, now)
+                continue
+            if not sub.is_dir() or len(sub.name) != 2:
+                continue
+            for entry in os.scandir(sub):
+                if entry.name.startswith(TEMP_PREFIX):
+                    self._remove_if_stale(Path(entry.path), now)
+                elif entry.name.endswith(SUFFIX):
+                    st = entry.stat()
+                    found.append((st.st_mtime, entry.name, st.st_size))
+        for _, name, size in sorted(found):
+            self._index[name] = size
+            self._used += size
+
+    def _remove_if_stale(self, path: Path, now: float) -> None:
+        try:
+            if now - path.stat().st_mtime > self.options.stale_temp_s:
+                path.unlink()
+        except FileNotFoundError:
+            pass
+
+    # --- blocking work, run on the executor --------------------------------------------------
+    def _open_flags(self) -> int:
+        return os.O_DIRECT if self.direct_io else 0
+
+    def _read_one(self, key: str, slot: int) -> bool:
+        path = self.path_of(key)
+        try:
+            fd = os.open(path, os.O_RDONLY | self._open_flags())
+        except FileNotFoundError:
+            return False
+        try:
+            view = self.pool.slot_view(slot) if self.direct_io else self.pool.record_view(slot)
+            got = 0
+            while got < len(view):
+                n = os.readv(fd, [view[got:]])
+                if n == 0:
+                    break  # short file: verification will reject it
+                got += n
+        finally:
+            os.close(fd)
+        with self._lock:
+            if path.name in self._index:
+                self._index.move_to_end(path.name)
+        return True
+
+    def _write_one(self, key: str, slot: int) -> bool:
+        path = self.path_of(key)
+        if path.exists():
+            return True
+        if not self._make_room(path.name):
+            return False
+        path.parent.mkdir(exist_ok=True)
+        temp = path.parent / f"{TEMP_PREFIX}{path.name}-{secrets.token_hex(6)}"
+        try:
+            fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | self._open_flags(), 0o644)
+            try:
+                view = self.pool.slot_view(slot)
+                written = 0
+                while written < len(view):
+                    written += os.writev(fd, [view[written:]])
+                if self.options.fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(temp, path)
+            except FileExistsError:
+                pass  # another writer won: records are immutable, so that is success
+        except OSError as exc:
+            self._forget(path.name)
+            if exc.errno in _FULL:
+                return False
+            raise BackendUnavailableError(f"file backend: writing {path}: {exc}") from exc
+        finally:
+            temp.unlink(missing_ok=True)
+        return True
+
+    def _make_room(self, name: str) -> bool:
+        """Reserve ``file_bytes`` in the index, evicting least recently used pages if needed."""
+        size = self.file_bytes
+        victims = []
+        with self._lock:
+            if self.options.capacity_bytes:
+                if size > self.options.capacity_bytes:
+                    return False
+                while self._used + size > self.options.capacity_bytes and self._index:
+                    victim, victim_size = self._index.popitem(last=False)
+                    self._used -= victim_size
+                    victims.append(victim)
+            self._index[name] = size
+            self._used += size
+        for victim in victims:
+            (self.root / victim[:2] / victim).unlink(missing_ok=True)
+        return True
+
+    def _forget(self, name: str) -> None:
+        with self._lock:
+            size = self._index.pop(name, None)
+            if size is not None:
+                self._used -= size
+
+    def _delete_one(self, key: str) -> None:
+        path = self.path_of(key)
+        self._forget(path.name)
+        path.unlink(missing_ok=True)
+
+    def _batch(self, fn, keys: list[str], slots: list[int]) -> list:
+        try:
+            return [fn(k, s) for k, s in zip(keys, slots)]
+        except BackendError:
+            raise
+        except OSError as exc:
+            raise BackendUnavailableError(f"file backend at {self.root}: {exc}") from exc
+
+    async def _spread(self, fn, keys: list[str], slots: list[int], *, hold: bool) -> list:
+        """Split a batch over the executor's workers; results in key order."""
+        workers = self.options.workers
+        step = max(1, -(-len(keys) // workers))
+        parts = [(keys[i:i + step], slots[i:i + step]) for i in range(0, len(keys), step)]
+        results = await asyncio.gather(*(
+            self.run_blocking(self._batch, fn, k, s, hold_slots=s if hold else ()) for k, s in parts
+        ))
+        return [r for part in results for r in part]
+
+    # --- primitives --------------------------------------------------------------------------
+    async def _exists(self, keys: list[str]) -> list[bool]:
+        return await self.run_blocking(lambda: [self.path_of(k).exists() for k in keys])
+
+    async def _get(self, keys: list[str], slots: list[int]) -> list[bool]:
+        return await self._spread(self._read_one, keys, slots, hold=True)
+
+    async def _put(self, keys: list[str], slots: list[int]) -> list[bool]:
+        return await self._spread(self._write_one, keys, slots, hold=False)
+
+    async def _delete(self, keys: list[str]) -> None:
+        await self._spread(lambda k, _s: self._delete_one(k), keys, [0] * len(keys), hold=False)
+
+    # --- benchmarks --------------------------------------------------------------------------
+    @classmethod
+    def measure_raw_ceiling(cls, url: str, *, page_bytes: int, pages: int) -> dict[str, float] | None:
+        """Direct-I/O sequential write (fsynced) and cold read of ``pages * page_bytes`` in the same directory."""
+        root = Path(unquote(urlsplit(url).path))
+        root.mkdir(parents=True, exist_ok=True)
+        chunk = 8 << 20
+        total = max(chunk, -(-pages * page_bytes // chunk) * chunk)
+        buf = mmap.mmap(-1, chunk)
+        buf.write(os.urandom(chunk))
+        path = root / f"{TEMP_PREFIX}raw-{secrets.token_hex(4)}"
+        flags = getattr(os, "O_DIRECT", 0)
+        try:
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_WRONLY | flags, 0o644)
+                method = "O_DIRECT sequential 8 MiB"
+            except OSError:
+                flags = 0
+                fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o644)
+                method = "buffered sequential 8 MiB (no O_DIRECT on this filesystem)"
+            start = time.perf_counter()
+            for _ in range(total // chunk):
+                os.write(fd, buf)
+            os.fsync(fd)
+            write_s = time.perf_counter() - start
+            os.close(fd)
+            drop_page_cache(path)
+            fd = os.open(path, os.O_RDONLY | flags)
+            start = time.perf_counter()
+            while os.readv(fd, [buf]) > 0:
+                pass
+            read_s = time.perf_counter() - start
+            os.close(fd)
+        finally:
+            path.unlink(missing_ok=True)
+            buf.close()
+        return {"raw_put_gbps": total / write_s / 1e9, "raw_get_gbps": total / read_s / 1e9, "raw_method": method}
+
+
+def drop_page_cache(path: Path | None = None) -> bool:
+    """Best effort: evict cached file pages (whole cache as root, else this file). True if done."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+        return True
+    except OSError:
+        pass
+    if path is None:
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return True

@@ -1,0 +1,240 @@
+"""The file backend on a real disk: contract, restart, sharing, capacity, disk full, corruption,
+path safety, cancelled and timed-out reads, bad URLs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tiered_kv import HostPool
+from tiered_kv.backends import open_backend
+from tiered_kv.backends.file import SUFFIX, TEMP_PREFIX, FileBackend
+from tiered_kv.errors import BackendTimeoutError, ConfigError, PoolExhaustedError
+
+from .contract import SPEC, BackendContract, fill_and_seal, new_keys
+
+
+def page_files(root: Path) -> list[Path]:
+    return sorted(root.rglob(f"*{SUFFIX}"))
+
+
+def temp_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob(f"{TEMP_PREFIX}*"))
+
+
+class TestFileContract(BackendContract):
+    @pytest.fixture(params=["buffered", "direct"])
+    async def backend(self, request, pool, tmp_path):
+        url = f"file://{tmp_path}/store?fsync=false&o_direct={'true' if request.param == 'direct' else 'false'}"
+        async with open_backend(url, pool) as backend:
+            yield backend
+
+
+@pytest.fixture
+def pool():
+    with HostPool(SPEC, 24) as pool:
+        yield pool
+
+
+async def test_pages_survive_a_restart(pool, tmp_path):
+    keys = new_keys(3)
+    slots = pool.allocate(3)
+    records = fill_and_seal(pool, slots, keys)
+    async with open_backend(f"file://{tmp_path}", pool, capacity_bytes="1GiB") as first:
+        assert await first.put_from(keys, slots) == [True] * 3
+        used = first.used_bytes
+    async with open_backend(f"file://{tmp_path}", pool, capacity_bytes="1GiB") as second:
+        assert second.used_bytes == used == 3 * pool.slot_bytes
+        dst = pool.allocate(3)
+        assert await second.get_into(keys, dst) == [True] * 3
+        assert [bytes(pool.record_view(s)) for s in dst] == [records[k] for k in keys]
+
+
+async def test_a_second_process_reads_what_the_first_wrote(pool, tmp_path):
+    keys = new_keys(2)
+    slots = pool.allocate(2)
+    records = fill_and_seal(pool, slots, keys)
+    async with open_backend(f"file://{tmp_path}", pool) as backend:
+        await backend.put_from(keys, slots)
+    script = textwrap.dedent(f"""
+        import asyncio, hashlib, sys
+        from tiered_kv import HostPool, nsa_spec
+        from tiered_kv.backends import open_backend
+        async def main():
+            with HostPool(nsa_spec(num_layers=2), 4) as pool:
+                async with open_backend("file://{tmp_path}", pool) as backend:
+                    slots = pool.allocate(2)
+                    print(await backend.get_into({keys!r}, slots))
+                    for s in slots:
+                        print(hashlib.sha256(pool.record_view(s)).hexdigest())
+        asyncio.run(main())
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    import hashlib
+
+    assert out[:2] == ["[True,", "True]"]
+    assert out[2:] == [hashlib.sha256(records[k]).hexdigest() for k in keys]
+
+
+async def test_capacity_evicts_least_recently_used(pool, tmp_path):
+    keys = new_keys(4)
+    slots = pool.allocate(4)
+    fill_and_seal(pool, slots, keys)
+    async with open_backend(f"file://{tmp_path}", pool, capacity_bytes=3 * pool.slot_bytes) as backend:
+        await backend.put_from(keys[:3], slots[:3])
+        await backend.get_into(keys[:1], pool.allocate(1))  # keys[0] becomes the most recent
+        assert await backend.put_from(keys[3:], slots[3:]) == [True]
+        assert [await backend.contains(k) for k in keys] == [True, False, True, True]
+        assert len(page_files(tmp_path)) == 3 and backend.used_bytes == 3 * pool.slot_bytes
+
+
+async def test_page_larger_than_capacity_is_refused(pool, tmp_path):
+    [key] = new_keys(1)
+    slot = pool.allocate(1)
+    fill_and_seal(pool, slot, [key])
+    async with open_backend(f"file://{tmp_path}", pool, capacity_bytes=4096) as backend:
+        assert await backend.put_from([key], slot) == [False]
+        assert page_files(tmp_path) == [] and temp_files(tmp_path) == []
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A real filesystem with room for about two pages (tmpfs as root); skipped where mount is refused."""
+    mountpoint = tmp_path / "tiny"
+    mountpoint.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(mountpoint)], capture_output=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {result.stderr.decode().strip()}")
+    yield mountpoint
+    subprocess.run(["umount", str(mountpoint)], check=True)
+
+
+async def test_disk_full_returns_false_and_keeps_existing_pages(pool, tiny_disk):
+    keys = new_keys(5)
+    slots = pool.allocate(5)
+    records = fill_and_seal(pool, slots, keys)
+    async with open_backend(f"file://{tiny_disk}", pool, workers=1) as backend:
+        stored = await backend.put_from(keys, slots)
+        assert stored[0] is True and False in stored
+        assert temp_files(tiny_disk) == []
+        assert len(page_files(tiny_disk)) == sum(stored)
+        kept = [k for k, ok in zip(keys, stored) if ok]
+        dst = pool.allocate(len(kept))
+        assert await backend.get_into(kept, dst) == [True] * len(kept)
+        assert [bytes(pool.record_view(s)) for s in dst] == [records[k] for k in kept]
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "empty"])
+async def test_a_damaged_file_is_a_counted_deleted_miss(pool, tmp_path, damage):
+    [key] = new_keys(1)
+    slot = pool.allocate(1)
+    fill_and_seal(pool, slot, [key])
+    async with open_backend(f"file://{tmp_path}", pool) as backend:
+        await backend.put_from([key], slot)
+        [path] = page_files(tmp_path)
+        data = bytearray(path.read_bytes())
+        if damage == "flip":
+            data[len(data) // 2] ^= 0x40
+        path.write_bytes(data if damage == "flip" else data[:5000] if damage == "truncate" else b"")
+        assert await backend.get_into([key], pool.allocate(1)) == [False]
+        assert backend.stats.corrupt == 1
+        assert not path.exists()
+        assert await backend.exists([key]) == 0
+
+
+async def test_keys_never_escape_the_directory(pool, tmp_path):
+    store = tmp_path / "store"
+    keys = ["../../escape", "/etc/passwd", "a/../../b", "..", "~root", "x" * 500]
+    slots = pool.allocate(len(keys))
+    fill_and_seal(pool, slots, keys)
+    async with open_backend(f"file://{store}", pool) as backend:
+        assert await backend.put_from(keys, slots) == [True] * len(keys)
+        assert await backend.exists(keys) == len(keys)
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert len(written) == len(keys)
+    assert all(store in p.parents for p in written)
+
+
+async def test_stale_temp_files_are_removed_on_open(pool, tmp_path):
+    (tmp_path / "ab").mkdir()
+    stale = tmp_path / "ab" / f"{TEMP_PREFIX}crashed"
+    stale.write_bytes(b"half a page")
+    os.utime(stale, (1, 1))
+    fresh = tmp_path / "ab" / f"{TEMP_PREFIX}in-flight"
+    fresh.write_bytes(b"being written by another process")
+    async with open_backend(f"file://{tmp_path}", pool):
+        assert not stale.exists() and fresh.exists()
+
+
+def block_on_fifo(backend: FileBackend, key: str) -> Path:
+    """Make the page file of ``key`` a FIFO: a read blocks in its worker thread until we write."""
+    path = backend.path_of(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(path)
+    return path
+
+
+def release_fifo(path: Path) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    os.write(fd, b"late bytes that must never count as a page")
+    os.close(fd)
+
+
+async def test_cancelled_get_keeps_its_slots_until_the_worker_returns(tmp_path):
+    with HostPool(SPEC, 2) as pool:
+        async with open_backend(f"file://{tmp_path}", pool, workers=1) as backend:
+            [key] = new_keys(1)
+            fifo = block_on_fifo(backend, key)
+            [slot] = pool.allocate(1)
+            task = asyncio.create_task(backend.get_into([key], [slot]))
+            await asyncio.sleep(0.2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            pool.free([slot])
+            other = pool.allocate(1)
+            assert other != [slot]  # the worker may still write into `slot`
+            with pytest.raises(PoolExhaustedError):
+                pool.allocate(1)
+            release_fifo(fifo)
+            for _ in range(100):
+                if pool.reap():
+                    break
+                await asyncio.sleep(0.02)
+            assert pool.allocate(1) == [slot]
+
+
+async def test_timed_out_get_raises_our_error_and_holds_slots(tmp_path):
+    with HostPool(SPEC, 2) as pool:
+        async with open_backend(f"file://{tmp_path}", pool, workers=1, timeout_s=0.3) as backend:
+            [key] = new_keys(1)
+            fifo = block_on_fifo(backend, key)
+            [slot] = pool.allocate(1)
+            with pytest.raises(BackendTimeoutError, match="longer than 0.3s"):
+                await backend.get_into([key], [slot])
+            assert backend.stats.errors == 1
+            pool.free([slot])
+            assert pool.free_slots == 1
+            release_fifo(fifo)
+
+
+@pytest.mark.parametrize(
+    "url, message",
+    [
+        ("file://relative/dir", "not host 'relative'"),
+        ("file://", "must be absolute"),
+        ("file:///tmp/x?capacity_bytes=big", "malformed size"),
+        ("file:///tmp/x?o_direct=maybe", "o_direct='maybe'"),
+        ("file:///tmp/x?workers=0", "workers > 0"),
+        ("file:///tmp/x?color=blue", "unknown option 'color'"),
+    ],
+)
+def test_bad_urls(pool, url, message):
+    with pytest.raises(ConfigError, match=message):
+        open_backend(url, pool)

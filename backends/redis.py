@@ -460,7 +460,7 @@ class RedisBackend(Backend):
         except (RespError, rex.ResponseError) as exc:
             if _config_problem(str(exc)):
                 raise ConfigError(f"{where} (db {self.options.db}) rejected our settings: {exc}") from exc
-            raise BackendError(f"{where}: {what}: server error: {exc}") from exc
+            raise BackendError(f"{where}: {what}: server error: {exc}{self._hint(str(exc))}") from exc
         except (ValueError, rex.RedisError) as exc:  # int() of a garbled reply, other client errors
             raise BackendError(f"{where}: {what}: {exc}") from exc
 
@@ -594,7 +594,12 @@ class RedisBackend(Backend):
     def _server_error(self, what: str, message: str) -> Exception:
         if _config_problem(message):
             return ConfigError(f"redis at {self.options.address} rejected our settings: {message}")
-        return BackendError(f"redis at {self.options.address}: {what}: server error: {message}")
+        return BackendError(f"redis at {self.options.address}: {what}: server error: {message}{self._hint(message)}")
+
+    def _hint(self, message: str) -> str:
+        if "invalid bulk length" in message:
+            return f" (the server's proto-max-bulk-len is below the record size, {self.pool.record_bytes} B)"
+        return ""
 
     async def _close(self) -> None:
         while self._idle:

@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import json
 import secrets
+import shutil
 import subprocess
 import sys
 import time
@@ -237,6 +238,30 @@ async def test_server_killed_mid_batch_then_restarted(own_server):
             await backend.exists(keys)
 
 
+async def test_server_killed_mid_get_batch(own_server):
+    """The server dies while a get batch streams in: our error at once, not a hang, and no page
+    of the batch is reported as a hit."""
+    with HostPool(BIG, 48) as pool:
+        async with open_backend(own_server.url, pool, socket_timeout_s=5) as backend:
+            keys = new_keys(24)
+            slots = pool.allocate(24)
+            fill_and_seal(pool, slots, keys)
+            assert await backend.put_from(keys, slots) == [True] * 24
+            dst = pool.allocate(24)
+            for s in dst:
+                pool.record_view(s)[:8] = b"\xa5" * 8
+            get = asyncio.create_task(backend.get_into(keys, dst))
+            while all(bytes(pool.record_view(s)[:8]) == b"\xa5" * 8 for s in dst):  # first bytes landed
+                await asyncio.sleep(0.0005)
+            assert not get.done()
+            own_server.kill()
+            started = time.monotonic()
+            with pytest.raises(BackendUnavailableError):
+                await get
+            assert time.monotonic() - started < 2
+            assert backend.stats.hits == 0
+
+
 async def test_hung_server_times_out_then_serves_again(own_server):
     with HostPool(SPEC, 4) as pool:
         async with open_backend(own_server.url, pool, socket_timeout_s=0.5) as backend:
@@ -345,3 +370,14 @@ async def test_tls_with_client_certificates():
         async with open_backend(without_client_cert, pool, connect_timeout_s=2) as backend:
             with pytest.raises(BackendUnavailableError):
                 await backend.exists(keys)
+
+
+@pytest.mark.skipif(shutil.which("redis-benchmark") is None, reason="redis-benchmark is not installed")
+@pytest.mark.parametrize("where", ["tcp", "unix"])
+def test_raw_ceiling_runs_redis_benchmark(server, where):
+    url = server.unix_url if where == "unix" else server.url
+    before = raw_client(server).dbsize()
+    ceiling = RedisBackend.measure_raw_ceiling(url + ("&" if "?" in url else "?") + "max_in_flight=2", page_bytes=100_000, pages=20)
+    assert ceiling["raw_put_gbps"] > 0 and ceiling["raw_get_gbps"] > 0
+    assert "-d 100000 -n 20 -c 2" in ceiling["raw_method"]
+    assert raw_client(server).dbsize() == before  # its key was removed

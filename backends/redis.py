@@ -49,8 +49,8 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import math
 import socket
-import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -64,7 +64,7 @@ from .url_options import options_from_url
 
 T = TypeVar("T")
 
-_SSL_CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
+_SSL_CERT_REQS = ("none", "optional", "required")  # redis-py's names for ssl.CERT_*
 _RECV_CHUNK = 64 * 1024  # small replies and the first bytes of a bulk reply
 _DRAIN_CHUNK = 1 << 20
 
@@ -103,7 +103,7 @@ class RedisOptions:
         if self.socket_timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise ConfigError("redis backend: socket_timeout_s and connect_timeout_s must be > 0")
         if self.ssl_cert_reqs not in _SSL_CERT_REQS:
-            raise ConfigError(f"redis backend: ssl_cert_reqs must be one of {sorted(_SSL_CERT_REQS)}, got {self.ssl_cert_reqs!r}")
+            raise ConfigError(f"redis backend: ssl_cert_reqs must be one of {', '.join(_SSL_CERT_REQS)}, got {self.ssl_cert_reqs!r}")
 
     @property
     def address(self) -> str:
@@ -111,7 +111,8 @@ class RedisOptions:
 
     @property
     def ttl_ms(self) -> int:
-        return round(self.ttl_s * 1000)
+        """PX argument; 0 = no TTL. Rounded up, so a tiny TTL never turns into none."""
+        return math.ceil(self.ttl_s * 1000)
 
 
 def parse_redis_url(url: str, overrides: dict[str, Any]) -> RedisOptions:
@@ -175,7 +176,7 @@ class _RespConnection:
     """One raw, non-blocking socket to the server, with a tiny RESP2 reader.
 
     Only ever used by one request at a time. Any exception leaves it in an unknown state: the
-    owner closes it (``RedisBackend._request``) instead of returning it to the idle list.
+    owner closes it (``RedisBackend._raw``) instead of returning it to the idle list.
     """
 
     def __init__(self, sock: socket.socket) -> None:

@@ -49,7 +49,7 @@ _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 class FileOptions:
     path: str
     capacity_bytes: int = 0  # 0: bounded only by the disk
-    o_direct: bool = False
+    o_direct: bool = True  # L2 is the cache: the page cache would hold pages twice
     fsync: bool = True
     workers: int = 8
     timeout_s: float = 60.0
@@ -154,7 +154,10 @@ class FileBackend(Backend):
             while got < len(view):
                 n = os.readv(fd, [view[got:]])
                 if n == 0:
-                    break  # short file: verification will reject it
+                    # A short file is damaged. Blank the header so verification rejects it even
+                    # if the slot happened to hold this very record before.
+                    view[:4096] = bytes(4096)
+                    break
                 got += n
         finally:
             os.close(fd)
@@ -179,7 +182,9 @@ class FileBackend(Backend):
                 while written < len(view):
                     written += os.writev(fd, [view[written:]])
                 if self.options.fsync:
-                    os.fsync(fd)
+                    # Data (and the size) before the name: after a crash a name never points
+                    # at a half page. The directory entry itself may be lost: it is a cache.
+                    os.fdatasync(fd)
             finally:
                 os.close(fd)
             try:

@@ -1,0 +1,141 @@
+"""``tiered-kv bench storage``: put / get throughput of an L3 backend against its medium's ceiling.
+
+DeepSeek-V3.2 pages (3,076,352 B payload, one page_first record each) with fresh random bytes.
+Put is timed from sealing to the backend's acknowledgement (the file backend fsyncs each page
+before it acknowledges, so the flush is included); get is timed cold (page cache dropped where
+the machine allows it) and then warm; every get is verified (checksums included in the time).
+In the same run, the backend class's ``measure_raw_ceiling`` gives the medium's own numbers:
+direct I/O for files, ``redis-benchmark`` for Redis, Mooncake's own zero-copy calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import platform
+import secrets
+import statistics
+import time
+from urllib.parse import urlsplit
+
+import torch
+
+from .host_pool import HostPool
+from .spec import nsa_spec
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", required=True, metavar="URL", help="backend URL, e.g. file:///mnt/nvme/kv")
+    parser.add_argument("--pages", type=int, default=64, help="pages to write and read (default 64, 197 MB)")
+    parser.add_argument("--batch", type=int, default=8, help="pages per put_from / get_into call (default 8)")
+    parser.add_argument("--concurrency", type=int, default=4, help="batches in flight at once (default 4)")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of (ours, raw), medians reported (default 3)")
+    parser.add_argument("--no-raw", action="store_true", help="skip the medium's raw ceiling")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _drop_caches() -> bool:
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+        return True
+    except OSError:
+        return False
+
+
+async def _in_batches(fn, keys: list[str], slots: list[int], batch: int, concurrency: int) -> list[bool]:
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> list[bool]:
+        async with gate:
+            return await fn(keys[i:i + batch], slots[i:i + batch])
+
+    parts = await asyncio.gather(*(one(i) for i in range(0, len(keys), batch)))
+    return [ok for part in parts for ok in part]
+
+
+async def measure(url: str, *, pages: int, batch: int, concurrency: int, raw: bool, repeat: int = 1) -> dict:
+    """``repeat`` rounds of our put/get then the raw ceiling, interleaved so that a medium whose
+    speed drifts (virtual disks do) is compared with itself; each figure is the median."""
+    rounds = [await measure_once(url, pages=pages, batch=batch, concurrency=concurrency, raw=raw) for _ in range(repeat)]
+    result = dict(rounds[0])
+    for key, value in rounds[0].items():
+        if key.endswith("_gbps") or key.endswith("_vs_raw"):
+            result[key] = statistics.median(r[key] for r in rounds)
+    result["repeat"] = repeat
+    result["rounds"] = [{k: v for k, v in r.items() if k.endswith("_gbps")} for r in rounds]
+    return result
+
+
+async def measure_once(url: str, *, pages: int, batch: int, concurrency: int, raw: bool) -> dict:
+    from .backends import backend_class, open_backend
+
+    spec = nsa_spec()
+    with HostPool(spec, 2 * pages) as pool:
+        src = pool.allocate(pages)
+        dst = pool.allocate(pages)
+        for slot in src:
+            payload = pool.record_view(slot)[4096:]
+            payload[:] = torch.randint(0, 256, (len(payload),), dtype=torch.uint8).numpy().data
+        keys = [f"bench-{secrets.token_hex(8)}-{i}" for i in range(pages)]
+        total = pages * pool.record_bytes
+        async with open_backend(url, pool) as backend:
+            start = time.perf_counter()
+            for slot, key in zip(src, keys):
+                pool.seal(slot, key)
+            stored = await _in_batches(backend.put_from, keys, src, batch, concurrency)
+            put_s = time.perf_counter() - start
+            if not all(stored):
+                raise RuntimeError(f"only {sum(stored)} of {pages} pages were stored; is the backend large enough?")
+            cold = _drop_caches()
+            start = time.perf_counter()
+            got = await _in_batches(backend.get_into, keys, dst, batch, concurrency)
+            get_s = time.perf_counter() - start
+            start = time.perf_counter()
+            got_warm = await _in_batches(backend.get_into, keys, dst, batch, concurrency)
+            warm_s = time.perf_counter() - start
+            if not (all(got) and all(got_warm)):
+                raise RuntimeError(f"read back {sum(got)} of {pages} pages")
+            for s, d in zip(src[:4], dst[:4]):
+                assert pool.record_view(s) == pool.record_view(d), "read-back differs from what was written"
+            await backend.delete(keys)
+        result = {
+            "backend": urlsplit(url)._replace(query="").geturl(),
+            "pages": pages,
+            "batch": batch,
+            "concurrency": concurrency,
+            "record_bytes": pool.record_bytes,
+            "put_gbps": total / put_s / 1e9,
+            "get_gbps": total / get_s / 1e9,
+            "get_warm_gbps": total / warm_s / 1e9,
+            "get_cold": cold,
+            "date": datetime.date.today().isoformat(),
+            "host": f"{platform.node()} {os.cpu_count()} cpus",
+        }
+        if raw:
+            ceiling = backend_class(urlsplit(url).scheme).measure_raw_ceiling(url, page_bytes=pool.record_bytes, pages=pages)
+            if ceiling:
+                result.update(ceiling)
+                result["put_vs_raw"] = result["put_gbps"] / ceiling["raw_put_gbps"]
+                result["get_vs_raw"] = result["get_gbps"] / ceiling["raw_get_gbps"]
+        return result
+
+
+def run(args: argparse.Namespace) -> int:
+    result = asyncio.run(measure(args.backend, pages=args.pages, batch=args.batch, concurrency=args.concurrency,
+                                 raw=not args.no_raw, repeat=args.repeat))
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"backend {result['backend']}: {result['pages']} pages of {result['record_bytes']} B, batch {result['batch']}, "
+          f"median of {result['repeat']}")
+    print(f"{'':<10}{'put GB/s':>10}{'get GB/s':>10}")
+    print(f"{'tiered-kv':<10}{result['put_gbps']:>10.2f}{result['get_gbps']:>10.2f}   (warm get {result['get_warm_gbps']:.2f}, cold={result['get_cold']})")
+    if "raw_put_gbps" in result:
+        print(f"{'raw':<10}{result['raw_put_gbps']:>10.2f}{result['raw_get_gbps']:>10.2f}   ({result.get('raw_method', '')})")
+        print(f"{'ratio':<10}{result['put_vs_raw']:>10.2f}{result['get_vs_raw']:>10.2f}")
+    return 0

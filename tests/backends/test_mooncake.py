@@ -206,39 +206,83 @@ def _foreign_records(pool: HostPool, key: str) -> dict[str, bytes]:
     }
 
 
+@pytest.fixture(scope="module")
+def raw_client(master):
+    client = RawClient(master)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def shared(master):
+    """A pool and a backend that several tests share (a store client takes ~1 s to close)."""
+    with HostPool(SPEC, 64) as pool:
+        backend = open_backend(master.url(global_segment_bytes="32MiB", timeout_s=10), pool)
+        yield pool, backend
+        asyncio.run(backend.aclose())
+
+
 @pytest.mark.parametrize("kind", ["corrupt", "other_key", "truncated", "longer", "not_a_record"])
-async def test_foreign_or_broken_record_is_a_counted_deleted_miss(master, kind):
-    with HostPool(SPEC, 4) as pool:
-        async with open_backend(master.url(global_segment_bytes="16MiB", timeout_s=10), pool) as backend:
-            [key] = new_keys(1)
-            raw = await asyncio.to_thread(RawClient, master)
-            try:
-                assert raw.put(key, _foreign_records(pool, key)[kind]) == 0
-            finally:
-                raw.close()
-            assert await backend.exists([key]) == 1
-            [dst] = pool.allocate(1)
-            pool.record_view(dst)[:] = b"\x5a" * pool.record_bytes
-            assert await backend.get_into([key], [dst]) == [False]
-            assert backend.stats.corrupt == 1 and backend.stats.hits == 0
-            assert await backend.exists([key]) == 0  # deleted despite the read's lease
+async def test_foreign_or_broken_record_is_a_counted_deleted_miss(shared, raw_client, kind):
+    pool, backend = shared
+    [key] = new_keys(1)
+    assert raw_client.put(key, _foreign_records(pool, key)[kind]) == 0
+    assert await backend.exists([key]) == 1
+    [dst] = pool.allocate(1)
+    pool.record_view(dst)[:] = b"\x5a" * pool.record_bytes
+    corrupt, hits = backend.stats.corrupt, backend.stats.hits
+    assert await backend.get_into([key], [dst]) == [False]
+    assert (backend.stats.corrupt - corrupt, backend.stats.hits - hits) == (1, 0)
+    assert await backend.exists([key]) == 0  # deleted despite the read's lease
 
 
-async def test_delete_right_after_a_read(master):
+async def test_delete_right_after_a_read(shared):
     """A read's lease blocks a plain remove for seconds; delete must still take effect now."""
-    with HostPool(SPEC, 4) as pool:
-        async with open_backend(master.url(global_segment_bytes="16MiB"), pool) as backend:
-            keys = new_keys(2)
-            slots = pool.allocate(2)
-            fill_and_seal(pool, slots, keys)
-            await backend.put_from(keys, slots)
-            assert await backend.get_into(keys, pool.allocate(2)) == [True, True]
-            await backend.delete(keys)
-            assert await backend.exists(keys[:1]) == 0 and await backend.exists(keys[1:]) == 0
+    pool, backend = shared
+    keys = new_keys(2)
+    slots = pool.allocate(2)
+    fill_and_seal(pool, slots, keys)
+    await backend.put_from(keys, slots)
+    assert await backend.get_into(keys, pool.allocate(2)) == [True, True]
+    await backend.delete(keys)
+    assert await backend.exists(keys[:1]) == 0 and await backend.exists(keys[1:]) == 0
+
+
+async def test_cancelled_get_never_writes_into_reused_slots(master):
+    """Cancel a get while Mooncake moves pages over TCP into its slots; hand the slots out again:
+    they come back only after the worker has returned, and no late byte lands in them."""
+    with HostPool(nsa_spec(), 40) as pool:
+        async with open_backend(master.url(contribute_segment=False, timeout_s=20), pool) as client:
+            with segment_holder(master, "128MiB"):
+                keys = new_keys(20)
+                src = pool.allocate(20)
+                fill_and_seal(pool, src, keys)
+                assert await client.put_from(keys, src) == [True] * 20
+                dst = pool.allocate(20)
+                get = asyncio.create_task(client.get_into(keys, dst))
+                await asyncio.sleep(0.005)  # the 60 MB read is under way
+                get.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await get
+                pool.free(dst)
+                held = pool.free_slots == 0  # dst still held while the worker runs
+                deadline = time.monotonic() + 20
+                while pool.reap() == 0 and pool.free_slots < 20:
+                    assert time.monotonic() < deadline, "cancelled read never released its slots"
+                    await asyncio.sleep(0.01)
+                reused = pool.allocate(20)
+                assert sorted(reused) == sorted(dst)
+                pattern = os.urandom(4096) * (pool.record_bytes // 4096) + bytes(pool.record_bytes % 4096)
+                for s in reused:
+                    pool.record_view(s)[:] = pattern
+                await asyncio.sleep(0.2)
+                assert all(bytes(pool.record_view(s)) == pattern for s in reused)
+                assert await client.get_into(keys[:2], reused[:2]) == [True, True]  # still serving
+                assert held, "the read finished before it was cancelled; the test proved nothing"
 
 
 def test_raw_ceiling_is_measured(master):
-    result = MooncakeBackend.measure_raw_ceiling(master.url(timeout_s=20), page_bytes=1 << 20, pages=8)
+    result = MooncakeBackend.measure_raw_ceiling(master.url(timeout_s=20), page_bytes=256 << 10, pages=8)
     for name in ("raw_put_gbps", "raw_get_gbps", "naive_put_gbps", "naive_get_gbps"):
         assert result[name] > 0.001, name
     assert "batch_put_from" in result["raw_method"]

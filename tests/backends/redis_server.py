@@ -1,9 +1,10 @@
 """Test helpers: a real ``redis-server`` on a free loopback port, and a delaying TCP proxy.
 
 ``RedisServer`` starts ``redis-server`` from PATH bound to 127.0.0.1 (and a unix socket) in a
-temp dir of its own (removed on exit), no persistence (``--save ''``, ``--appendonly no``), and optional maxmemory settings;
-it waits until the server answers PING. It can be stopped, killed with SIGKILL, paused (SIGSTOP, a
-hung server) and restarted on the same port, which is what the failure tests need.
+temp dir of its own (removed on exit), without persistence (``--save ''``, ``--appendonly no``),
+with maxmemory and an eviction policy, optionally TLS-only with client certificates made by the
+``openssl`` CLI. It waits until the server answers PING. It can be stopped, killed with SIGKILL,
+paused (SIGSTOP: a hung server) and restarted on the same port, which the failure tests need.
 
 ``DelayProxy`` forwards loopback TCP to a server and trickles the server's replies back in small
 chunks with a delay, so a test can cancel a request while its reply is still arriving.

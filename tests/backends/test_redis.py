@@ -3,7 +3,7 @@
 The contract runs over TCP with the zero-copy path, over TCP through redis-py (copying), and over a
 unix socket. Then: sharing with a second process, namespaces, TTL, maxmemory, corrupt values, a
 server killed / hung / restarted under the same backend object, a get cancelled while its reply
-trickles through a delaying proxy, and URL errors.
+trickles through a delaying proxy, TLS with client certificates, URL errors, the redis-benchmark ceiling.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import hashlib
 import json
 import secrets
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path

@@ -168,7 +168,7 @@ def main() -> int:
     for host in hosts.values():
         fill_random(host.buffer)
     engines = {(layout, path): TransferEngine(device_pool, host, path=path, timing=True)
-               for layout, host in hosts.items() for path in ("kernel", "direct", "staged", "auto", "torch")}
+               for layout, host in hosts.items() for path in ("kernel", "direct", "staged", "mixed", "auto", "torch")}
 
     sets = 4
     page_sets = [torch.randperm(args.device_pages - 1)[:n] + 1 for _ in range(sets)]
@@ -212,15 +212,46 @@ def main() -> int:
 
     # --- every path, both layouts, slots in runs and scattered ---------------------------------
     for layout in hosts:
-        for path in ("kernel", "staged", "auto"):
+        for path in ("kernel", "auto"):
             for slots_kind in ("runs", "scattered"):
                 run_ops(layout, path, slots_kind, b.reps)
+        for path in ("staged", "mixed"):
+            run_ops(layout, path, "runs", b.reps)
         run_ops(layout, "direct", "runs", 2)
 
     save(b, args, ceiling, layer_h2d, naive)
 
+    # --- mixed loads: share of pages through the copy engines ----------------------------------
+    for layout in hosts:
+        engine = engines[(layout, "mixed")]
+        for fraction in (0.0, 0.25, 0.4, 0.5, 0.6, 0.75, 1.0):
+            engine.ce_fraction = fraction
+            rows = run_ops(layout, "mixed", "runs", b.reps, group="ce_fraction", ops=("load1", "load61"))
+            for row in rows.values():
+                row["ce_fraction"] = fraction
+                row["name"] += f" ce {fraction:.2f}"
+        engine.ce_fraction = 0.5
+
+    # --- staging kernel budget (gather / scatter on the device) ---------------------------------
+    for layout in hosts:
+        for ctas in (2, 4, 8, 16):
+            for path in ("staged", "mixed"):
+                engine = engines[(layout, path)]
+                for direction in ("load", "backup"):
+                    engine.staging_copier(direction).num_ctas = ctas
+                ops = ("backup",) if path == "staged" else ("load1", "load61")
+                rows = run_ops(layout, path, "runs", b.reps, group="staging_ctas", ops=ops)
+                for row in rows.values():
+                    row["staging_ctas"] = ctas
+                    row["name"] += f" staging ctas {ctas}"
+        for path in ("staged", "mixed"):
+            for direction in ("load", "backup"):
+                engines[(layout, path)].staging_copier(direction).num_ctas = 16
+
+    save(b, args, ceiling, layer_h2d, naive)
+
     # --- CTA budget sweep (kernel path) --------------------------------------------------------
-    budgets = [1, 2, 4, 8, 16, 32, 64, 132] if not args.quick else [2, 4, 8, 16, 32, 132]
+    budgets = [1, 2, 4, 8, 16, 32, 132] if not args.quick else [4, 16, 132]
     for layout in hosts:
         engine = engines[(layout, "kernel")]
         for ctas in budgets:
@@ -243,7 +274,7 @@ def main() -> int:
     stream = torch.cuda.Stream()
     plans = [plan_uva_copy(load_pairs(host, device_pool, layer)) for layer in range(spec.num_layers)]
     tiles = [(1024, 4), (2048, 4), (4096, 4), (4096, 8), (8192, 8), (8192, 16), (16384, 16)]
-    for ctas in (16, 32):
+    for ctas in (16,):
         for block, warps in tiles:
             def issue(i, block=block, warps=warps, ctas=ctas):
                 stream.wait_stream(torch.cuda.current_stream())
@@ -282,8 +313,8 @@ def main() -> int:
         return issue
 
     for layout in hosts:
-        for load_path, backup_path in (("auto", "auto"), ("staged", "staged"), ("kernel", "kernel"),
-                                       ("kernel", "staged"), ("staged", "kernel")):
+        for load_path, backup_path in (("auto", "auto"), ("staged", "staged"), ("mixed", "staged"),
+                                       ("kernel", "kernel"), ("kernel", "staged")):
             t = measure(concurrent(layout, load_path, backup_path), b.reps)
             nbytes = int(transfer_bytes + backup_bytes)
             b.add(f"load {load_path} + backup {backup_path} {layout}", nbytes, t, group="concurrent", op="both",

@@ -9,12 +9,17 @@ So this path does both halves with the tool that suits it:
     load   (host -> device):  host runs --copy engine--> staging buffer --kernel scatter--> pages
     backup (device -> host):  pages --kernel gather--> staging buffer --copy engine--> host runs
 
-The staging ring is a few device buffers; units (a block of pages x a group of (component, layer)
+The staging ring is a few device buffers; units (a block of rows x a group of (component, layer)
 pairs) take buffers in turn, so the copy engine fills unit k+1 while the kernel drains unit k.
-Events order everything: each unit's consumer waits on a "ready" event of its producer, and the
-next producer of a buffer waits on the "free" event of its last consumer. HBM is ~80x faster than
-PCIe, so the device half costs a few percent of one SM budget's time.
+Each unit's consumer waits on a "ready" event of its producer, and the next producer of a buffer
+waits on the "free" event of its last consumer (events are per buffer and re-recorded: a wait
+binds to the record that precedes it). When a unit's host views share one row pitch and together
+cover a contiguous span of each row (``page_first`` slots, all layers), staging mirrors that span
+and one copy per run moves whole slot payloads: megabyte rows, which copy engines stream at full
+rate, instead of one 42 KB row per slot and layer.
 
+CPU cost matters as much as bytes: everything a call's kernels need (tables, ids) goes to the
+device in one pinned copy, so a unit costs one launch, a few copies and a few event operations.
 This module never synchronises the device and never validates ids. On a machine without CUDA the
 same code runs with CPU buffers and no streams (the path CI exercises).
 ``copy_pages_staged_reference`` is the pure torch reference.
@@ -24,20 +29,50 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .direct_copy import copy_pages_direct
+from . import cudart
 from .reference import ChunkPair, copy_pages_reference
-from .runs import find_runs
-from .uva_copy import DEFAULT_CTAS_ON_DEVICE, copy_pages_uva
+from .uva_copy import DEFAULT_CTAS_ON_DEVICE, launch_uva, plan_uva_copy, upload
 
 #: Default ring: two 32 MiB buffers hold one DeepSeek-V3.2 layer (latent + indexer) of 512 pages
-#: each (25.8 MB), so a layer is one unit.
+#: each (25.8 MB), so a per-layer load is one unit.
 DEFAULT_BUFFER_BYTES = 32 << 20
 DEFAULT_NUM_BUFFERS = 2
 _REGION_ALIGN = 256  # staging regions start 256-B aligned, so the kernel keeps 16-B vectors
+
+
+def _round(value: int) -> int:
+    return -(-value // _REGION_ALIGN) * _REGION_ALIGN
+
+
+@dataclass
+class _Unit:
+    pairs: list[int]  # indices into the call's pairs
+    r0: int  # rows [r0, r1) of the call's rows, sorted by host id
+    r1: int
+    # Per run: (host addr, host pitch, staging offset, staging pitch, width, height, a host view in
+    # the same memory: the CPU path turns the address back into a tensor view through it).
+    host_copies: list[tuple[int, int, int, int, int, int, torch.Tensor]]
+    stage_views: list[tuple[int, int, int]]  # per pair: (staging offset, staging pitch, chunk)
+
+
+def _span(host_views: Sequence[torch.Tensor]) -> tuple[int, int] | None:
+    """(lowest address, span) if the views share a row pitch and tile ``[0, span)`` of each row."""
+    pitch = host_views[0].stride(0)
+    if any(v.stride(0) != pitch for v in host_views):
+        return None
+    low = min(v.data_ptr() for v in host_views)
+    intervals = sorted((v.data_ptr() - low, v.shape[1]) for v in host_views)
+    position = 0
+    for start, size in intervals:
+        if start != position:
+            return None  # a gap (bytes of a pair not in this copy) or an overlap
+        position += size
+    return (low, position) if position <= pitch else None
 
 
 class StagedCopier:
@@ -58,12 +93,15 @@ class StagedCopier:
         if buffer_bytes <= 0 or num_buffers <= 0:
             raise ValueError(f"staging needs buffer_bytes > 0 and num_buffers > 0, got {buffer_bytes}, {num_buffers}")
         self.device = torch.device(device)
-        self.buffer_bytes = buffer_bytes
+        self.buffer_bytes = _round(buffer_bytes) if buffer_bytes >= _REGION_ALIGN else buffer_bytes
         self.num_ctas = num_ctas
-        self._buffers = [torch.empty(buffer_bytes, dtype=torch.uint8, device=self.device) for _ in range(num_buffers)]
-        self._free: list[torch.cuda.Event | None] = [None] * num_buffers
-        self._next = 0
         self._on_gpu = self.device.type == "cuda"
+        self._storage = torch.empty(self.buffer_bytes * num_buffers, dtype=torch.uint8, device=self.device)
+        self._num_buffers = num_buffers
+        self._next = 0
+        self._ready = [torch.cuda.Event() for _ in range(num_buffers)] if self._on_gpu else []
+        self._free = [torch.cuda.Event() for _ in range(num_buffers)] if self._on_gpu else []
+        self._free_recorded = [False] * num_buffers
 
     # --- public ----------------------------------------------------------------------------------
     def to_device(
@@ -80,7 +118,7 @@ class StagedCopier:
         Completion is ordered on ``kernel_stream`` (record an event there after this call).
         Args: views ``uint8 [rows, chunk_bytes]``; ids int64 ``[n]`` on the CPU, validated.
         """
-        self._run(pairs, host_ids, device_ids, to_device=True, copy_stream=copy_stream, kernel_stream=kernel_stream)
+        self._run(pairs, host_ids, device_ids, True, copy_stream, kernel_stream)
 
     def to_host(
         self,
@@ -95,91 +133,164 @@ class StagedCopier:
 
         Completion is ordered on ``copy_stream`` (record an event there after this call).
         """
-        self._run(pairs, host_ids, device_ids, to_device=False, copy_stream=copy_stream, kernel_stream=kernel_stream)
+        self._run(pairs, host_ids, device_ids, False, copy_stream, kernel_stream)
 
-    # --- internals -------------------------------------------------------------------------------
-    def _units(self, pairs: Sequence[ChunkPair], num_rows: int) -> list[tuple[list[int], int, int]]:
-        """Split (rows x pairs) into units that fit one buffer: (pair indices, first row, end row)."""
-        chunks = [pair[0].shape[1] for pair in pairs]
-        padded = [-(-c // _REGION_ALIGN) * _REGION_ALIGN for c in chunks]
-        max_chunk = max(padded)
-        if max_chunk > self.buffer_bytes:
-            raise ValueError(f"a {max_chunk}-byte chunk does not fit a {self.buffer_bytes}-byte staging buffer")
-        rows_per_block = min(num_rows, self.buffer_bytes // max_chunk)
+    # --- planning --------------------------------------------------------------------------------
+    def _units(self, host_views: Sequence[torch.Tensor], host_sorted: np.ndarray) -> list[_Unit]:
+        """Split (rows x pairs) into units that each fit one buffer, with their host-side copies."""
+        n = host_sorted.size
+        # Runs of consecutive host ids, as [start, end) positions in the sorted rows.
+        breaks = np.flatnonzero(np.diff(host_sorted) != 1) + 1
+        run_starts = np.concatenate(([0], breaks))
+        run_ends = np.concatenate((breaks, [n]))
+        span = _span(host_views)
+        if span is not None and span[1] <= self.buffer_bytes:
+            low, width = span
+            rows_per_unit = self.buffer_bytes // _round(width) if width % _REGION_ALIGN else self.buffer_bytes // width
+            pitch = _round(width) if width % _REGION_ALIGN else width
+            groups = [list(range(len(host_views)))]
+            layout = "span"
+        else:
+            sizes = [_round(v.shape[1]) for v in host_views]
+            if max(sizes) > self.buffer_bytes:
+                raise ValueError(f"a {max(sizes)}-byte chunk does not fit a {self.buffer_bytes}-byte staging buffer")
+            rows_per_unit = self.buffer_bytes // max(sizes)
+            layout = "pairs"
         units = []
-        for r0 in range(0, num_rows, rows_per_block):
-            r1 = min(num_rows, r0 + rows_per_block)
-            group: list[int] = []
-            used = 0
-            for index, size in enumerate(padded):
-                need = -(-(r1 - r0) * size // _REGION_ALIGN) * _REGION_ALIGN
+        for r0 in range(0, n, rows_per_unit):
+            r1 = min(n, r0 + rows_per_unit)
+            rows = r1 - r0
+            # The unit's runs: the global runs clipped to [r0, r1).
+            first = np.searchsorted(run_ends, r0, side="right")
+            last = np.searchsorted(run_starts, r1, side="left")
+            clipped = [(max(int(s), r0), min(int(e), r1)) for s, e in zip(run_starts[first:last], run_ends[first:last])]
+            if layout == "span":
+                stage = [(host_views[k].data_ptr() - low, pitch, host_views[k].shape[1]) for k in groups[0]]
+                host_pitch = host_views[0].stride(0)
+                copies = [(low + int(host_sorted[s]) * host_pitch, host_pitch, (s - r0) * pitch, pitch, width, e - s,
+                           host_views[0]) for s, e in clipped]
+                units.append(_Unit(groups[0], r0, r1, copies, stage))
+                continue
+            group, used = [], 0
+            for k, view in enumerate(host_views):
+                need = _round(rows * view.shape[1])
                 if group and used + need > self.buffer_bytes:
-                    units.append((group, r0, r1))
+                    units.append(self._pair_unit(group, r0, r1, host_views, host_sorted, clipped))
                     group, used = [], 0
-                group.append(index)
+                group.append(k)
                 used += need
-            units.append((group, r0, r1))
+            units.append(self._pair_unit(group, r0, r1, host_views, host_sorted, clipped))
         return units
 
-    def _run(self, pairs, host_ids, device_ids, *, to_device, copy_stream, kernel_stream) -> None:
+    @staticmethod
+    def _pair_unit(group, r0, r1, host_views, host_sorted, clipped) -> _Unit:
+        stage, copies, offset = [], [], 0
+        for k in group:
+            view = host_views[k]
+            chunk, pitch = view.shape[1], view.stride(0)
+            stage.append((offset, chunk, chunk))
+            for s, e in clipped:
+                copies.append((view.data_ptr() + int(host_sorted[s]) * pitch, pitch, offset + (s - r0) * chunk, chunk, chunk,
+                               e - s, view))
+            offset += _round((r1 - r0) * chunk)
+        return _Unit(group, r0, r1, copies, stage)
+
+    # --- running ---------------------------------------------------------------------------------
+    def _run(self, pairs, host_ids, device_ids, to_device, copy_stream, kernel_stream) -> None:
         if host_ids.numel() != device_ids.numel():
             raise ValueError(f"host_ids has {host_ids.numel()} ids, device_ids {device_ids.numel()}")
         if host_ids.numel() == 0 or not pairs:
             return
         if self._on_gpu and (copy_stream is None or kernel_stream is None):
             raise ValueError("staged copies on a GPU need an explicit copy_stream and kernel_stream")
+        host_views = [pair[0] if to_device else pair[1] for pair in pairs]
+        device_views = [pair[1] if to_device else pair[0] for pair in pairs]
         # Stage rows in host order, so consecutive host slots become one copy-engine copy.
         host_np = host_ids.cpu().numpy().astype(np.int64, copy=False)
         order = np.argsort(host_np, kind="stable")
-        host_sorted = torch.from_numpy(host_np[order])
-        device_sorted = torch.from_numpy(device_ids.cpu().numpy().astype(np.int64, copy=False)[order])
-        for group, r0, r1 in self._units(pairs, host_sorted.numel()):
-            self._unit([pairs[i] for i in group], host_sorted[r0:r1], device_sorted[r0:r1], to_device, copy_stream, kernel_stream)
+        host_sorted = host_np[order]
+        device_sorted = torch.from_numpy(device_ids.cpu().numpy().astype(np.int64, copy=False)[order].copy())
+        units = self._units(host_views, host_sorted)
 
-    def _unit(self, pairs, host_ids, device_ids, to_device, copy_stream, kernel_stream) -> None:
-        rows = host_ids.numel()
-        slot = self._next
-        self._next = (slot + 1) % len(self._buffers)
-        buffer = self._buffers[slot]
+        # One plan per unit for the device half, all relative to the staging storage so that a
+        # single upload carries every table and the ids of the whole call.
+        slots, plans = [], []
+        for unit in units:
+            slot = self._next
+            self._next = (slot + 1) % self._num_buffers
+            slots.append(slot)
+            buffer_base = slot * self.buffer_bytes
+            rows = unit.r1 - unit.r0
+            device_pairs = []
+            for k, (offset, pitch, chunk) in zip(unit.pairs, unit.stage_views):
+                stage = torch.as_strided(self._storage, (rows, chunk), (pitch, 1), buffer_base + offset)
+                device_pairs.append((stage, device_views[k]) if to_device else (device_views[k], stage))
+            plans.append(plan_uva_copy(device_pairs, anchor=self._storage, word_bytes=None))
+        word = min(p.word_bytes for p in plans)
+        if any(p.word_bytes != word for p in plans):  # mixed geometry: rebuild all at the smallest word
+            plans = [plan_uva_copy(self._device_pairs(u, s, device_views, to_device), anchor=self._storage, word_bytes=word)
+                     for u, s in zip(units, slots)]
+        stage_rows = torch.arange(max(u.r1 - u.r0 for u in units), dtype=torch.int64)
+        with torch.cuda.stream(kernel_stream) if self._on_gpu else nullcontext():
+            uploaded = upload(self.device, [p.table for p in plans] + [device_sorted, stage_rows])
+        tables, device_dev, stage_dev = uploaded[:-2], uploaded[-2], uploaded[-1]
+
         producer, consumer = (copy_stream, kernel_stream) if to_device else (kernel_stream, copy_stream)
-        if self._free[slot] is not None:
-            producer.wait_event(self._free[slot])
-        stage_rows = torch.arange(rows, dtype=torch.int64)
-        runs = find_runs(host_ids, stage_rows, sort_by="src")
-        host_side, device_side, offset = [], [], 0
-        for pair in pairs:
-            host_view, device_view = (pair[0], pair[1]) if to_device else (pair[1], pair[0])
-            chunk = host_view.shape[1]
-            stage = buffer[offset : offset + rows * chunk].view(rows, chunk)
-            offset += -(-rows * chunk // _REGION_ALIGN) * _REGION_ALIGN
-            host_side.append((host_view, stage) if to_device else (stage, host_view))
-            device_side.append((stage, device_view) if to_device else (device_view, stage))
-        if to_device:
-            self._engine_copies(host_side, runs, stage_rows, copy_stream)
-            self._handoff(copy_stream, kernel_stream)
-            self._kernel(device_side, stage_rows, device_ids, kernel_stream)
-        else:
-            self._kernel(device_side, device_ids, stage_rows, kernel_stream)
-            self._handoff(kernel_stream, copy_stream)
-            flipped = find_runs(stage_rows, host_ids, sort_by="src")
-            self._engine_copies(host_side, flipped, stage_rows, copy_stream)
+        for unit, slot, plan, table in zip(units, slots, plans, tables):
+            rows = unit.r1 - unit.r0
+            if self._on_gpu and self._free_recorded[slot]:
+                producer.wait_event(self._free[slot])
+            buffer_addr = self._storage.data_ptr() + slot * self.buffer_bytes
+            ids_device, ids_stage = device_dev[unit.r0:unit.r1], stage_dev[:rows]
+            if to_device:
+                self._engine_copies(unit, buffer_addr, True, copy_stream)
+                self._handoff(slot, copy_stream, kernel_stream)
+                self._kernel(plan, table, ids_stage, ids_device, kernel_stream)
+            else:
+                self._kernel(plan, table, ids_device, ids_stage, kernel_stream)
+                self._handoff(slot, kernel_stream, copy_stream)
+                self._engine_copies(unit, buffer_addr, False, copy_stream)
+            if self._on_gpu:
+                self._free[slot].record(consumer)
+                self._free_recorded[slot] = True
+
+    def _device_pairs(self, unit, slot, device_views, to_device):
+        rows = unit.r1 - unit.r0
+        out = []
+        for k, (offset, pitch, chunk) in zip(unit.pairs, unit.stage_views):
+            stage = torch.as_strided(self._storage, (rows, chunk), (pitch, 1), slot * self.buffer_bytes + offset)
+            out.append((stage, device_views[k]) if to_device else (device_views[k], stage))
+        return out
+
+    def _engine_copies(self, unit: _Unit, buffer_addr: int, to_device: bool, stream) -> None:
         if self._on_gpu:
-            free = torch.cuda.Event()
-            free.record(consumer)
-            self._free[slot] = free
+            handle = stream.cuda_stream
+            for host_addr, host_pitch, offset, stage_pitch, width, height, _ in unit.host_copies:
+                stage_addr = buffer_addr + offset
+                if to_device:
+                    cudart.memcpy_2d_async(stage_addr, stage_pitch, host_addr, host_pitch, width, height, handle)
+                else:
+                    cudart.memcpy_2d_async(host_addr, host_pitch, stage_addr, stage_pitch, width, height, handle)
+            return
+        # CPU: the same copies through torch views of the host memory (addresses -> views).
+        storage_addr = self._storage.data_ptr()
+        for host_addr, host_pitch, offset, stage_pitch, width, height, ref in unit.host_copies:
+            stage_start = buffer_addr - storage_addr + offset
+            stage = torch.as_strided(self._storage, (height, width), (stage_pitch, 1), stage_start)
+            host = torch.as_strided(ref, (height, width), (host_pitch, 1), ref.storage_offset() + host_addr - ref.data_ptr())
+            if to_device:
+                stage.copy_(host)
+            else:
+                host.copy_(stage)
 
-    def _engine_copies(self, pairs, runs, ids, stream) -> None:
-        copy_pages_direct(pairs, ids, ids, stream=stream, runs=runs)
-
-    def _kernel(self, pairs, src_ids, dst_ids, stream) -> None:
+    def _kernel(self, plan, table, src_ids, dst_ids, stream) -> None:
         with torch.cuda.stream(stream) if self._on_gpu else nullcontext():
-            copy_pages_uva(pairs, src_ids, dst_ids, num_ctas=self.num_ctas)
+            launch_uva(plan, table, src_ids, dst_ids, num_ctas=self.num_ctas)
 
-    def _handoff(self, producer, consumer) -> None:
+    def _handoff(self, slot: int, producer, consumer) -> None:
         if self._on_gpu:
-            ready = torch.cuda.Event()
-            ready.record(producer)
-            consumer.wait_event(ready)
+            self._ready[slot].record(producer)
+            consumer.wait_event(self._ready[slot])
 
 
 def copy_pages_staged_reference(pairs: Sequence[ChunkPair], src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:

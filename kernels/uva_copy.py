@@ -115,11 +115,11 @@ class UvaPlan:
     """What a launch needs besides the ids: the anchor, the per-pair table and the word geometry.
 
     Pure host-side data: build it once per set of pairs (e.g. once per layer of a pool) and reuse
-    it. The table travels to the device with the ids of each launch, on the launch stream, so a
-    plan may be used from any stream.
+    it. Plans built with the same ``anchor`` can share one upload (``upload``) and run as several
+    launches (``launch_uva``), which is how a 61-layer load issues 61 launches for one small copy.
     """
 
-    anchor: torch.Tensor  # a view of one of the pair tensors, typed with the word dtype
+    anchor: torch.Tensor  # word-typed tensor at the base address every offset is relative to
     table: torch.Tensor  # int64 [num_pairs, 5] on the CPU, in words
     word_bytes: int
     align_words: int
@@ -131,17 +131,6 @@ class UvaPlan:
         return self.table.shape[0]
 
 
-def _word_geometry(pairs: Sequence[ChunkPair]) -> tuple[int, int]:
-    """Largest word (4 or 1 B) dividing every address, pitch and chunk; alignment in words."""
-    common = 0
-    for src, dst in pairs:
-        for value in (src.data_ptr(), dst.data_ptr(), src.stride(0), dst.stride(0), src.shape[1]):
-            common = math.gcd(common, value)
-    word = 4 if common % 4 == 0 else 1
-    align = 16 // word if common % 16 == 0 else 1
-    return word, align
-
-
 def _launch_device(pairs: Sequence[ChunkPair]) -> torch.device:
     for src, dst in pairs:
         for view in (dst, src):
@@ -150,13 +139,17 @@ def _launch_device(pairs: Sequence[ChunkPair]) -> torch.device:
     return torch.device("cpu")  # Triton interpreter: everything is host memory
 
 
-def plan_uva_copy(pairs: Sequence[ChunkPair]) -> UvaPlan:
+def plan_uva_copy(pairs: Sequence[ChunkPair], *, anchor: torch.Tensor | None = None,
+                  word_bytes: int | None = None) -> UvaPlan:
     """Describe ``pairs`` for ``copy_pages_uva``; touches no device.
 
     Args:
         pairs: non-empty list of ``(src, dst)`` uint8 chunk views ``[rows, chunk_bytes]`` (inner
             stride 1, any row stride), same ``chunk_bytes`` within a pair. Host views must be
             pinned when the launch device is a GPU.
+        anchor: a tensor on the launch device whose data pointer the offsets are relative to
+            (default: one of the views). Plans that share an anchor and word can share an upload.
+        word_bytes: force the word size (4 or 1); default the largest that divides everything.
     """
     if not pairs:
         raise ValueError("plan_uva_copy needs at least one (src, dst) pair")
@@ -165,12 +158,21 @@ def plan_uva_copy(pairs: Sequence[ChunkPair]) -> UvaPlan:
             raise ValueError("chunk views must be 2-D uint8 tensors [rows, chunk_bytes]")
         if src.shape[1] != dst.shape[1] or src.stride(1) != 1 or dst.stride(1) != 1:
             raise ValueError(f"pair chunk sizes / inner strides differ: {tuple(src.shape)} vs {tuple(dst.shape)}")
-    word, align = _word_geometry(pairs)
     device = _launch_device(pairs)
-    anchor_view = next((v for pair in pairs for v in (pair[1], pair[0]) if v.device == device), pairs[0][1])
-    base = anchor_view.data_ptr()
+    if anchor is None:
+        anchor = next((v for pair in pairs for v in (pair[1], pair[0]) if v.device == device), pairs[0][1])
+    base = anchor.data_ptr()
+    common = 0
+    for src, dst in pairs:
+        for value in (src.data_ptr() - base, dst.data_ptr() - base, src.stride(0), dst.stride(0), src.shape[1]):
+            common = math.gcd(common, value)
+    common = math.gcd(common, base)
+    word = word_bytes or (4 if common % 4 == 0 else 1)
+    if common % word:
+        raise ValueError(f"word of {word} B does not divide the pairs' addresses, pitches and chunks")
+    align = 16 // word if common % 16 == 0 else 1
     # The kernel uses only the anchor's data pointer and dtype (the word), never its shape.
-    anchor = torch.as_strided(anchor_view, (word,), (1,))
+    anchor = torch.as_strided(anchor.view(torch.uint8) if anchor.dtype != torch.uint8 else anchor, (word,), (1,))
     if word == 4:
         anchor = anchor.view(torch.int32)
     rows = [
@@ -185,6 +187,58 @@ def plan_uva_copy(pairs: Sequence[ChunkPair]) -> UvaPlan:
     ]
     table = torch.tensor(rows, dtype=torch.int64)
     return UvaPlan(anchor, table, word, align, max(r[_CHUNK] for r in rows), default_ctas(pairs))
+
+
+def upload(device: torch.device, parts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Copy int64 CPU tensors to ``device`` in one pinned, asynchronous copy on the current stream.
+
+    Returns the device slices in order. torch's caching host allocator keeps the pinned block
+    alive until the copy has run, so this never syncs the device.
+    """
+    flat = [p.reshape(-1).to(torch.int64) for p in parts]
+    packed = torch.cat(flat) if flat else torch.zeros(0, dtype=torch.int64)
+    if device.type != "cpu":
+        packed = packed.pin_memory().to(device, non_blocking=True)
+    out, start = [], 0
+    for p in flat:
+        out.append(packed[start:start + p.numel()])
+        start += p.numel()
+    return out
+
+
+def launch_uva(
+    plan: UvaPlan,
+    table: torch.Tensor,
+    src_ids: torch.Tensor,
+    dst_ids: torch.Tensor,
+    *,
+    num_ctas: int | None = None,
+    block: int = DEFAULT_BLOCK,
+    num_warps: int = DEFAULT_NUM_WARPS,
+) -> None:
+    """One launch on the current stream with ``table`` / ids already on the launch device.
+
+    Args:
+        table: ``plan.table`` on the device (int64 ``[num_pairs * 5]``).
+        src_ids, dst_ids: int64 ``[n]`` on the device.
+    """
+    n = src_ids.numel()
+    if n == 0:
+        return
+    tiles = n * plan.num_pairs * triton.cdiv(plan.max_chunk_words, block)
+    grid = (max(1, min(num_ctas or plan.default_ctas, tiles)),)
+    kernel = _uva_copy_kernel if plan.anchor.device.type != "cpu" else _interpreted_kernel()
+    kernel[grid](
+        plan.anchor,
+        table,
+        src_ids,
+        dst_ids,
+        plan.num_pairs,
+        n,
+        BLOCK=block,
+        ALIGN=plan.align_words,
+        num_warps=num_warps,
+    )
 
 
 def copy_pages_uva(
@@ -209,30 +263,11 @@ def copy_pages_uva(
     """
     if src_ids.numel() != dst_ids.numel():
         raise ValueError(f"src_ids has {src_ids.numel()} ids, dst_ids {dst_ids.numel()}")
-    n = src_ids.numel()
-    if n == 0:
+    if src_ids.numel() == 0:
         return
     plan = pairs if isinstance(pairs, UvaPlan) else plan_uva_copy(pairs)
-    device = plan.anchor.device
-    packed = torch.cat([plan.table.reshape(-1), src_ids.reshape(-1).to(torch.int64), dst_ids.reshape(-1).to(torch.int64)])
-    if device.type != "cpu":
-        # torch's caching host allocator keeps the pinned block alive until the copy has run.
-        packed = packed.pin_memory().to(device, non_blocking=True)
-    table_len = plan.table.numel()
-    tiles = n * plan.num_pairs * triton.cdiv(plan.max_chunk_words, block)
-    grid = (max(1, min(num_ctas or plan.default_ctas, tiles)),)
-    kernel = _uva_copy_kernel if device.type != "cpu" else _interpreted_kernel()
-    kernel[grid](
-        plan.anchor,
-        packed[:table_len],
-        packed[table_len : table_len + n],
-        packed[table_len + n :],
-        plan.num_pairs,
-        n,
-        BLOCK=block,
-        ALIGN=plan.align_words,
-        num_warps=num_warps,
-    )
+    table, src, dst = upload(plan.anchor.device, [plan.table, src_ids, dst_ids])
+    launch_uva(plan, table, src, dst, num_ctas=num_ctas, block=block, num_warps=num_warps)
 
 
 def default_ctas(pairs: Sequence[ChunkPair]) -> int:

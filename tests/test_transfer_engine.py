@@ -130,17 +130,19 @@ def test_unknown_path_is_rejected():
 
 def test_auto_rule_follows_runs():
     scattered = torch.tensor([9, 2, 7, 4, 0, 12], dtype=torch.int64)
-    assert choose_path(scattered, torch.arange(1, 7)) == "kernel"
     run = torch.arange(100, 164)
-    assert choose_path(run, torch.randperm(64) + 1) == "staged"
-    assert choose_path(run, torch.arange(1, 65)) == "direct"
+    for to_host in (True, False):
+        assert choose_path(scattered, torch.arange(1, 7), to_host=to_host) == "kernel"
+        assert choose_path(run, torch.arange(1, 65), to_host=to_host) == "direct"
+    assert choose_path(run, torch.randperm(64) + 1, to_host=True) == "staged"
+    assert choose_path(run, torch.randperm(64) + 1, to_host=False) == "mixed"
 
 
 # --- GPU ------------------------------------------------------------------------------------------
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", ["kernel", "staged", "direct", "torch"])
+@pytest.mark.parametrize("path", ["kernel", "staged", "mixed", "direct", "torch", "auto"])
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
 def test_gpu_wait_layer_orders_exactly_that_layer(path, layout):
     """Read each layer on a fresh stream right after wait_layer: it must hold the loaded bytes."""
@@ -169,7 +171,7 @@ def test_gpu_wait_layer_orders_exactly_that_layer(path, layout):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", ["kernel", "staged", "direct"])
+@pytest.mark.parametrize("path", ["kernel", "staged", "mixed", "direct", "auto"])
 def test_gpu_backup_then_load_round_trip(path):
     spec = nsa_spec(num_layers=8, page_size=64)
     device = make_device_pool(spec, 1100, "cuda")

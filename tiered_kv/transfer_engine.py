@@ -40,7 +40,10 @@ from .host_pool import HostPool
 from .kernels import copy_pages_reference
 from .transfer import IdsLike, PageCopy, backup_pairs, load_pairs, validate
 
-PATHS = ("auto", "kernel", "direct", "staged", "torch")
+PATHS = ("auto", "kernel", "direct", "staged", "mixed", "torch")
+
+#: Share of a ``mixed`` load's pages sent through the copy engines (the rest: UVA kernel).
+DEFAULT_CE_FRACTION = 0.5
 
 #: ``auto`` sends a transfer through the copy engines (``staged``) when the host slots come in runs
 #: at least this long on average; scattered slots make one copy-engine copy per slot and layer,
@@ -128,13 +131,14 @@ class TransferEngine:
         device_pool, host_pool: pools of one spec; the host pool pinned when the device is a GPU.
         path: default path for every call (see module docstring).
         num_ctas: CTA budget of the UVA kernel launches (default: measured per direction).
-        staging_bytes, staging_buffers: the device staging ring per direction (``staged`` path),
-            allocated on first use.
+        staging_bytes, staging_buffers, staging_ctas: the device staging ring per direction
+            (``staged`` / ``mixed`` paths, allocated on first use) and its kernel's CTA budget.
         timing: create the handles' events with timing enabled (benchmarks; slightly costlier).
     """
 
     def __init__(self, device_pool: DevicePool, host_pool: HostPool, *, path: str = "auto", num_ctas: int | None = None,
-                 staging_bytes: int | None = None, staging_buffers: int = 2, timing: bool = False) -> None:
+                 staging_bytes: int | None = None, staging_buffers: int = 2, staging_ctas: int | None = None,
+                 timing: bool = False) -> None:
         if device_pool.spec.fingerprint != host_pool.spec.fingerprint:
             raise SpecMismatchError(
                 f"device pool spec ({device_pool.spec.describe()}) differs from host pool spec ({host_pool.spec.describe()})"
@@ -148,7 +152,10 @@ class TransferEngine:
         self.on_gpu = self.device.type == "cuda"
         self._staging_bytes = staging_bytes
         self._staging_buffers = staging_buffers
+        self._staging_ctas = staging_ctas
         self._timing = timing
+        self.ce_fraction = DEFAULT_CE_FRACTION
+        self._word: int | None = None
         self._copiers: dict[str, object] = {}
         self._backup_pairs = backup_pairs(device_pool, host_pool)
         self._load_pairs = [load_pairs(host_pool, device_pool, layer) for layer in range(device_pool.spec.num_layers)]
@@ -162,6 +169,10 @@ class TransferEngine:
                 self.load_copy_stream = torch.cuda.Stream(self.device)
                 self.backup_stream = torch.cuda.Stream(self.device)
                 self.backup_copy_stream = torch.cuda.Stream(self.device)
+                self.load_uva_stream = torch.cuda.Stream(self.device)  # the kernel half of ``mixed`` loads
+                # Join events of ``mixed`` loads, re-recorded per layer (a wait binds to the record
+                # before it, so reuse across layers is safe).
+                self._uva_done = [torch.cuda.Event() for _ in range(4)]
 
     # --- public ----------------------------------------------------------------------------------
     def backup(self, device_pages: IdsLike, host_slots: IdsLike, *, path: str | None = None,
@@ -175,19 +186,22 @@ class TransferEngine:
         """
         copy = validate(self.device_pool, self.host_pool, device_pages, host_slots, to_host=True, token_indices=token_indices)
         path = self._choose(path, copy, to_host=True)
+        if path == "mixed":
+            path = "staged"  # splitting pays off for host reads only; device -> host copy engines run at full rate
         if not self.on_gpu:
             self._run_on_cpu(path, self._backup_pairs, copy.device_pages, copy.host_slots, to_host=True, key="backup")
             return BackupHandle(None, copy, path)
         with torch.cuda.device(self.device):
             caller = torch.cuda.current_stream(self.device)
             self.backup_stream.wait_stream(caller)
+            self.backup_copy_stream.wait_stream(caller)
             done_on = self.backup_stream
             if len(copy):
                 if path == "kernel":
                     with torch.cuda.stream(self.backup_stream):
                         self._uva(self._plan("backup", self._backup_pairs), copy.device_pages, copy.host_slots)
                 elif path == "staged":
-                    self._copier("backup").to_host(self._backup_pairs, copy.device_pages, copy.host_slots,
+                    self.staging_copier("backup").to_host(self._backup_pairs, copy.device_pages, copy.host_slots,
                                                    copy_stream=self.backup_copy_stream, kernel_stream=self.backup_stream)
                     done_on = self.backup_copy_stream
                 elif path == "direct":
@@ -224,29 +238,66 @@ class TransferEngine:
             return LoadHandle(self.device, layers, None, copy, path)
         events: dict[int, torch.cuda.Event] = {}
         with torch.cuda.device(self.device):
-            self.load_stream.wait_stream(torch.cuda.current_stream(self.device))
-            runs = None
-            for layer in layers:
-                pairs = self._load_pairs[layer]
-                if len(copy):
-                    if path == "kernel":
-                        with torch.cuda.stream(self.load_stream):
-                            self._uva(self._plan(("load", layer), pairs), copy.host_slots, copy.device_pages)
-                    elif path == "staged":
-                        self._copier("load").to_device(pairs, copy.host_slots, copy.device_pages,
-                                                      copy_stream=self.load_copy_stream, kernel_stream=self.load_stream)
-                    elif path == "direct":
-                        from .kernels import copy_pages_direct, find_runs
+            caller = torch.cuda.current_stream(self.device)
+            for stream in (self.load_stream, self.load_copy_stream, self.load_uva_stream):
+                stream.wait_stream(caller)
+            kernel_part = staged_part = None
+            if len(copy) and path in ("kernel", "mixed"):
+                kernel_part, staged_part = self._split(copy, path)
+                uva_stream = self.load_stream if path == "kernel" else self.load_uva_stream
+                plans = [self._load_plan(layer) for layer in layers]
+                with torch.cuda.stream(uva_stream):
+                    from .kernels.uva_copy import upload
 
-                        runs = runs or find_runs(copy.host_slots, copy.device_pages)
-                        copy_pages_direct(pairs, copy.host_slots, copy.device_pages, stream=self.load_stream, runs=runs)
-                    else:
-                        with torch.cuda.stream(self.load_stream):
-                            copy_pages_reference(pairs, copy.host_slots, copy.device_pages)
+                    uploaded = upload(self.device, [p.table for p in plans] + list(kernel_part))
+                tables, (slots_dev, pages_dev) = uploaded[:-2], uploaded[-2:]
+            runs = None
+            for index, layer in enumerate(layers):
+                pairs = self._load_pairs[layer]
+                if len(copy) == 0:
+                    pass
+                elif path in ("kernel", "mixed"):
+                    from .kernels.uva_copy import launch_uva
+
+                    with torch.cuda.stream(uva_stream):
+                        launch_uva(plans[index], tables[index], slots_dev, pages_dev, num_ctas=self.num_ctas)
+                    if path == "mixed":
+                        if staged_part[0].numel():
+                            self.staging_copier("load").to_device(pairs, *staged_part, copy_stream=self.load_copy_stream,
+                                                          kernel_stream=self.load_stream)
+                        # The layer is complete only once both halves of it have landed.
+                        joined = self._uva_done[index % len(self._uva_done)]
+                        joined.record(uva_stream)
+                        self.load_stream.wait_event(joined)
+                elif path == "staged":
+                    self.staging_copier("load").to_device(pairs, copy.host_slots, copy.device_pages,
+                                                  copy_stream=self.load_copy_stream, kernel_stream=self.load_stream)
+                elif path == "direct":
+                    from .kernels import copy_pages_direct, find_runs
+
+                    runs = runs or find_runs(copy.host_slots, copy.device_pages)
+                    copy_pages_direct(pairs, copy.host_slots, copy.device_pages, stream=self.load_stream, runs=runs)
+                else:
+                    with torch.cuda.stream(self.load_stream):
+                        copy_pages_reference(pairs, copy.host_slots, copy.device_pages)
                 event = torch.cuda.Event(enable_timing=self._timing)
                 event.record(self.load_stream)
                 events[layer] = event
         return LoadHandle(self.device, layers, events, copy, path)
+
+    def _split(self, copy: PageCopy, path: str) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        """(kernel part, copy-engine part) of a load as (host slots, device pages) each.
+
+        ``mixed`` gives the copy engines the first ``ce_fraction`` of the pages in host-slot order
+        (so their runs stay long) and the UVA kernel the rest; both read PCIe at once, which fills
+        the link better than either alone (see docs/benchmarks.md).
+        """
+        if path == "kernel":
+            return (copy.host_slots, copy.device_pages), (copy.host_slots[:0], copy.device_pages[:0])
+        order = torch.argsort(copy.host_slots, stable=True)
+        slots, pages = copy.host_slots[order], copy.device_pages[order]
+        k = int(round(self.ce_fraction * len(copy)))
+        return (slots[k:], pages[k:]), (slots[:k], pages[:k])
 
     def load_layer(self, host_slots: IdsLike, device_pages: IdsLike, layer: int, **options) -> LoadHandle:
         """``load`` of one layer."""
@@ -265,7 +316,7 @@ class TransferEngine:
             return path
         if not self.on_gpu or len(copy) == 0:
             return "torch"
-        return choose_path(copy.host_slots, copy.device_pages)
+        return choose_path(copy.host_slots, copy.device_pages, to_host=to_host)
 
     # --- helpers ---------------------------------------------------------------------------------
     def _plan(self, key, pairs):
@@ -276,19 +327,42 @@ class TransferEngine:
             plan = self._plans[key] = plan_uva_copy(pairs)
         return plan
 
+    def _load_plan(self, layer: int):
+        """The UVA plan of one layer's load; all layers share one anchor, so one upload serves all."""
+        plan = self._plans.get(("load", layer))
+        if plan is None:
+            from .kernels import plan_uva_copy
+
+            anchor = self.device_pool.chunk_view(0, 0)
+            plan = self._plans[("load", layer)] = plan_uva_copy(self._load_pairs[layer], anchor=anchor, word_bytes=self._load_word)
+        return plan
+
+    @property
+    def _load_word(self) -> int:
+        """One word size for every layer's plan (shared upload): 4 B unless some layer needs bytes."""
+        if self._word is None:
+            from .kernels import plan_uva_copy
+
+            pairs = [pair for layer_pairs in self._load_pairs for pair in layer_pairs]
+            self._word = plan_uva_copy(pairs, anchor=self.device_pool.chunk_view(0, 0)).word_bytes
+        return self._word
+
     def _uva(self, plan, src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:
         from .kernels import copy_pages_uva
 
         copy_pages_uva(plan, src_ids, dst_ids, num_ctas=self.num_ctas)
 
-    def _copier(self, direction: str):
+    def staging_copier(self, direction: str):
+        """The staging ring of ``"load"`` or ``"backup"`` (created on first use; tune ``num_ctas`` on it)."""
         copier = self._copiers.get(direction)
         if copier is None:
             from .kernels import StagedCopier
             from .kernels.staged_copy import DEFAULT_BUFFER_BYTES
+            from .kernels.uva_copy import DEFAULT_CTAS_ON_DEVICE
 
             copier = self._copiers[direction] = StagedCopier(
-                self.device, buffer_bytes=self._staging_bytes or DEFAULT_BUFFER_BYTES, num_buffers=self._staging_buffers
+                self.device, buffer_bytes=self._staging_bytes or DEFAULT_BUFFER_BYTES, num_buffers=self._staging_buffers,
+                num_ctas=self._staging_ctas or DEFAULT_CTAS_ON_DEVICE,
             )
         return copier
 
@@ -298,8 +372,12 @@ class TransferEngine:
             return
         if path == "kernel":
             self._uva(self._plan(key, pairs), src_ids, dst_ids)
+        elif path == "mixed":  # loads only (backups map mixed to staged)
+            (k_slots, k_pages), (s_slots, s_pages) = self._split(PageCopy(dst_ids, src_ids), path)
+            self._uva(self._plan(key, pairs), k_slots, k_pages)
+            self.staging_copier("load").to_device(pairs, s_slots, s_pages)
         elif path == "staged":
-            copier = self._copier("backup" if to_host else "load")
+            copier = self.staging_copier("backup" if to_host else "load")
             # Both take (pairs, src ids, dst ids): device pages then slots for backups, and back.
             (copier.to_host if to_host else copier.to_device)(pairs, src_ids, dst_ids)
         elif path == "direct":
@@ -310,8 +388,14 @@ class TransferEngine:
             copy_pages_reference(pairs, src_ids, dst_ids)
 
 
-def choose_path(host_slots: torch.Tensor, device_pages: torch.Tensor) -> str:
-    """The ``auto`` rule for a GPU transfer, from how the ids run (CPU tensors, no device work)."""
+def choose_path(host_slots: torch.Tensor, device_pages: torch.Tensor, *, to_host: bool) -> str:
+    """The ``auto`` rule for a GPU transfer, from how the ids run (CPU tensors, no device work).
+
+    Scattered host slots make one copy-engine copy per slot and layer, more than the CPU can
+    issue: the UVA kernel takes those. Host runs go through the copy engines: staged for backups,
+    mixed (copy engines + kernel reading at once) for loads; pages adjacent on both sides skip
+    the staging hop.
+    """
     from .kernels import find_runs
 
     host_runs = find_runs(host_slots, torch.arange(host_slots.numel()), sort_by="src")
@@ -319,7 +403,7 @@ def choose_path(host_slots: torch.Tensor, device_pages: torch.Tensor) -> str:
         return "kernel"
     if find_runs(host_slots, device_pages).mean_length >= DIRECT_MIN_MEAN_RUN:
         return "direct"
-    return "staged"
+    return "staged" if to_host else "mixed"
 
 
 __all__ = ["PATHS", "BackupHandle", "LoadHandle", "TransferEngine", "choose_path"]

@@ -30,16 +30,19 @@ def _direct(pairs, src, dst):
     copy_pages_direct(pairs, src, dst)
 
 
-def _staged(pairs, src, dst, *, to_device):
-    # A tiny ring forces several units per call and several pair groups per unit.
-    copier = StagedCopier("cpu", buffer_bytes=3 * max(p[0].shape[1] for p in pairs) + 7, num_buffers=2)
+def _staged(pairs, src, dst, *, to_device, roomy=False):
+    # A tiny ring forces several units per call and several pair groups per unit; a roomy one
+    # takes two whole page_first slots per unit (the span layout of all-layer backups).
+    biggest = max(p[0].shape[1] for p in pairs)
+    size = 2 * sum(p[0].shape[1] for p in pairs) + 300 if roomy else 3 * biggest + 7
+    copier = StagedCopier("cpu", buffer_bytes=size, num_buffers=2)
     if to_device:
         copier.to_device(pairs, src, dst)
     else:
         copier.to_host(pairs, src, dst)
 
 
-PATHS = ["uva", "direct", "staged"]
+PATHS = ["uva", "direct", "staged", "staged_roomy"]
 
 
 def _runner(path: str, to_device: bool):
@@ -47,7 +50,7 @@ def _runner(path: str, to_device: bool):
         return _uva
     if path == "direct":
         return _direct
-    return functools.partial(_staged, to_device=to_device)
+    return functools.partial(_staged, to_device=to_device, roomy=path == "staged_roomy")
 
 
 def _ids(count: int, kind: str, low: int, high: int) -> torch.Tensor:
@@ -148,3 +151,18 @@ def test_staged_rejects_chunk_larger_than_buffer():
     copier = StagedCopier("cpu", buffer_bytes=64)
     with pytest.raises(ValueError, match="does not fit"):
         copier.to_device(load_pairs(host, device.pool, 0), torch.tensor([1]), torch.tensor([2]))
+
+
+def test_staged_span_layout_is_used_for_page_first_backups():
+    """All layers of page_first slots tile each slot's payload: one copy per run of slots."""
+    from tiered_kv.kernels.staged_copy import _span
+
+    spec = SPECS["nsa"]
+    device = make_device_pool(spec, NUM_PAGES)
+    page_first = make_host_pool(spec, NUM_SLOTS, "page_first")
+    layer_first = make_host_pool(spec, NUM_SLOTS, "layer_first")
+    hosts = [dst for _, dst in backup_pairs(device.pool, page_first)]
+    assert _span(hosts) == (page_first.chunk_view(0, 0).data_ptr(), spec.page_bytes)
+    assert _span(hosts[1:]) is not None  # still one span, starting at the next chunk
+    assert _span(hosts[:2] + hosts[3:]) is None  # latent of layer 1 missing: a gap
+    assert _span([dst for _, dst in backup_pairs(device.pool, layer_first)]) is None

@@ -17,7 +17,7 @@ How it talks to the server:
 - Page values (~3 MB each) go through a small RESP client on raw non-blocking sockets: a ``GET``
   reply's bulk string is received with ``sock_recv_into`` straight into the slot's record view, and
   ``SET key <value> NX`` is sent from the slot's memoryview without joining it into a bytes object.
-  redis-py copies every value two or three times and reached only 0.25-0.45 of ``redis-benchmark``
+  redis-py copies every value two or three times and reached only 0.3-0.4 of ``redis-benchmark``
   on a 2-core machine (docs/benchmarks.md); this path reaches it. With TLS (asyncio's socket calls
   do not take SSL sockets) or ``zero_copy=false`` values go through redis-py and are copied.
 - A request that fails, times out or is cancelled closes its connection: a half-read reply or a

@@ -336,6 +336,8 @@ async def _all_or_nothing(calls: Iterable[Awaitable[T]]) -> list[T]:
     frees its slots after an error can be sure no request of this batch still writes into them.
     """
     tasks = [asyncio.ensure_future(c) for c in calls]
+    if not tasks:
+        return []
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
     finally:

@@ -37,10 +37,10 @@ def _ping(port: int, tls: ssl.SSLContext | None = None) -> bool:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as raw:
             if tls is None:
                 raw.sendall(b"PING\r\n")
-                return raw.recv(64).startswith(b"+PONG")
+                return raw.recv(64).startswith((b"+PONG", b"-NOAUTH"))  # NOAUTH: up, wants a password
             with tls.wrap_socket(raw, server_hostname="127.0.0.1") as s:
                 s.sendall(b"PING\r\n")
-                return s.recv(64).startswith(b"+PONG")
+                return s.recv(64).startswith((b"+PONG", b"-NOAUTH"))
     except OSError:
         return False
 

@@ -335,10 +335,33 @@ async def test_server_side_config_errors(own_server):
     with HostPool(SPEC, 2) as pool:
         async with open_backend(own_server.url.replace("/0", "/999"), pool) as backend:
             with pytest.raises(ConfigError, match="DB index is out of range"):
-                await backend.get_into(new_keys(1), [0])
+                await backend.get_into(new_keys(1), [0])  # raw connection
+            with pytest.raises(ConfigError, match="DB index is out of range"):
+                await backend.exists(new_keys(1))  # redis-py
         async with open_backend(f"redis://nobody:secret@127.0.0.1:{own_server.port}/0", pool) as backend:
             with pytest.raises(ConfigError, match="WRONGPASS|invalid"):
                 await backend.get_into(new_keys(1), [0])
+            with pytest.raises(ConfigError, match="WRONGPASS|invalid|credentials"):
+                await backend.exists(new_keys(1))
+
+
+@pytest.mark.parametrize("userinfo", [":s3cret", "default:s3cret"])
+@pytest.mark.parametrize("zero_copy", [True, False])
+async def test_password_and_db(userinfo, zero_copy):
+    with RedisServer(extra=("--requirepass", "s3cret")) as srv, HostPool(SPEC, 4) as pool:
+        url = f"redis://{userinfo}@127.0.0.1:{srv.port}/3"
+        async with open_backend(url, pool, zero_copy=zero_copy) as backend:
+            keys = new_keys(2)
+            slots = pool.allocate(2)
+            records = fill_and_seal(pool, slots, keys)
+            assert await backend.put_from(keys, slots) == [True, True]
+            dst = pool.allocate(2)
+            assert await backend.get_into(keys, dst) == [True, True]
+            assert [bytes(pool.record_view(s)) for s in dst] == [records[k] for k in keys]
+            with redis.Redis(host="127.0.0.1", port=srv.port, password="s3cret", db=3) as direct:
+                assert direct.exists(*(f"tkv:{k}" for k in keys)) == 2
+            with redis.Redis(host="127.0.0.1", port=srv.port, password="s3cret", db=0) as direct:
+                assert direct.dbsize() == 0
 
 
 async def test_nobody_listening_is_unavailable():

@@ -105,6 +105,13 @@ class RedisOptions:
         if self.ssl_cert_reqs not in _SSL_CERT_REQS:
             raise ConfigError(f"redis backend: ssl_cert_reqs must be one of {', '.join(_SSL_CERT_REQS)}, got {self.ssl_cert_reqs!r}")
 
+    def redis_py_tls(self) -> dict[str, Any]:
+        """The TLS options as redis-py names them. Hostnames are checked only with ``required``
+        (Python refuses CERT_NONE together with a hostname check)."""
+        return dict(ssl_ca_certs=self.ssl_ca_certs or None, ssl_certfile=self.ssl_certfile or None,
+                    ssl_keyfile=self.ssl_keyfile or None, ssl_cert_reqs=self.ssl_cert_reqs,
+                    ssl_check_hostname=self.ssl_cert_reqs == "required")
+
     @property
     def address(self) -> str:
         return f"unix:{self.path}" if self.path else f"{self.host}:{self.port}"
@@ -385,9 +392,8 @@ class RedisBackend(Backend):
         if options.path:
             return redis.asyncio.ConnectionPool(connection_class=redis.asyncio.UnixDomainSocketConnection, path=options.path, **common)
         if options.tls:
-            tls = dict(ssl_ca_certs=options.ssl_ca_certs or None, ssl_certfile=options.ssl_certfile or None,
-                       ssl_keyfile=options.ssl_keyfile or None, ssl_cert_reqs=options.ssl_cert_reqs)
-            return redis.asyncio.ConnectionPool(connection_class=redis.asyncio.SSLConnection, host=options.host, port=options.port, **common, **tls)
+            return redis.asyncio.ConnectionPool(connection_class=redis.asyncio.SSLConnection, host=options.host, port=options.port,
+                                                **common, **options.redis_py_tls())
         return redis.asyncio.ConnectionPool(host=options.host, port=options.port, **common)
 
     @classmethod
@@ -429,13 +435,19 @@ class RedisBackend(Backend):
         if set(rps) != {"SET", "GET"}:
             raise BackendError(f"redis-benchmark printed no SET/GET results: {run.stdout[-500:]} {run.stderr[-500:]}")
         # redis-benchmark's own key (no -r: one key, rewritten); do not leave 3 MB behind.
-        client_options = dict(db=options.db, username=options.username or None, password=options.password or None)
+        client_options: dict[str, Any] = dict(db=options.db, username=options.username or None, password=options.password or None,
+                                              socket_timeout=options.socket_timeout_s, socket_connect_timeout=options.connect_timeout_s)
         if options.path:
             client = redis.Redis(unix_socket_path=options.path, **client_options)
+        elif options.tls:
+            client = redis.Redis(host=options.host, port=options.port, ssl=True, **client_options, **options.redis_py_tls())
         else:
-            client = redis.Redis(host=options.host, port=options.port, ssl=options.tls, **client_options)
-        with client:
-            client.delete("key:__rand_int__")
+            client = redis.Redis(host=options.host, port=options.port, **client_options)
+        try:
+            with client:
+                client.delete("key:__rand_int__")
+        except redis.RedisError as exc:
+            raise BackendError(f"redis at {options.address}: removing redis-benchmark's key failed: {exc}") from exc
         return {
             "raw_put_gbps": rps["SET"] * page_bytes / 1e9,
             "raw_get_gbps": rps["GET"] * page_bytes / 1e9,

@@ -388,6 +388,10 @@ async def test_tls_with_client_certificates():
             dst = pool.allocate(2)
             assert await backend.get_into(keys, dst) == [True, True]
             assert [bytes(pool.record_view(s)) for s in dst] == [records[k] for k in keys]
+        unverified = (f"rediss://127.0.0.1:{srv.port}/0?ssl_cert_reqs=none"
+                      f"&ssl_certfile={srv.certs['client.crt']}&ssl_keyfile={srv.certs['client.key']}")
+        async with open_backend(unverified, pool) as backend:  # no CA given: server not verified
+            assert await backend.exists(keys) == 2
         without_client_cert = f"rediss://127.0.0.1:{srv.port}/0?ssl_ca_certs={srv.certs['ca.crt']}"
         async with open_backend(without_client_cert, pool, connect_timeout_s=2) as backend:
             with pytest.raises(BackendUnavailableError):
@@ -403,3 +407,13 @@ def test_raw_ceiling_runs_redis_benchmark(server, where):
     assert ceiling["raw_put_gbps"] > 0 and ceiling["raw_get_gbps"] > 0
     assert "-d 100000 -n 20 -c 2" in ceiling["raw_method"]
     assert raw_client(server).dbsize() == before  # its key was removed
+
+
+@pytest.mark.skipif(shutil.which("redis-benchmark") is None, reason="redis-benchmark is not installed")
+def test_raw_ceiling_over_tls():
+    with RedisServer(tls=True) as srv:
+        ceiling = RedisBackend.measure_raw_ceiling(srv.tls_url + "&max_in_flight=2", page_bytes=50_000, pages=10)
+        assert ceiling["raw_put_gbps"] > 0 and ceiling["raw_get_gbps"] > 0
+        with redis.Redis(host="127.0.0.1", port=srv.port, ssl=True, ssl_ca_certs=srv.certs["ca.crt"],
+                         ssl_certfile=srv.certs["client.crt"], ssl_keyfile=srv.certs["client.key"]) as direct:
+            assert direct.dbsize() == 0

@@ -20,6 +20,9 @@ How it talks to the server:
   redis-py copies every value two or three times and reached only 0.3-0.4 of ``redis-benchmark``
   on a 2-core machine (docs/benchmarks.md); this path reaches it. With TLS (asyncio's socket calls
   do not take SSL sockets) or ``zero_copy=false`` values go through redis-py and are copied.
+- Each value is one request on a connection of its own (up to ``max_in_flight`` at once), not a
+  pipeline on one connection: at ~3 MB a value the round trip is noise, and separate connections
+  let the server and the kernel work on several values at once.
 - A request that fails, times out or is cancelled closes its connection: a half-read reply or a
   half-sent value never meets the next request. After the server restarts, new connections are
   made on demand by the same backend object.

@@ -377,6 +377,10 @@ async def test_nobody_listening_is_unavailable():
 
 
 # --- TLS ----------------------------------------------------------------------------------------
+needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="the openssl CLI makes the test certificates")
+
+
+@needs_openssl
 async def test_tls_with_client_certificates():
     with RedisServer(tls=True) as srv, HostPool(SPEC, 4) as pool:
         async with open_backend(srv.tls_url, pool) as backend:
@@ -409,6 +413,7 @@ def test_raw_ceiling_runs_redis_benchmark(server, where):
     assert raw_client(server).dbsize() == before  # its key was removed
 
 
+@needs_openssl
 @pytest.mark.skipif(shutil.which("redis-benchmark") is None, reason="redis-benchmark is not installed")
 def test_raw_ceiling_over_tls():
     with RedisServer(tls=True) as srv:

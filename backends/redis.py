@@ -18,7 +18,7 @@ How it talks to the server:
   reply's bulk string is received with ``sock_recv_into`` straight into the slot's record view, and
   ``SET key <value> NX`` is sent from the slot's memoryview without joining it into a bytes object.
   redis-py copies every value two or three times and reached only 0.3-0.4 of ``redis-benchmark``
-  on a 2-core machine; this path gets at 0.8-0.9 of its GET and matches its SET while the server
+  on a 2-core machine; this path reaches 0.8-0.9 of its GET and matches its SET while the server
   evicts (docs/benchmarks.md, "L3: redis"). With TLS (asyncio's socket calls
   do not take SSL sockets) or ``zero_copy=false`` values go through redis-py and are copied.
 - Each value is one request on a connection of its own (up to ``max_in_flight`` at once), not a
@@ -42,6 +42,8 @@ Server settings it needs:
   without them Redis grows until the machine runs out of memory. Under ``noeviction`` puts beyond
   maxmemory return False and earlier pages stay readable. Use ``allkeys-lru``/``allkeys-lfu`` (not
   ``volatile-*``, which can only evict keys with a TTL, i.e. only with ``ttl_s`` set).
+  A server still growing towards maxmemory stores pages at about half the speed of a full one
+  that evicts: it faults in new memory for every page (measured in docs/benchmarks.md).
 - ``proto-max-bulk-len`` >= the record size (default 512 MB: fine for pages of a few MB).
 - ``client-output-buffer-limit`` for normal clients must stay 0 0 0 (the default).
 - Persistence: capabilities say ``persistent=False``; pages survive a server restart only if the

@@ -31,7 +31,7 @@ import triton
 from tiered_kv import HostPool, allocate_engine_like, nsa_spec
 from tiered_kv.kernels import copy_pages_uva, plan_uva_copy
 from tiered_kv.transfer import load_pairs
-from tiered_kv.transfer_engine import TransferEngine
+from tiered_kv.transfer_engine import DEFAULT_CE_FRACTION, TransferEngine
 
 SLEEP_CYCLES = 6_000_000  # ~3 ms at 1.98 GHz
 
@@ -109,6 +109,31 @@ def save(b: Bench, args, ceiling: dict, layer_h2d: dict | None, naive: dict | No
     }
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
+
+
+def summarize(results: list[dict], ceiling: dict, layer_gbps: float, naive: dict) -> None:
+    """The issue's targets for the default path (``auto``, slots in runs), one line each."""
+    def row(**match):
+        return next(r for r in results if all(r.get(k) == v for k, v in match.items()))
+
+    print("\n== targets (default path: auto, host slots in runs) ==")
+    for layout in ("page_first", "layer_first"):
+        for op in ("backup", "load61"):
+            r = row(group="paths", path="auto", layout=layout, op=op, slots="runs")
+            print(f"{op:7s} {layout:11s} {r['gbps']:6.2f} GB/s = {100 * r['frac_of_ceiling']:5.1f}% of ceiling (target 95%)")
+        r = row(group="paths", path="auto", layout=layout, op="load1", slots="runs")
+        print(f"load1   {layout:11s} {r['gbps']:6.2f} GB/s = {100 * r['frac_of_layer_copy']:5.1f}% of a contiguous copy of the layer "
+              f"({layer_gbps:.2f} GB/s; target 100%)")
+        r = row(group="concurrent", layout=layout, load_path="auto", backup_path="auto")
+        print(f"both    {layout:11s} {r['gbps']:6.2f} GB/s = {r['vs_one_direction']:.2f}x one direction (target 1.6x)")
+    for op in ("backup", "load61"):
+        best = max((r for r in results if r.get("group") == "cta_sweep" and r["op"] == op and r["ctas"] <= 16),
+                   key=lambda r: r["gbps"])
+        print(f"<=16 CTAs {op:7s} best {best['gbps']:6.2f} GB/s = {100 * best['frac_of_ceiling']:5.1f}% at {best['ctas']} CTAs "
+              f"({best['layout']}; target 90%)")
+    for op in ("backup", "load61"):
+        r = row(group="paths", path="auto", layout="page_first", op=op, slots="runs")
+        print(f"vs naive {op:7s} {r['gbps'] / naive[op]['gbps']:5.1f}x (target 10x)")
 
 
 def main() -> int:
@@ -230,7 +255,7 @@ def main() -> int:
             for row in rows.values():
                 row["ce_fraction"] = fraction
                 row["name"] += f" ce {fraction:.2f}"
-        engine.ce_fraction = 0.5
+        engine.ce_fraction = DEFAULT_CE_FRACTION
 
     # --- staging kernel budget (gather / scatter on the device) ---------------------------------
     for layout in hosts:
@@ -313,7 +338,7 @@ def main() -> int:
         return issue
 
     for layout in hosts:
-        for load_path, backup_path in (("auto", "auto"), ("staged", "staged"), ("mixed", "staged"),
+        for load_path, backup_path in (("auto", "auto"), ("mixed", "staged"), ("staged", "staged"),
                                        ("kernel", "kernel"), ("kernel", "staged")):
             t = measure(concurrent(layout, load_path, backup_path), b.reps)
             nbytes = int(transfer_bytes + backup_bytes)
@@ -323,6 +348,7 @@ def main() -> int:
                   vs_one_direction=nbytes / t["ms"] / 1e6 / max(h2d["gbps"], d2h["gbps"]))
 
     save(b, args, ceiling, layer_h2d, naive, done=True)
+    summarize(b.results, ceiling, layer_h2d["gbps"], naive)
     print(f"wrote {args.out}")
     for host in hosts.values():
         host.close()

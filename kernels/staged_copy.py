@@ -27,7 +27,7 @@ same code runs with CPU buffers and no streams (the path CI exercises).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -36,13 +36,17 @@ import torch
 
 from . import cudart
 from .reference import ChunkPair, copy_pages_reference
-from .uva_copy import DEFAULT_CTAS_ON_DEVICE, launch_uva, plan_uva_copy, upload
+from .uva_copy import DEFAULT_CTAS_ON_DEVICE, UvaPlan, launch_uva, upload
 
 #: Default ring: two 32 MiB buffers hold one DeepSeek-V3.2 layer (latent + indexer) of 512 pages
 #: each (25.8 MB), so a per-layer load is one unit.
 DEFAULT_BUFFER_BYTES = 32 << 20
 DEFAULT_NUM_BUFFERS = 2
 _REGION_ALIGN = 256  # staging regions start 256-B aligned, so the kernel keeps 16-B vectors
+#: Device-side gather / scatter tiles: HBM latency, not PCIe, bounds these programs, so each one
+#: keeps 64 KiB in flight per step (4x the UVA default) to do its share with few CTAs.
+STAGING_BLOCK = 16384
+STAGING_NUM_WARPS = 16
 
 
 def _round(value: int) -> int:
@@ -95,6 +99,7 @@ class StagedCopier:
         self.device = torch.device(device)
         self.buffer_bytes = _round(buffer_bytes) if buffer_bytes >= _REGION_ALIGN else buffer_bytes
         self.num_ctas = num_ctas
+        self.block, self.num_warps = STAGING_BLOCK, STAGING_NUM_WARPS
         self._on_gpu = self.device.type == "cuda"
         self._storage = torch.empty(self.buffer_bytes * num_buffers, dtype=torch.uint8, device=self.device)
         self._num_buffers = num_buffers
@@ -118,7 +123,25 @@ class StagedCopier:
         Completion is ordered on ``kernel_stream`` (record an event there after this call).
         Args: views ``uint8 [rows, chunk_bytes]``; ids int64 ``[n]`` on the CPU, validated.
         """
-        self._run(pairs, host_ids, device_ids, True, copy_stream, kernel_stream)
+        self.to_device_groups([pairs], host_ids, device_ids, copy_stream=copy_stream, kernel_stream=kernel_stream)
+
+    def to_device_groups(
+        self,
+        groups: Sequence[Sequence[ChunkPair]],
+        host_ids: torch.Tensor,
+        device_ids: torch.Tensor,
+        *,
+        copy_stream: torch.cuda.Stream | None = None,
+        kernel_stream: torch.cuda.Stream | None = None,
+        on_group_done: Callable[[int], None] | None = None,
+    ) -> None:
+        """``to_device`` of several groups of pairs (e.g. one group per layer) in one call.
+
+        Groups run in order; ``on_group_done(g)`` is called right after the last work of group g
+        was enqueued on ``kernel_stream`` (record a per-layer event there). Sorting, runs and the
+        upload of every table happen once for the whole call.
+        """
+        self._run(groups, host_ids, device_ids, True, copy_stream, kernel_stream, on_group_done)
 
     def to_host(
         self,
@@ -133,43 +156,39 @@ class StagedCopier:
 
         Completion is ordered on ``copy_stream`` (record an event there after this call).
         """
-        self._run(pairs, host_ids, device_ids, False, copy_stream, kernel_stream)
+        self._run([pairs], host_ids, device_ids, False, copy_stream, kernel_stream, None)
 
     # --- planning --------------------------------------------------------------------------------
-    def _units(self, host_views: Sequence[torch.Tensor], host_sorted: np.ndarray) -> list[_Unit]:
+    def _units(self, host_views: Sequence[torch.Tensor], host_sorted: np.ndarray, run_starts: np.ndarray,
+               run_ends: np.ndarray) -> list[_Unit]:
         """Split (rows x pairs) into units that each fit one buffer, with their host-side copies."""
         n = host_sorted.size
-        # Runs of consecutive host ids, as [start, end) positions in the sorted rows.
-        breaks = np.flatnonzero(np.diff(host_sorted) != 1) + 1
-        run_starts = np.concatenate(([0], breaks))
-        run_ends = np.concatenate((breaks, [n]))
         span = _span(host_views)
-        if span is not None and span[1] <= self.buffer_bytes:
+        if span is not None and _round(span[1]) <= self.buffer_bytes:
             low, width = span
-            rows_per_unit = self.buffer_bytes // _round(width) if width % _REGION_ALIGN else self.buffer_bytes // width
-            pitch = _round(width) if width % _REGION_ALIGN else width
-            groups = [list(range(len(host_views)))]
-            layout = "span"
+            pitch = _round(width)
+            rows_per_unit = self.buffer_bytes // pitch
         else:
             sizes = [_round(v.shape[1]) for v in host_views]
             if max(sizes) > self.buffer_bytes:
                 raise ValueError(f"a {max(sizes)}-byte chunk does not fit a {self.buffer_bytes}-byte staging buffer")
             rows_per_unit = self.buffer_bytes // max(sizes)
-            layout = "pairs"
         units = []
+        if span is not None and _round(span[1]) <= self.buffer_bytes:
+            span_stage = [(v.data_ptr() - low, pitch, v.shape[1]) for v in host_views]
+            span_pairs = list(range(len(host_views)))
         for r0 in range(0, n, rows_per_unit):
             r1 = min(n, r0 + rows_per_unit)
             rows = r1 - r0
-            # The unit's runs: the global runs clipped to [r0, r1).
+            # The unit's runs: the call's runs clipped to [r0, r1).
             first = np.searchsorted(run_ends, r0, side="right")
             last = np.searchsorted(run_starts, r1, side="left")
             clipped = [(max(int(s), r0), min(int(e), r1)) for s, e in zip(run_starts[first:last], run_ends[first:last])]
-            if layout == "span":
-                stage = [(host_views[k].data_ptr() - low, pitch, host_views[k].shape[1]) for k in groups[0]]
+            if span is not None and _round(span[1]) <= self.buffer_bytes:
                 host_pitch = host_views[0].stride(0)
                 copies = [(low + int(host_sorted[s]) * host_pitch, host_pitch, (s - r0) * pitch, pitch, width, e - s,
                            host_views[0]) for s, e in clipped]
-                units.append(_Unit(groups[0], r0, r1, copies, stage))
+                units.append(_Unit(span_pairs, r0, r1, copies, span_stage))
                 continue
             group, used = [], 0
             for k, view in enumerate(host_views):
@@ -195,48 +214,74 @@ class StagedCopier:
             offset += _round((r1 - r0) * chunk)
         return _Unit(group, r0, r1, copies, stage)
 
+    def _table(self, unit: _Unit, slot: int, device_views: Sequence[torch.Tensor], to_device: bool) -> np.ndarray:
+        """The unit's kernel table in bytes relative to the staging storage: int64 [pairs, 5]."""
+        stage_base = slot * self.buffer_bytes
+        storage = self._storage.data_ptr()
+        rows = []
+        for k, (offset, pitch, chunk) in zip(unit.pairs, unit.stage_views):
+            view = device_views[k]
+            stage, device = (stage_base + offset, pitch), (view.data_ptr() - storage, view.stride(0))
+            src, dst = (stage, device) if to_device else (device, stage)
+            rows.append((src[0], dst[0], src[1], dst[1], chunk))
+        return np.asarray(rows, dtype=np.int64)
+
     # --- running ---------------------------------------------------------------------------------
-    def _run(self, pairs, host_ids, device_ids, to_device, copy_stream, kernel_stream) -> None:
+    def _run(self, groups, host_ids, device_ids, to_device, copy_stream, kernel_stream, on_group_done) -> None:
         if host_ids.numel() != device_ids.numel():
             raise ValueError(f"host_ids has {host_ids.numel()} ids, device_ids {device_ids.numel()}")
-        if host_ids.numel() == 0 or not pairs:
+        if host_ids.numel() == 0 or not groups:
+            for g in range(len(groups)):
+                if on_group_done is not None:
+                    on_group_done(g)
             return
         if self._on_gpu and (copy_stream is None or kernel_stream is None):
             raise ValueError("staged copies on a GPU need an explicit copy_stream and kernel_stream")
-        host_views = [pair[0] if to_device else pair[1] for pair in pairs]
-        device_views = [pair[1] if to_device else pair[0] for pair in pairs]
         # Stage rows in host order, so consecutive host slots become one copy-engine copy.
         host_np = host_ids.cpu().numpy().astype(np.int64, copy=False)
         order = np.argsort(host_np, kind="stable")
         host_sorted = host_np[order]
         device_sorted = torch.from_numpy(device_ids.cpu().numpy().astype(np.int64, copy=False)[order].copy())
-        units = self._units(host_views, host_sorted)
+        breaks = np.flatnonzero(np.diff(host_sorted) != 1) + 1
+        run_starts = np.concatenate(([0], breaks))
+        run_ends = np.concatenate((breaks, [host_sorted.size]))
 
-        # One plan per unit for the device half, all relative to the staging storage so that a
-        # single upload carries every table and the ids of the whole call.
-        slots, plans = [], []
-        for unit in units:
-            slot = self._next
-            self._next = (slot + 1) % self._num_buffers
-            slots.append(slot)
-            buffer_base = slot * self.buffer_bytes
-            rows = unit.r1 - unit.r0
-            device_pairs = []
-            for k, (offset, pitch, chunk) in zip(unit.pairs, unit.stage_views):
-                stage = torch.as_strided(self._storage, (rows, chunk), (pitch, 1), buffer_base + offset)
-                device_pairs.append((stage, device_views[k]) if to_device else (device_views[k], stage))
-            plans.append(plan_uva_copy(device_pairs, anchor=self._storage, word_bytes=None))
-        word = min(p.word_bytes for p in plans)
-        if any(p.word_bytes != word for p in plans):  # mixed geometry: rebuild all at the smallest word
-            plans = [plan_uva_copy(self._device_pairs(u, s, device_views, to_device), anchor=self._storage, word_bytes=word)
-                     for u, s in zip(units, slots)]
-        stage_rows = torch.arange(max(u.r1 - u.r0 for u in units), dtype=torch.int64)
+        # Plan every unit of every group, then send all tables and ids in one upload. Units with
+        # the same group, slot, rows and pairs have the same table (a span backup has at most one
+        # per buffer), so each distinct table is built and sent once.
+        work = []  # (group, unit, slot, table index)
+        tables: list[np.ndarray] = []
+        table_index: dict[tuple, int] = {}
+        for g, pairs in enumerate(groups):
+            if not pairs:
+                continue
+            host_views = [pair[0] if to_device else pair[1] for pair in pairs]
+            device_views = [pair[1] if to_device else pair[0] for pair in pairs]
+            for unit in self._units(host_views, host_sorted, run_starts, run_ends):
+                slot = self._next
+                self._next = (slot + 1) % self._num_buffers
+                key = (g, slot, unit.r1 - unit.r0, unit.pairs[0], len(unit.pairs))
+                if key not in table_index:
+                    table_index[key] = len(tables)
+                    tables.append(self._table(unit, slot, device_views, to_device))
+                work.append((g, unit, slot, table_index[key]))
+        common = int(np.gcd.reduce(np.concatenate([t.reshape(-1) for t in tables] + [np.array([self._storage.data_ptr()])])))
+        word = 4 if common % 4 == 0 else 1
+        align = 16 // word if common % 16 == 0 else 1
+        anchor = torch.as_strided(self._storage, (word,), (1,))
+        if word == 4:
+            anchor = anchor.view(torch.int32)
+        plans = [UvaPlan(anchor, torch.from_numpy(t // word), word, align, int(t[:, 4].max()) // word, self.num_ctas)
+                 for t in tables]
+        stage_rows = torch.arange(max(w[1].r1 - w[1].r0 for w in work), dtype=torch.int64)
         with torch.cuda.stream(kernel_stream) if self._on_gpu else nullcontext():
             uploaded = upload(self.device, [p.table for p in plans] + [device_sorted, stage_rows])
-        tables, device_dev, stage_dev = uploaded[:-2], uploaded[-2], uploaded[-1]
+        device_dev, stage_dev = uploaded[-2], uploaded[-1]
 
         producer, consumer = (copy_stream, kernel_stream) if to_device else (kernel_stream, copy_stream)
-        for unit, slot, plan, table in zip(units, slots, plans, tables):
+        done_groups = 0
+        for index, (g, unit, slot, t) in enumerate(work):
+            plan, table = plans[t], uploaded[t]
             rows = unit.r1 - unit.r0
             if self._on_gpu and self._free_recorded[slot]:
                 producer.wait_event(self._free[slot])
@@ -253,14 +298,14 @@ class StagedCopier:
             if self._on_gpu:
                 self._free[slot].record(consumer)
                 self._free_recorded[slot] = True
-
-    def _device_pairs(self, unit, slot, device_views, to_device):
-        rows = unit.r1 - unit.r0
-        out = []
-        for k, (offset, pitch, chunk) in zip(unit.pairs, unit.stage_views):
-            stage = torch.as_strided(self._storage, (rows, chunk), (pitch, 1), slot * self.buffer_bytes + offset)
-            out.append((stage, device_views[k]) if to_device else (device_views[k], stage))
-        return out
+            last_of_group = index + 1 == len(work) or work[index + 1][0] != g
+            if on_group_done is not None and last_of_group:
+                while done_groups <= g:  # groups without pairs are done as soon as reached
+                    on_group_done(done_groups)
+                    done_groups += 1
+        while on_group_done is not None and done_groups < len(groups):
+            on_group_done(done_groups)
+            done_groups += 1
 
     def _engine_copies(self, unit: _Unit, buffer_addr: int, to_device: bool, stream) -> None:
         if self._on_gpu:
@@ -285,7 +330,7 @@ class StagedCopier:
 
     def _kernel(self, plan, table, src_ids, dst_ids, stream) -> None:
         with torch.cuda.stream(stream) if self._on_gpu else nullcontext():
-            launch_uva(plan, table, src_ids, dst_ids, num_ctas=self.num_ctas)
+            launch_uva(plan, table, src_ids, dst_ids, num_ctas=self.num_ctas, block=self.block, num_warps=self.num_warps)
 
     def _handoff(self, slot: int, producer, consumer) -> None:
         if self._on_gpu:

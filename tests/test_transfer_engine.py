@@ -60,9 +60,11 @@ def test_load_every_path_layer_by_layer(path, layout):
             handle.wait_layer((layer + 1) % host.spec.num_layers)
 
 
-def test_load_all_layers_covers_every_component():
-    device, host = _pools("nsa", "layer_first")
-    engine = TransferEngine(device.pool, host, path="kernel")
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("path", PATHS)
+def test_load_all_layers_covers_every_component(path, layout):
+    device, host = _pools("nsa", layout)
+    engine = TransferEngine(device.pool, host, path=path, staging_bytes=3000)
     slots, pages = random_ids(7, 0, 16), random_ids(7, 1, 20)
     pairs = [pair for layer in range(host.spec.num_layers) for pair in load_pairs(host, device.pool, layer)]
     handles = []

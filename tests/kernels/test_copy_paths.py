@@ -166,3 +166,20 @@ def test_staged_span_layout_is_used_for_page_first_backups():
     assert _span(hosts[1:]) is not None  # still one span, starting at the next chunk
     assert _span(hosts[:2] + hosts[3:]) is None  # latent of layer 1 missing: a gap
     assert _span([dst for _, dst in backup_pairs(device.pool, layer_first)]) is None
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_staged_groups_call_back_in_order(layout):
+    """One call for every layer of a load: bytes land, and each group reports done in order."""
+    spec = SPECS["nsa"]
+    device = make_device_pool(spec, NUM_PAGES)
+    host = make_host_pool(spec, NUM_SLOTS, layout)
+    slots, pages = adjacent_ids(11, 0, NUM_SLOTS), random_ids(11, 1, NUM_PAGES)
+    groups = [load_pairs(host, device.pool, layer) for layer in range(spec.num_layers)]
+    groups.insert(1, [])  # a group without pairs is reported too
+    copier = StagedCopier("cpu", buffer_bytes=4 * 2624, num_buffers=3)
+    done = []
+    pairs = [pair for group in groups for pair in group]
+    check_copy(pairs, slots, pages, device.roots,
+               lambda: copier.to_device_groups(groups, slots, pages, on_group_done=done.append))
+    assert done == list(range(len(groups)))

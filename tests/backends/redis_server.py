@@ -157,13 +157,15 @@ class RedisServer:
 
 
 class DelayProxy:
-    """Loopback TCP proxy: client -> server as is; server -> client in ``chunk``-byte pieces, each
-    after ``delay_s``. Start with ``await proxy.start()``; ``forwarded`` counts bytes sent back."""
+    """Loopback TCP proxy that trickles bytes in ``chunk``-byte pieces, one per ``delay_s``:
+    server -> client by default, client -> server with ``upstream=True``. Start it with
+    ``await proxy.start()``; ``forwarded`` counts the bytes trickled so far."""
 
-    def __init__(self, target_port: int, *, chunk: int = 8192, delay_s: float = 0.01) -> None:
+    def __init__(self, target_port: int, *, chunk: int = 8192, delay_s: float = 0.01, upstream: bool = False) -> None:
         self.target_port = target_port
         self.chunk = chunk
         self.delay_s = delay_s
+        self.upstream = upstream
         self.forwarded = 0
         self.port = 0
         self._server: asyncio.base_events.Server | None = None
@@ -174,14 +176,19 @@ class DelayProxy:
         return f"redis://127.0.0.1:{self.port}/0"
 
     async def start(self) -> "DelayProxy":
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
+        # Small buffers on the proxy's side (inherited by accepted sockets): a trickling proxy must
+        # also hold the sender back, as a slow link would, instead of swallowing megabytes at once.
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 * 1024)
+        listener.bind(("127.0.0.1", 0))
+        self._server = await asyncio.start_server(self._handle, sock=listener, limit=16 * 1024)
+        self.port = listener.getsockname()[1]
         return self
 
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         server_r, server_w = await asyncio.open_connection("127.0.0.1", self.target_port)
-        up = asyncio.create_task(self._pipe(client_r, server_w, 0.0))
-        down = asyncio.create_task(self._pipe(server_r, client_w, self.delay_s))
+        up = asyncio.create_task(self._pipe(client_r, server_w, self.delay_s if self.upstream else 0.0))
+        down = asyncio.create_task(self._pipe(server_r, client_w, 0.0 if self.upstream else self.delay_s))
         self._tasks |= {up, down}
         await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
         for t in (up, down):

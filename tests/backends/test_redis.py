@@ -313,6 +313,44 @@ async def test_cancelled_get_never_writes_into_reused_slots(server, prefix):
         await proxy.close()
 
 
+@pytest.mark.parametrize("cut", ["cancel", "timeout"])
+async def test_put_cut_off_mid_value_stores_nothing(server, prefix, cut):
+    """A put stopped while its value is on the wire: its connection is dropped (were it reused, the
+    next command's bytes would complete the value with garbage), the server discards the partial
+    command, and the same backend goes on storing whole pages."""
+    proxy = await DelayProxy(server.port, chunk=16 * 1024, delay_s=0.002, upstream=True).start()
+    try:
+        # 10 MB records: more than the kernel buffers between us and the proxy can hold, so the
+        # put is cut off with part of its value still in the slot, not yet sent.
+        with HostPool(nsa_spec(num_layers=200), 3) as pool:
+            async with open_backend(proxy.url, pool, prefix=prefix, socket_timeout_s=0.3, max_in_flight=1) as backend:
+                keys = new_keys(2)
+                src = pool.allocate(2)
+                records = fill_and_seal(pool, src, keys)
+                put = asyncio.create_task(backend.put_from(keys[:1], src[:1]))
+                if cut == "cancel":
+                    while proxy.forwarded < 64 * 1024:
+                        await asyncio.sleep(0.002)
+                    put.cancel()
+                    with pytest.raises(asyncio.CancelledError):
+                        await put
+                else:
+                    with pytest.raises(BackendTimeoutError):
+                        await put
+                seen = -1
+                while seen != proxy.forwarded:  # until the proxy has passed on all it ever got
+                    seen = proxy.forwarded
+                    await asyncio.sleep(0.2)
+                assert proxy.forwarded < len(records[keys[0]])
+                proxy.delay_s = 0  # a fast link again
+                assert await backend.put_from(keys[1:], src[1:]) == [True]
+            with raw_client(server) as direct:
+                assert direct.exists(prefix + keys[0]) == 0
+                assert direct.get(prefix + keys[1]) == records[keys[1]]
+    finally:
+        await proxy.close()
+
+
 # --- configuration errors -----------------------------------------------------------------------
 @pytest.mark.parametrize("url, message", [
     ("redis://127.0.0.1:99999/0", "bad port"),

@@ -280,13 +280,14 @@ async def test_hung_server_times_out_then_serves_again(own_server):
             assert await backend.get_into(keys, slots) == [True, True]
 
 
-async def test_cancelled_get_never_writes_into_reused_slots(server, prefix):
+@pytest.mark.parametrize("zero_copy", [True, False])
+async def test_cancelled_get_never_writes_into_reused_slots(server, prefix, zero_copy):
     """Cancel a get while its reply trickles through a proxy; hand its slots to someone else; the
     rest of the reply must never land there, and the backend must go on serving."""
     proxy = await DelayProxy(server.port, chunk=4096, delay_s=0.005).start()
     try:
         with HostPool(SPEC, 8) as pool:
-            async with open_backend(proxy.url, pool, prefix=prefix) as backend:
+            async with open_backend(proxy.url, pool, prefix=prefix, zero_copy=zero_copy) as backend:
                 keys = new_keys(2)
                 src = pool.allocate(2)
                 records = fill_and_seal(pool, src, keys)

@@ -134,10 +134,11 @@ async def test_ttl_expires_pages(server, prefix):
 
 
 # --- memory limits and corrupt values -----------------------------------------------------------
-async def test_maxmemory_noeviction_refuses_puts_and_keeps_pages():
+@pytest.mark.parametrize("zero_copy", [True, False])
+async def test_maxmemory_noeviction_refuses_puts_and_keeps_pages(zero_copy):
     """Decision: a put the server refuses for memory (OOM) is False, counted, not an exception."""
     with RedisServer(maxmemory="4mb", policy="noeviction") as srv, HostPool(SPEC, 96) as pool:
-        async with open_backend(srv.url, pool) as backend:
+        async with open_backend(srv.url, pool, zero_copy=zero_copy) as backend:
             keys = new_keys(48)
             slots = pool.allocate(48)
             records = fill_and_seal(pool, slots, keys)

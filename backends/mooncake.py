@@ -48,6 +48,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -133,6 +134,7 @@ class MooncakeOptions:
     replica_num: int = 1
     device_name: str = ""  # RDMA devices, comma separated ("" = all / not rdma)
     workers: int = 4
+    transfers_in_flight: int = 1  # batch puts / gets running at once; more only thrash small hosts
     timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
@@ -161,6 +163,9 @@ class MooncakeOptions:
             raise ConfigError(f"mooncake: replica_num must be >= 1, got {self.replica_num}")
         if self.workers < 1:
             raise ConfigError(f"mooncake: workers must be >= 1, got {self.workers}")
+        if not 1 <= self.transfers_in_flight <= self.workers:
+            raise ConfigError(f"mooncake: transfers_in_flight must be in 1..workers ({self.workers}), "
+                              f"got {self.transfers_in_flight}")
         if not self.timeout_s > 0:
             raise ConfigError(f"mooncake: timeout_s must be > 0, got {self.timeout_s}")
 
@@ -243,6 +248,9 @@ class MooncakeBackend(Backend):
         if rc != OK:
             self._store.close()
             raise mooncake_error(rc, f"register_buffer of the host pool ({pool.nbytes} B)")
+        # One store batch already moves its pages in parallel; several at once contend for the
+        # same cores and the same sockets (measured: four in flight on 2 cores, a third of one).
+        self._transfer_slots = threading.BoundedSemaphore(options.transfers_in_flight)
         self._replicate = None
         if options.replica_num != 1:
             from mooncake.store import ReplicateConfig
@@ -265,8 +273,8 @@ class MooncakeBackend(Backend):
     async def _get(self, keys: list[str], slots: list[int]) -> list[bool]:
         size = self.pool.record_bytes
         addresses = [self.pool.slot_address(s) for s in slots]
-        codes = await self.run_blocking(self._store.batch_get_into, keys, addresses, [size] * len(keys),
-                                        hold_slots=slots)
+        codes = await self.run_blocking(self._transfer, self._store.batch_get_into, keys, addresses,
+                                        [size] * len(keys), hold_slots=slots)
         found = []
         for key, slot, code in zip(keys, slots, codes):
             if code == size:
@@ -289,7 +297,7 @@ class MooncakeBackend(Backend):
         args: tuple[Any, ...] = (keys, addresses, [size] * len(keys))
         if self._replicate is not None:
             args += (self._replicate,)
-        codes = await self.run_blocking(self._store.batch_put_from, *args)
+        codes = await self.run_blocking(self._transfer, self._store.batch_put_from, *args)
         stored = []
         for key, code in zip(keys, codes):
             if code in (OK, OBJECT_ALREADY_EXISTS):
@@ -299,6 +307,11 @@ class MooncakeBackend(Backend):
             else:
                 raise mooncake_error(code, f"batch_put_from of key {key[:64]!r}")
         return stored
+
+    def _transfer(self, call: Any, *args: Any) -> list[int]:
+        """Run a batch transfer in this worker thread, at most ``transfers_in_flight`` at once."""
+        with self._transfer_slots:
+            return call(*args)
 
     async def _delete(self, keys: list[str]) -> None:
         # force: a recent read's lease would refuse a plain remove for seconds (see module doc).

@@ -4,13 +4,14 @@
 
 In one run: the ceiling (one contiguous 2 GiB pinned copy each way, and both ways at once), a
 contiguous copy of one layer's bytes (the fair ceiling for a single-layer load), the naive torch
-baseline, and every transfer path (``kernel``, ``direct``, ``staged``, ``auto``) for the backup of
+baseline, and every transfer path (``kernel``, ``direct``, ``staged``, ``mixed``, ``auto``) for the backup of
 all layers, the load of one layer alone and the load of all 61 layers one after another, in both
 host layouts, with host slots in runs (what the allocator hands out) and scattered; a sweep of the
-UVA kernel's CTA budget and tile; load and backup at the same time on two streams.
+UVA kernel's CTA budget and tile, of the copy-engine share of mixed loads and of the staging kernels'
+budget; load and backup at the same time on two streams.
 
 Timing: CUDA events, median of ``--reps`` after warm-up. Before each start event the measuring
-stream sleeps on the GPU for a few ms, so the CPU has enqueued the whole transfer before the clock
+stream sleeps on the GPU for ~20 ms, so the CPU has enqueued the whole transfer before the clock
 starts: the numbers are device time (the CPU issue time is reported beside them; when it exceeds
 the sleep it shows up in the device time too). Never imported by the library or the tests.
 """
@@ -30,10 +31,11 @@ import triton
 
 from tiered_kv import HostPool, allocate_engine_like, nsa_spec
 from tiered_kv.kernels import copy_pages_uva, plan_uva_copy
+from tiered_kv.kernels.uva_copy import DEFAULT_CTAS_ON_DEVICE
 from tiered_kv.transfer import load_pairs
-from tiered_kv.transfer_engine import DEFAULT_CE_FRACTION, TransferEngine
+from tiered_kv.transfer_engine import TransferEngine
 
-SLEEP_CYCLES = 6_000_000  # ~3 ms at 1.98 GHz
+SLEEP_CYCLES = 40_000_000  # ~20 ms at 1.98 GHz: longer than any path's issue time below a few 100 ms
 
 
 def fill_random(tensor: torch.Tensor) -> None:
@@ -255,7 +257,7 @@ def main() -> int:
             for row in rows.values():
                 row["ce_fraction"] = fraction
                 row["name"] += f" ce {fraction:.2f}"
-        engine.ce_fraction = DEFAULT_CE_FRACTION
+        engine.ce_fraction = None  # back to the measured defaults
 
     # --- staging kernel budget (gather / scatter on the device) ---------------------------------
     for layout in hosts:
@@ -271,7 +273,7 @@ def main() -> int:
                     row["name"] += f" staging ctas {ctas}"
         for path in ("staged", "mixed"):
             for direction in ("load", "backup"):
-                engines[(layout, path)].staging_copier(direction).num_ctas = 16
+                engines[(layout, path)].staging_copier(direction).num_ctas = DEFAULT_CTAS_ON_DEVICE
 
     save(b, args, ceiling, layer_h2d, naive)
 

@@ -193,3 +193,21 @@ def test_gpu_backup_then_load_round_trip(path):
         for ci in range(2):
             assert torch.equal(device.pool.chunk_view(ci, layer)[targets.cuda()], original[layer][ci])
     host.close()
+
+
+class _Running:
+    """A stand-in for a CUDA event that has not completed yet."""
+
+    def query(self) -> bool:
+        return False
+
+
+def test_mixed_loads_leave_the_link_to_copy_engines_while_a_backup_runs():
+    device, host = _pools("nsa", "page_first")
+    engine = TransferEngine(device.pool, host)
+    idle = engine._ce_fraction(3)
+    assert 0 < idle < 1  # page_first rows are pitched: copy engines and kernel share the load
+    engine._last_backup = _Running()
+    assert engine._ce_fraction(3) == 1.0
+    engine.ce_fraction = 0.3
+    assert engine._ce_fraction(3) == 0.3

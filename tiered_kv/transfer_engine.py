@@ -42,8 +42,12 @@ from .transfer import IdsLike, PageCopy, backup_pairs, load_pairs, validate
 
 PATHS = ("auto", "kernel", "direct", "staged", "mixed", "torch")
 
-#: Share of a ``mixed`` load's pages sent through the copy engines (the rest: UVA kernel).
-DEFAULT_CE_FRACTION = 0.4  # best of 0..1 for 61-layer loads in both layouts on the H200
+#: Share of a ``mixed`` load's pages sent through the copy engines (the rest: UVA kernel), by
+#: (host rows dense, several layers), measured on the H200 (docs/benchmarks.md, "ce_fraction"):
+#: dense host rows (layer_first) stream at full rate through the copy engines alone; pitched rows
+#: (page_first: one 42 KB row per slot and layer) do not, and the kernel fills the rest of the
+#: link. A single layer is too short for the copy engines to ramp up: the kernel takes more.
+CE_FRACTION = {(True, True): 1.0, (True, False): 0.4, (False, True): 0.6, (False, False): 0.25}
 
 #: ``auto`` sends a transfer through the copy engines (``staged``) when the host slots come in runs
 #: at least this long on average; scattered slots make one copy-engine copy per slot and layer,
@@ -154,11 +158,15 @@ class TransferEngine:
         self._staging_buffers = staging_buffers
         self._staging_ctas = staging_ctas
         self._timing = timing
-        self.ce_fraction = DEFAULT_CE_FRACTION
+        #: Override of ``CE_FRACTION`` for ``mixed`` loads (None: by geometry and load length).
+        self.ce_fraction: float | None = None
+        self._last_backup: torch.cuda.Event | None = None
         self._word: int | None = None
         self._copiers: dict[str, object] = {}
         self._backup_pairs = backup_pairs(device_pool, host_pool)
         self._load_pairs = [load_pairs(host_pool, device_pool, layer) for layer in range(device_pool.spec.num_layers)]
+        # Host rows are dense when every per-layer host chunk view has pitch == chunk.
+        self._dense_host_rows = all(h.stride(0) == h.shape[1] for pairs in self._load_pairs for h, _ in pairs)
         self._plans: dict[object, object] = {}
         if self.on_gpu:
             if not host_pool.memory.pinned:
@@ -213,6 +221,7 @@ class TransferEngine:
                         copy_pages_reference(self._backup_pairs, copy.device_pages, copy.host_slots)
             event = torch.cuda.Event(enable_timing=self._timing)
             event.record(done_on)
+            self._last_backup = event
         return BackupHandle(event, copy, path)
 
     def load(self, host_slots: IdsLike, device_pages: IdsLike, *, layers: Sequence[int] | None = None,
@@ -231,6 +240,7 @@ class TransferEngine:
             raise IndexValidationError(f"layers repeat: {layers}")
         copy = validate(self.device_pool, self.host_pool, device_pages, host_slots, to_host=False, token_indices=token_indices)
         path = self._choose(path, copy, to_host=False)
+        fraction = self._ce_fraction(len(layers))
         if not self.on_gpu:
             for layer in layers:
                 self._run_on_cpu(path, self._load_pairs[layer], copy.host_slots, copy.device_pages, to_host=False,
@@ -243,7 +253,7 @@ class TransferEngine:
                 stream.wait_stream(caller)
             staged_part = None
             if len(copy) and path in ("kernel", "mixed"):
-                kernel_part, staged_part = self._split(copy, path)
+                kernel_part, staged_part = self._split(copy, path, fraction)
                 uva_stream = self.load_stream if path == "kernel" else self.load_uva_stream
                 plans = [self._load_plan(layer) for layer in layers]
                 with torch.cuda.stream(uva_stream):
@@ -289,10 +299,21 @@ class TransferEngine:
                     finish_layer(index)
         return LoadHandle(self.device, layers, events, copy, path)
 
-    def _split(self, copy: PageCopy, path: str) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    def _ce_fraction(self, num_layers: int) -> float:
+        """Share of a ``mixed`` load that goes through the copy engines (see ``CE_FRACTION``)."""
+        if self.ce_fraction is not None:
+            return self.ce_fraction
+        if self._last_backup is not None and not self._last_backup.query():
+            # A backup is in flight on the copy engines: UVA reads from the SMs would cut into
+            # both directions (measured: 1.2x one direction instead of 1.4-1.5x with engines only).
+            return 1.0
+        return CE_FRACTION[(self._dense_host_rows, num_layers > 1)]
+
+    def _split(self, copy: PageCopy, path: str,
+               fraction: float) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
         """(kernel part, copy-engine part) of a load as (host slots, device pages) each.
 
-        ``mixed`` gives the copy engines the first ``ce_fraction`` of the pages in host-slot order
+        ``mixed`` gives the copy engines the first ``fraction`` of the pages in host-slot order
         (so their runs stay long) and the UVA kernel the rest; both read PCIe at once, which fills
         the link better than either alone (see docs/benchmarks.md).
         """
@@ -300,7 +321,7 @@ class TransferEngine:
             return (copy.host_slots, copy.device_pages), (copy.host_slots[:0], copy.device_pages[:0])
         order = torch.argsort(copy.host_slots, stable=True)
         slots, pages = copy.host_slots[order], copy.device_pages[order]
-        k = int(round(self.ce_fraction * len(copy)))
+        k = int(round(fraction * len(copy)))
         return (slots[k:], pages[k:]), (slots[:k], pages[:k])
 
     def load_layer(self, host_slots: IdsLike, device_pages: IdsLike, layer: int, **options) -> LoadHandle:
@@ -377,7 +398,7 @@ class TransferEngine:
         if path == "kernel":
             self._uva(self._plan(key, pairs), src_ids, dst_ids)
         elif path == "mixed":  # loads only (backups map mixed to staged)
-            (k_slots, k_pages), (s_slots, s_pages) = self._split(PageCopy(dst_ids, src_ids), path)
+            (k_slots, k_pages), (s_slots, s_pages) = self._split(PageCopy(dst_ids, src_ids), path, self._ce_fraction(1))
             self._uva(self._plan(key, pairs), k_slots, k_pages)
             self.staging_copier("load").to_device(pairs, s_slots, s_pages)
         elif path == "staged":

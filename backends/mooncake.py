@@ -242,11 +242,16 @@ class MooncakeBackend(Backend):
     def __init__(self, pool: HostPool, options: MooncakeOptions) -> None:
         super().__init__(pool, max_workers=options.workers, timeout_s=options.timeout_s)
         self.options = options
-        self._store = open_store(options)
+        try:
+            self._store = open_store(options)
+        except BaseException:
+            self._executor.shutdown(wait=False)
+            raise
         # Once, for the whole pool: every slot is then a valid source and target.
         rc = self._store.register_buffer(pool.memory.address, pool.nbytes)
         if rc != OK:
             self._store.close()
+            self._executor.shutdown(wait=False)
             raise mooncake_error(rc, f"register_buffer of the host pool ({pool.nbytes} B)")
         # One store batch already moves its pages in parallel; several at once contend for the
         # same cores and the same sockets (measured: four in flight on 2 cores, a third of one).

@@ -303,6 +303,9 @@ def test_raw_ceiling_is_measured(master):
     ("mooncake://127.0.0.1:5000?timeout_s=0", "timeout_s"),
     ("mooncake://127.0.0.1:5000?metadata_server=127.0.0.1:8080", "metadata_server"),
     ("mooncake://127.0.0.1:5000?local_buffer_bytes=1", "local_buffer_bytes"),
+    ("mooncake://127.0.0.1:5000?transfers_in_flight=0", "transfers_in_flight"),
+    ("mooncake://127.0.0.1:5000?workers=2&transfers_in_flight=3", "transfers_in_flight"),
+    ("mooncake://127.0.0.1:5000?workers=two", "workers"),
 ])
 def test_bad_url_is_a_clear_config_error(url, message):
     with HostPool(SPEC, 2) as pool:

@@ -3,7 +3,9 @@
 torch's ``pin_memory=True`` rounds allocations up to a power of two (a 300 GiB pool would take
 512 GiB), so the pool maps anonymous memory of exactly its size (4 KiB aligned, which direct I/O
 needs) and registers that range with ``cudaHostRegister`` when CUDA is present. Without CUDA it is
-plain memory. The range stays registered until ``release()``.
+plain memory. The range stays registered until ``release()``. The mapping is populated up front
+(``MAP_POPULATE``), as pinning would do anyway: a pool that faults its pages in during the first
+transfer or L3 read runs that first transfer at a fraction of its speed.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ class HostMemory:
         if size <= 0:
             raise PoolError(f"host memory size must be > 0, got {size}")
         self.size = size
-        self._mmap = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+        self._mmap = mmap.mmap(-1, size, flags=flags)
         self.tensor = torch.frombuffer(self._mmap, dtype=torch.uint8)
         self.pinned = False
         if pin is None:

@@ -64,7 +64,7 @@ async def measure(url: str, *, pages: int, batch: int, concurrency: int, raw: bo
     rounds = [await measure_once(url, pages=pages, batch=batch, concurrency=concurrency, raw=raw) for _ in range(repeat)]
     result = dict(rounds[0])
     for key, value in rounds[0].items():
-        if key.endswith("_gbps") or key.endswith("_vs_raw"):
+        if key.endswith("_gbps") or "_vs_raw" in key:
             result[key] = statistics.median(r[key] for r in rounds)
     result["repeat"] = repeat
     result["rounds"] = [{k: v for k, v in r.items() if k.endswith("_gbps")} for r in rounds]
@@ -122,6 +122,8 @@ async def measure_once(url: str, *, pages: int, batch: int, concurrency: int, ra
                 result.update(ceiling)
                 result["put_vs_raw"] = result["put_gbps"] / ceiling["raw_put_gbps"]
                 result["get_vs_raw"] = result["get_gbps"] / ceiling["raw_get_gbps"]
+                if "raw_put_distinct_keys_gbps" in ceiling:
+                    result["put_vs_raw_distinct_keys"] = result["put_gbps"] / ceiling["raw_put_distinct_keys_gbps"]
         return result
 
 

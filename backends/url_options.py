@@ -8,7 +8,8 @@ rejects unknown keys, naming the URL and the key.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, TypeVar, get_type_hints
+import types
+from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 from urllib.parse import parse_qsl, urlsplit
 
 from ..errors import ConfigError
@@ -20,20 +21,30 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
+def _unoptional(kind: Any) -> Any:
+    """``int | None`` -> ``int``; other types unchanged."""
+    if get_origin(kind) in (Union, types.UnionType):
+        args = [a for a in get_args(kind) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return kind
+
+
 def _convert(name: str, kind: Any, value: Any, url: str) -> Any:
     if not isinstance(value, str):
         return value  # given as a keyword option, already typed
+    kind = _unoptional(kind)
     if name.endswith("_bytes"):
         return parse_size(value, what=f"{url}: option {name}")
     try:
-        if kind is bool or kind == "bool":
+        if kind is bool:
             lowered = value.lower()
             if lowered not in _TRUE | _FALSE:
                 raise ValueError(value)
             return lowered in _TRUE
-        if kind in (int, "int", "int | None"):
+        if kind is int:
             return int(value)
-        if kind in (float, "float", "float | None"):
+        if kind is float:
             return float(value)
     except ValueError:
         raise ConfigError(f"{url}: option {name}={value!r} is not a valid {getattr(kind, '__name__', kind)}") from None

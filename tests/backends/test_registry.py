@@ -63,3 +63,25 @@ def test_builtin_schemes():
     assert {"memory", "file", "redis", "rediss", "unix", "mooncake"} <= set(available_schemes())
     with pytest.raises(ConfigError, match="unknown backend scheme 'ftp'"):
         backend_class("ftp")
+
+
+def test_url_options_are_typed():
+    from dataclasses import dataclass
+
+    from tiered_kv.backends.url_options import options_from_url
+
+    @dataclass(frozen=True)
+    class Options:
+        workers: int = 1
+        ratio: float | None = None
+        limit: int | None = None
+        fast: bool = False
+        cache_bytes: int = 0
+        name: str = ""
+
+    got = options_from_url(Options, "x://h?workers=3&ratio=0.5&limit=7&fast=yes&cache_bytes=2KiB&name=n")
+    assert got == Options(workers=3, ratio=0.5, limit=7, fast=True, cache_bytes=2048, name="n")
+    with pytest.raises(ConfigError, match="limit='seven' is not a valid int"):
+        options_from_url(Options, "x://h?limit=seven")
+    with pytest.raises(ConfigError, match="fast='maybe'"):
+        options_from_url(Options, "x://h?fast=maybe")

@@ -305,7 +305,8 @@ class TransferEngine:
             return self.ce_fraction
         if self._last_backup is not None and not self._last_backup.query():
             # A backup is in flight on the copy engines: UVA reads from the SMs would cut into
-            # both directions (measured: 1.2x one direction instead of 1.4-1.5x with engines only).
+            # both directions (H200, page_first: 1.3x one direction with the kernel reading,
+            # 1.5x with copy engines only; docs/benchmarks.md).
             return 1.0
         return CE_FRACTION[(self._dense_host_rows, num_layers > 1)]
 

@@ -13,6 +13,10 @@ walk the (pair, row, tile) work list with a stride, which puts a hard budget on 
 takes from the model running beside it. Every address computation is int64 (host pools are
 hundreds of GiB).
 
+Host-side entry points: ``plan_uva_copy`` (the table, built once per set of pairs),
+``upload`` (tables and ids to the device in one pinned asynchronous copy), ``launch_uva`` (one
+launch from uploaded tensors) and ``copy_pages_uva`` (all three for one copy).
+
 This module must never validate ids (the caller did, on CPU) nor synchronise the device: it only
 enqueues work on the current stream. Host memory it touches must be pinned (page-locked and
 mapped); pageable host memory would fault the kernel.
@@ -47,9 +51,9 @@ DEFAULT_CTAS_ON_DEVICE = 4
 DEFAULT_BLOCK = 4096
 DEFAULT_NUM_WARPS = 8
 
-# Columns of the per-pair table: offsets are in words, relative to the anchor tensor.
-_SRC_OFF, _DST_OFF, _SRC_PITCH, _DST_PITCH, _CHUNK = range(5)
-_TABLE_COLUMNS = 5
+# The per-pair table holds, in words relative to the anchor: src_off, dst_off, src_pitch,
+# dst_pitch, chunk. Column of the chunk size:
+_CHUNK = 4
 
 
 @triton.jit

@@ -10,8 +10,8 @@
 
 Rules this module keeps:
 - Every CUDA call is issued from the caller's thread, under the pool's device, on streams this
-  engine owns (two for loads, two for backups: one for kernels, one for copy engines), never on
-  the default stream. Each transfer first waits for the work already enqueued on the caller's
+  engine owns (loads: kernel, copy-engine and UVA streams; backups: kernel and copy-engine
+  streams), never on the default stream. Each transfer first waits for the work already enqueued on the caller's
   current stream (the pages it reads or overwrites may still be in use there).
 - Validation (``tiered_kv.transfer.validate``) runs on CPU copies of the ids before anything is
   enqueued, so no call forces a device sync and a rejected call writes nothing.
@@ -22,15 +22,15 @@ Rules this module keeps:
 - On a CPU machine the same calls run the copy at once and return completed handles.
 
 Paths: ``kernel`` (Triton UVA kernel), ``direct`` (copy engines, runs of adjacent pages),
-``staged`` (copy engines on host runs + kernel scatter/gather on the device), ``torch``
-(the reference), ``auto`` (chosen per call from the id runs, by the measurements in
-docs/benchmarks.md). This module must never poll or wait on the device itself.
+``staged`` (copy engines on host runs + kernel scatter/gather on the device), ``mixed`` (loads:
+part copy engines, part UVA kernel, at once), ``torch`` (the reference), ``auto`` (chosen per
+call from the id runs and host geometry, by the measurements in docs/benchmarks.md). This module
+must never block on the device: it only queries an event (non-blocking) to choose a path.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import nullcontext
 
 import torch
 
@@ -291,7 +291,8 @@ class TransferEngine:
                     if len(copy) and path == "direct":
                         from .kernels import copy_pages_direct, find_runs
 
-                        runs = runs or find_runs(copy.host_slots, copy.device_pages)
+                        if runs is None:
+                            runs = find_runs(copy.host_slots, copy.device_pages)
                         copy_pages_direct(pairs, copy.host_slots, copy.device_pages, stream=self.load_stream, runs=runs)
                     elif len(copy) and path == "torch":
                         with torch.cuda.stream(self.load_stream):

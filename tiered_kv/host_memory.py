@@ -11,12 +11,19 @@ transfer or L3 read runs that first transfer at a fraction of its speed.
 from __future__ import annotations
 
 import mmap
+import weakref
 
 import torch
 
 from .errors import PoolError
 
-_CUDA_HOST_REGISTER_PORTABLE = 1  # visible to every CUDA context, so any device can use UVA on it
+# Portable: pinned for every CUDA context. Mapped: the device may address it (UVA kernels read and
+# write it directly); with unified addressing the device pointer equals the host pointer.
+_CUDA_HOST_REGISTER_FLAGS = 1 | 2
+
+
+def _unregister(address: int) -> None:
+    torch.cuda.cudart().cudaHostUnregister(address)
 
 
 class HostMemory:
@@ -37,10 +44,12 @@ class HostMemory:
 
     def _register(self) -> None:
         cudart = torch.cuda.cudart()
-        err = cudart.cudaHostRegister(self.tensor.data_ptr(), self.size, _CUDA_HOST_REGISTER_PORTABLE)
+        err = cudart.cudaHostRegister(self.tensor.data_ptr(), self.size, _CUDA_HOST_REGISTER_FLAGS)
         if int(err) != 0:
             raise PoolError(f"cudaHostRegister of {self.size} B failed with CUDA error {int(err)}")
         self.pinned = True
+        # A pool dropped without release() must not stay pinned: unregister when it is collected.
+        self._unpin = weakref.finalize(self, _unregister, self.tensor.data_ptr())
 
     @property
     def address(self) -> int:
@@ -52,5 +61,5 @@ class HostMemory:
     def release(self) -> None:
         """Unregister from CUDA. The mapping itself is freed when the last view goes away."""
         if self.pinned:
-            torch.cuda.cudart().cudaHostUnregister(self.tensor.data_ptr())
+            self._unpin()
             self.pinned = False

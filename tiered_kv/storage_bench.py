@@ -37,16 +37,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def _drop_caches() -> bool:
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("1\n")
-        return True
-    except OSError:
-        return False
-
-
 async def _in_batches(fn, keys: list[str], slots: list[int], batch: int, concurrency: int) -> list[bool]:
     gate = asyncio.Semaphore(concurrency)
 
@@ -73,6 +63,7 @@ async def measure(url: str, *, pages: int, batch: int, concurrency: int, raw: bo
 
 async def measure_once(url: str, *, pages: int, batch: int, concurrency: int, raw: bool) -> dict:
     from .backends import backend_class, open_backend
+    from .backends.file import drop_page_cache
 
     spec = nsa_spec()
     with HostPool(spec, 2 * pages) as pool:
@@ -91,7 +82,7 @@ async def measure_once(url: str, *, pages: int, batch: int, concurrency: int, ra
             put_s = time.perf_counter() - start
             if not all(stored):
                 raise RuntimeError(f"only {sum(stored)} of {pages} pages were stored; is the backend large enough?")
-            cold = _drop_caches()
+            cold = drop_page_cache()
             start = time.perf_counter()
             got = await _in_batches(backend.get_into, keys, dst, batch, concurrency)
             get_s = time.perf_counter() - start

@@ -24,12 +24,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1)
     args = parser.parse_args()
     results = {}
     if OUT.exists():
         results = json.loads(OUT.read_text())
     for url in args.urls:
-        result = asyncio.run(measure(url, pages=args.pages, batch=args.batch, concurrency=args.concurrency, raw=True, repeat=args.repeat))
+        result = asyncio.run(measure(url, pages=args.pages, batch=args.batch, concurrency=args.concurrency, raw=True, repeat=args.repeat, warmup=args.warmup))
         results[url.split("://", 1)[0]] = result
         print(json.dumps({k: v for k, v in result.items() if k != "rounds"}))
     OUT.parent.mkdir(parents=True, exist_ok=True)

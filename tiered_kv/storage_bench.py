@@ -33,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=8, help="pages per put_from / get_into call (default 8)")
     parser.add_argument("--concurrency", type=int, default=4, help="batches in flight at once (default 4)")
     parser.add_argument("--repeat", type=int, default=3, help="rounds of (ours, raw), medians reported (default 3)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first: connections, server memory (default 1)")
     parser.add_argument("--no-raw", action="store_true", help="skip the medium's raw ceiling")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -48,15 +49,19 @@ async def _in_batches(fn, keys: list[str], slots: list[int], batch: int, concurr
     return [ok for part in parts for ok in part]
 
 
-async def measure(url: str, *, pages: int, batch: int, concurrency: int, raw: bool, repeat: int = 1) -> dict:
+async def measure(url: str, *, pages: int, batch: int, concurrency: int, raw: bool, repeat: int = 1, warmup: int = 0) -> dict:
     """``repeat`` rounds of our put/get then the raw ceiling, interleaved so that a medium whose
-    speed drifts (virtual disks do) is compared with itself; each figure is the median."""
+    speed drifts (virtual disks do) is compared with itself; each figure is the median. ``warmup``
+    untimed rounds of our put/get come first, as the ceilings warm up their own buffers."""
+    for _ in range(warmup):
+        await measure_once(url, pages=pages, batch=batch, concurrency=concurrency, raw=False)
     rounds = [await measure_once(url, pages=pages, batch=batch, concurrency=concurrency, raw=raw) for _ in range(repeat)]
     result = dict(rounds[0])
     for key, value in rounds[0].items():
         if key.endswith("_gbps") or "_vs_raw" in key:
             result[key] = statistics.median(r[key] for r in rounds)
     result["repeat"] = repeat
+    result["warmup"] = warmup
     result["rounds"] = [{k: v for k, v in r.items() if k.endswith("_gbps")} for r in rounds]
     return result
 
@@ -120,7 +125,7 @@ async def measure_once(url: str, *, pages: int, batch: int, concurrency: int, ra
 
 def run(args: argparse.Namespace) -> int:
     result = asyncio.run(measure(args.backend, pages=args.pages, batch=args.batch, concurrency=args.concurrency,
-                                 raw=not args.no_raw, repeat=args.repeat))
+                                 raw=not args.no_raw, repeat=args.repeat, warmup=args.warmup))
     if args.json:
         print(json.dumps(result))
         return 0

@@ -1,6 +1,7 @@
 """Benchmark of L1 <-> L2 page transfers on a GPU (written for the H200), DeepSeek-V3.2 shapes.
 
     python benchmarks/transfer_gpu.py --out docs/benchmarks/transfer_gpu.json [--quick]
+    python benchmarks/transfer_gpu.py --compare splits|blocks --out compare.json   # load splits vs `auto`
 
 In one run: the ceiling (one contiguous 2 GiB pinned copy each way, and both ways at once), a
 contiguous copy of one layer's bytes (the fair ceiling for a single-layer load), the naive torch
@@ -30,10 +31,10 @@ import torch
 import triton
 
 from tiered_kv import HostPool, allocate_engine_like, nsa_spec
-from tiered_kv.kernels import copy_pages_uva, plan_uva_copy
+from tiered_kv.kernels import copy_pages_reference, copy_pages_uva, plan_uva_copy
 from tiered_kv.kernels.uva_copy import DEFAULT_CTAS_ON_DEVICE
-from tiered_kv.transfer import load_pairs
-from tiered_kv.transfer_engine import TransferEngine
+from tiered_kv.transfer import backup_pairs, load_pairs
+from tiered_kv.transfer_engine import LoadSplit, TransferEngine
 
 SLEEP_CYCLES = 40_000_000  # ~20 ms at 1.98 GHz: longer than any path's issue time below a few 100 ms
 
@@ -146,7 +147,11 @@ def main() -> int:
     parser.add_argument("--device-pages", type=int, default=2048)
     parser.add_argument("--host-slots", type=int, default=2048)
     parser.add_argument("--quick", action="store_true", help="fewer sweep points and reps")
+    parser.add_argument("--compare", choices=("splits", "blocks"),
+                        help="only these candidate load splits against `auto` (see _candidates)")
     args = parser.parse_args()
+    if args.compare:
+        return compare(args)
     if args.quick:
         args.reps = 4
     torch.manual_seed(0)
@@ -355,6 +360,223 @@ def main() -> int:
     for host in hosts.values():
         host.close()
     return 0
+
+
+# --- `--compare`: candidate load splits against the `auto` of before, in one run ---------------------
+
+#: ``auto``'s mixed loads before the split candidates (2026-11-30 14:41 run): by (layout, op).
+OLD_SPLITS = {("page_first", "load61"): LoadSplit(0.6), ("layer_first", "load61"): LoadSplit(1.0),
+              ("page_first", "load1"): LoadSplit(0.25), ("layer_first", "load1"): LoadSplit(0.4),
+              ("page_first", "both"): LoadSplit(1.0), ("layer_first", "both"): LoadSplit(1.0)}
+
+
+def _candidates(layout: str, op: str, which: str) -> dict[str, LoadSplit]:
+    """``which``: ``splits`` (copy streams, component split, pipelined single layers) or
+    ``blocks`` (component split with several layers per copy-engine row)."""
+    pf = layout == "page_first"
+    out = {"old": OLD_SPLITS[(layout, op)]}
+    if which == "blocks":
+        if pf and op == "load61":
+            out["components"] = LoadSplit(by="components")
+            for per in (2, 4):
+                out[f"components {per} layers per copy"] = LoadSplit(by="components", layers_per_copy=per)
+        if pf and op == "both":
+            out["components 2 streams"] = LoadSplit(by="components", copy_streams=2)
+            for per in (2, 4, 8):
+                out[f"components {per} layers per copy"] = LoadSplit(by="components", layers_per_copy=per)
+            out["components 4 layers per copy 2 streams"] = LoadSplit(by="components", layers_per_copy=4, copy_streams=2)
+        return out
+    if op in ("load61", "both"):
+        out["ce 2 streams"] = LoadSplit(1.0, copy_streams=2)
+        if pf:
+            out["ce 3 streams"] = LoadSplit(1.0, copy_streams=3)
+            out["components"] = LoadSplit(by="components")
+            out["components 2 streams"] = LoadSplit(by="components", copy_streams=2)
+        if pf and op == "load61":
+            out["pages 0.6 2 streams"] = LoadSplit(0.6, copy_streams=2)
+    else:
+        for fraction in (0.4, 0.5, 0.6, 0.75):
+            out[f"pages {fraction} 2 streams units 64 ctas 16"] = LoadSplit(fraction, copy_streams=2, unit_rows=64,
+                                                                             staging_ctas=16)
+        for fraction in (0.5, 0.6):
+            out[f"pages {fraction} 2 streams units 128 ctas 16"] = LoadSplit(fraction, copy_streams=2, unit_rows=128,
+                                                                              staging_ctas=16)
+        out["pages 0.6 1 stream units 64 ctas 16"] = LoadSplit(0.6, unit_rows=64, staging_ctas=16)
+        out["pages 0.6 2 streams units 64 ctas 4"] = LoadSplit(0.6, copy_streams=2, unit_rows=64)
+        if pf:
+            out["components 2 streams units 64 ctas 16"] = LoadSplit(by="components", copy_streams=2, unit_rows=64,
+                                                                     staging_ctas=16)
+            out["components 1 stream"] = LoadSplit(by="components")
+    return out
+
+
+def compare(args) -> int:
+    """Ceilings, then per (layout, op) the old ``auto`` split and each candidate: checked byte for
+    byte against the torch reference, then timed (median of ``--reps``), the old one twice."""
+    torch.manual_seed(1)
+    b = Bench(args)
+    spec, n = b.spec, args.pages
+    layer_bytes = n * sum(c.bytes_per_layer for c in spec.components)
+    transfer_bytes = n * spec.page_bytes
+    print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__} | compare", flush=True)
+    size = 2 << 30
+    host_a = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    host_b = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    dev_a = torch.empty(size, dtype=torch.uint8, device="cuda")
+    dev_b = torch.empty(size, dtype=torch.uint8, device="cuda")
+    fill_random(dev_a)
+    host_b.copy_(dev_a)
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    reps = max(3, b.reps // 2)
+    h2d = b.add("ceiling h2d 2 GiB contiguous", size, measure(lambda i: [side_copy(dev_b, host_b, s1)], reps),
+                group="ceiling", op="h2d")
+    d2h = b.add("ceiling d2h 2 GiB contiguous", size, measure(lambda i: [side_copy(host_a, dev_a, s1)], reps),
+                group="ceiling", op="d2h")
+    both = b.add("ceiling both ways 2 x 2 GiB contiguous", 2 * size,
+                 measure(lambda i: [side_copy(host_a, dev_a, s1), side_copy(dev_b, host_b, s2)], reps),
+                 group="ceiling", op="both")
+    layer_h2d = b.add("contiguous h2d of one layer's bytes", layer_bytes,
+                      measure(lambda i: [side_copy(dev_b[:layer_bytes], host_b[:layer_bytes], s1)], b.reps),
+                      group="ceiling", op="layer_h2d")
+    # The single-layer reference moved between runs (54.6 GB/s, then 44.9): measure it several ways.
+    host_layer = torch.empty(layer_bytes, dtype=torch.uint8, pin_memory=True)
+    host_layer.copy_(host_b[:layer_bytes])
+    dev_layer = torch.empty(layer_bytes, dtype=torch.uint8, device="cuda")
+
+    def layer_ref(name: str, sources) -> None:
+        def issue(i):
+            s1.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s1):
+                start = 0
+                for src in sources():
+                    dev_layer[start:start + src.numel()].copy_(src, non_blocking=True)
+                    start += src.numel()
+            end = torch.cuda.Event(enable_timing=True)
+            end.record(s1)
+            return [end]
+        b.add(f"contiguous h2d of one layer's bytes, {name}", layer_bytes, measure(issue, b.reps), group="layer_ref")
+
+    layer_ref("own pinned buffer", lambda: [host_layer])
+    del host_a, host_b, dev_a, dev_b
+    torch.cuda.empty_cache()
+    ceiling = {"load61": h2d["gbps"], "load1": layer_h2d["gbps"], "both": max(h2d["gbps"], d2h["gbps"])}
+
+    device_pool = allocate_engine_like(spec, args.device_pages, "cuda")
+    views = [[device_pool.chunk_view(ci, layer) for layer in range(spec.num_layers)] for ci in range(len(spec.components))]
+    for row in views:
+        for view in row:
+            view.copy_(torch.randint(0, 256, view.shape, dtype=torch.uint8, device="cuda"))
+    hosts = {layout: HostPool(spec, args.host_slots, layout) for layout in ("page_first", "layer_first")}
+    for host in hosts.values():
+        fill_random(host.buffer)
+    engines = {layout: TransferEngine(device_pool, host, path="mixed", timing=True) for layout, host in hosts.items()}
+    auto = {layout: TransferEngine(device_pool, host, path="auto", timing=True) for layout, host in hosts.items()}
+    sets = 4
+    page_sets = [torch.randperm(args.device_pages - 1)[:n] + 1 for _ in range(sets)]
+    slot_sets = [torch.arange(s, s + n) for s in (int(torch.randint(0, args.host_slots - n + 1, ()).item())
+                                                  for _ in range(sets))]
+    backup_sets = []
+    for k in range(sets):
+        pages_b = torch.randperm(args.device_pages - 1)[: 2 * n] + 1
+        pages_b = pages_b[~torch.isin(pages_b, page_sets[k])][:n]
+        free = torch.arange(args.host_slots)[~torch.isin(torch.arange(args.host_slots), slot_sets[k])]
+        start = int(torch.randint(0, free.numel() - pages_b.numel() + 1, ()).item())
+        backup_sets.append((pages_b, free[start:start + pages_b.numel()]))
+    backup_bytes = int(statistics.mean(p.numel() for p, _ in backup_sets) * spec.page_bytes)
+    mid = spec.num_layers // 2
+    checks: list[dict] = []
+    layer_ref("from the page_first pool (25.8 MB of its buffer)", lambda: [hosts["page_first"].buffer[:layer_bytes]])
+    lf = hosts["layer_first"]
+    layer_ref("from the layer_first pool (latent + indexer runs of 512 slots, 2 copies)",
+              lambda: [lf.chunk_view(ci, mid)[int(slot_sets[0][0]):int(slot_sets[0][0]) + n].view(-1)
+                       for ci in range(len(spec.components))])
+
+    def check(layout: str, op: str, name: str, split: LoadSplit) -> bool:
+        """Poison, run once (beside a backup for ``both``), compare every byte with the reference."""
+        engine, host = engines[layout], hosts[layout]
+        layers = [mid] if op == "load1" else list(range(spec.num_layers))
+        slots, pages = slot_sets[0], page_sets[0]
+        pages_dev = pages.cuda()
+        for layer in layers:
+            for ci in range(len(spec.components)):
+                view = views[ci][layer]
+                view[pages_dev] = torch.randint(0, 256, (n, view.shape[1]), dtype=torch.uint8, device="cuda")
+        expected = {(ci, layer): views[ci][layer].clone() for layer in layers for ci in range(len(spec.components))}
+        for (ci, layer), exp in expected.items():
+            copy_pages_reference([(host.chunk_view(ci, layer), exp)], slots, pages)
+        b_pages, b_slots = backup_sets[0]
+        if op == "both":
+            for view in (host.chunk_view(ci, layer) for layer in range(spec.num_layers) for ci in range(len(spec.components))):
+                view[b_slots] = torch.randint(0, 256, (b_slots.numel(), view.shape[1]), dtype=torch.uint8, device="cuda").cpu()
+        torch.cuda.synchronize()
+        engine.load_split = split
+        backup = auto[layout].backup(b_pages, b_slots, path="staged") if op == "both" else None
+        engine.load(slots, pages, layers=layers).synchronize()
+        ok = all(torch.equal(views[ci][layer], exp) for (ci, layer), exp in expected.items())
+        if backup is not None:
+            backup.synchronize()
+            for device_view, host_view in backup_pairs(device_pool, host):
+                ok = ok and torch.equal(host_view[b_slots], device_view[b_pages.cuda()].cpu())
+        checks.append({"layout": layout, "op": op, "split": name, "ok": ok})
+        print(f"check {layout:11s} {op:6s} {name:42s} {'ok' if ok else 'WRONG'}", flush=True)
+        return ok
+
+    def timed(layout: str, op: str, name: str, split: LoadSplit | None) -> None:
+        engine = engines[layout] if split is not None else auto[layout]
+        engine.load_split = split
+        layers = [mid] if op == "load1" else None
+        backuper = auto[layout] if split is None else engines[layout]
+
+        def issue(i):
+            k = i % sets
+            ends = []
+            if op == "both":
+                ends.append(backuper.backup(*backup_sets[k], path="staged").event)
+            handle = engine.load(slot_sets[k], page_sets[k], layers=layers)
+            return ends + [handle.event(handle.layers[-1])]
+
+        nbytes = layer_bytes if op == "load1" else transfer_bytes + (backup_bytes if op == "both" else 0)
+        t = measure(issue, b.reps)
+        row = b.add(f"{op:6s} {layout:11s} {name}", nbytes, t, group="compare", op=op, layout=layout, split=name,
+                    frac_of_ceiling=nbytes / t["ms"] / 1e6 / ceiling[op])
+        if op == "both":
+            row["vs_one_direction"] = row["gbps"] / ceiling["both"]
+
+    wrong = 0
+    for op in ("load61", "load1", "both"):
+        for layout in hosts:
+            candidates = _candidates(layout, op, args.compare)
+            for name, split in candidates.items():
+                if name != "old" or op == "load1":  # the old splits are the tested paths of before
+                    wrong += not check(layout, op, name, split)
+            timed(layout, op, "auto (now)", None)
+            for name, split in candidates.items():
+                timed(layout, op, name, split)
+            timed(layout, op, "old (again)", candidates["old"])
+        _save_compare(args, b, ceiling, checks)
+    layer_ref("own pinned buffer, again after everything", lambda: [host_layer])
+    _save_compare(args, b, ceiling, checks)
+    for r in b.results:
+        if r.get("group") in ("ceiling", "layer_ref"):
+            print(f"{r['name']:78s} {r['gbps']:6.2f}  [{r['bytes'] / r['ms_max'] / 1e6:5.1f}-{r['bytes'] / r['ms_min'] / 1e6:5.1f}]")
+    print("\n== compare: GB/s, % of ceiling (load1: of the contiguous layer copy; both: x one direction) ==")
+    for r in b.results:
+        if r.get("group") == "compare":
+            extra = f"{r['vs_one_direction']:.2f}x" if r["op"] == "both" else f"{100 * r['frac_of_ceiling']:5.1f}%"
+            print(f"{r['op']:6s} {r['layout']:11s} {r['split']:42s} {r['gbps']:6.2f} {extra}  "
+                  f"[{r['bytes'] / r['ms_max'] / 1e6:5.1f}-{r['bytes'] / r['ms_min'] / 1e6:5.1f}]")
+    print(f"checks: {len(checks) - wrong} ok, {wrong} wrong")
+    for host in hosts.values():
+        host.close()
+    return 1 if wrong else 0
+
+
+def _save_compare(args, b: Bench, ceiling: dict, checks: list[dict]) -> None:
+    out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": torch.cuda.get_device_name(),
+           "torch": torch.__version__, "triton": triton.__version__, "reps": b.reps, "pages_per_transfer": args.pages,
+           "ceiling_gbps": ceiling, "checks": checks, "results": b.results}
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,12 @@ cover a contiguous span of each row (``page_first`` slots, all layers), staging 
 and one copy per run moves whole slot payloads: megabyte rows, which copy engines stream at full
 rate, instead of one 42 KB row per slot and layer.
 
+Two knobs per call: ``copy_stream`` may be several streams, and each unit's copy-engine copies are
+then split by rows across them (the first stream forks the others and joins them again, so every
+event above stays on it); copy engines working side by side hide the per-row cost of pitched
+``page_first`` rows. ``unit_rows`` caps the rows of a unit, so a single layer is several units and
+its scatter runs behind the copy of the next unit instead of after the whole layer.
+
 CPU cost matters as much as bytes: everything a call's kernels need (tables, ids) goes to the
 device in one pinned copy, so a unit costs one launch, a few copies and a few event operations.
 This module never synchronises the device and never validates ids. On a machine without CUDA the
@@ -47,6 +53,8 @@ _REGION_ALIGN = 256  # staging regions start 256-B aligned, so the kernel keeps 
 #: keeps 64 KiB in flight per step (4x the UVA default) to do its share with few CTAs.
 STAGING_BLOCK = 16384
 STAGING_NUM_WARPS = 16
+
+CopyStreams = torch.cuda.Stream | Sequence[torch.cuda.Stream] | None
 
 
 def _round(value: int) -> int:
@@ -107,6 +115,9 @@ class StagedCopier:
         self._ready = [torch.cuda.Event() for _ in range(num_buffers)] if self._on_gpu else []
         self._free = [torch.cuda.Event() for _ in range(num_buffers)] if self._on_gpu else []
         self._free_recorded = [False] * num_buffers
+        # Fork / join events of the extra copy streams (re-recorded per unit, like the ones above).
+        self._fork = torch.cuda.Event() if self._on_gpu else None
+        self._join: list[torch.cuda.Event] = []
 
     # --- public ----------------------------------------------------------------------------------
     def to_device(
@@ -115,15 +126,19 @@ class StagedCopier:
         host_ids: torch.Tensor,
         device_ids: torch.Tensor,
         *,
-        copy_stream: torch.cuda.Stream | None = None,
+        copy_stream: CopyStreams = None,
         kernel_stream: torch.cuda.Stream | None = None,
+        unit_rows: int | None = None,
     ) -> None:
         """Load: for every ``(host_view, device_view)`` pair and i, ``device[device_ids[i]] = host[host_ids[i]]``.
 
         Completion is ordered on ``kernel_stream`` (record an event there after this call).
-        Args: views ``uint8 [rows, chunk_bytes]``; ids int64 ``[n]`` on the CPU, validated.
+        Args: views ``uint8 [rows, chunk_bytes]``; ids int64 ``[n]`` on the CPU, validated;
+        ``copy_stream`` one stream or several (copies split by rows); ``unit_rows`` the most rows
+        per staging unit (default: as many as fit a buffer).
         """
-        self.to_device_groups([pairs], host_ids, device_ids, copy_stream=copy_stream, kernel_stream=kernel_stream)
+        self.to_device_groups([pairs], host_ids, device_ids, copy_stream=copy_stream, kernel_stream=kernel_stream,
+                              unit_rows=unit_rows)
 
     def to_device_groups(
         self,
@@ -131,17 +146,20 @@ class StagedCopier:
         host_ids: torch.Tensor,
         device_ids: torch.Tensor,
         *,
-        copy_stream: torch.cuda.Stream | None = None,
+        copy_stream: CopyStreams = None,
         kernel_stream: torch.cuda.Stream | None = None,
         on_group_done: Callable[[int], None] | None = None,
+        unit_rows: int | None = None,
+        num_ctas: int | None = None,
     ) -> None:
         """``to_device`` of several groups of pairs (e.g. one group per layer) in one call.
 
         Groups run in order; ``on_group_done(g)`` is called right after the last work of group g
         was enqueued on ``kernel_stream`` (record a per-layer event there). Sorting, runs and the
-        upload of every table happen once for the whole call.
+        upload of every table happen once for the whole call. ``num_ctas``: the scatter's budget
+        for this call (default: the copier's).
         """
-        self._run(groups, host_ids, device_ids, True, copy_stream, kernel_stream, on_group_done)
+        self._run(groups, host_ids, device_ids, True, copy_stream, kernel_stream, on_group_done, unit_rows, num_ctas)
 
     def to_host(
         self,
@@ -149,18 +167,20 @@ class StagedCopier:
         device_ids: torch.Tensor,
         host_ids: torch.Tensor,
         *,
-        copy_stream: torch.cuda.Stream | None = None,
+        copy_stream: CopyStreams = None,
         kernel_stream: torch.cuda.Stream | None = None,
+        unit_rows: int | None = None,
     ) -> None:
         """Backup: for every ``(device_view, host_view)`` pair and i, ``host[host_ids[i]] = device[device_ids[i]]``.
 
-        Completion is ordered on ``copy_stream`` (record an event there after this call).
+        Completion is ordered on ``copy_stream`` (the first one if several: it joins the others;
+        record an event there after this call).
         """
-        self._run([pairs], host_ids, device_ids, False, copy_stream, kernel_stream, None)
+        self._run([pairs], host_ids, device_ids, False, copy_stream, kernel_stream, None, unit_rows)
 
     # --- planning --------------------------------------------------------------------------------
     def _units(self, host_views: Sequence[torch.Tensor], host_sorted: np.ndarray, run_starts: np.ndarray,
-               run_ends: np.ndarray) -> list[_Unit]:
+               run_ends: np.ndarray, unit_rows: int | None = None) -> list[_Unit]:
         """Split (rows x pairs) into units that each fit one buffer, with their host-side copies."""
         n = host_sorted.size
         span = _span(host_views)
@@ -173,6 +193,8 @@ class StagedCopier:
             if max(sizes) > self.buffer_bytes:
                 raise ValueError(f"a {max(sizes)}-byte chunk does not fit a {self.buffer_bytes}-byte staging buffer")
             rows_per_unit = self.buffer_bytes // max(sizes)
+        if unit_rows is not None:
+            rows_per_unit = max(1, min(rows_per_unit, unit_rows))
         units = []
         if span is not None and _round(span[1]) <= self.buffer_bytes:
             span_stage = [(v.data_ptr() - low, pitch, v.shape[1]) for v in host_views]
@@ -227,7 +249,8 @@ class StagedCopier:
         return np.asarray(rows, dtype=np.int64)
 
     # --- running ---------------------------------------------------------------------------------
-    def _run(self, groups, host_ids, device_ids, to_device, copy_stream, kernel_stream, on_group_done) -> None:
+    def _run(self, groups, host_ids, device_ids, to_device, copy_stream, kernel_stream, on_group_done,
+             unit_rows=None, num_ctas=None) -> None:
         if host_ids.numel() != device_ids.numel():
             raise ValueError(f"host_ids has {host_ids.numel()} ids, device_ids {device_ids.numel()}")
         if host_ids.numel() == 0 or not groups:
@@ -235,8 +258,12 @@ class StagedCopier:
                 if on_group_done is not None:
                     on_group_done(g)
             return
-        if self._on_gpu and (copy_stream is None or kernel_stream is None):
+        copy_streams = [copy_stream] if copy_stream is None or isinstance(copy_stream, torch.cuda.Stream) else list(copy_stream)
+        if self._on_gpu and (not copy_streams or any(s is None for s in copy_streams) or kernel_stream is None):
             raise ValueError("staged copies on a GPU need an explicit copy_stream and kernel_stream")
+        copy_stream = copy_streams[0]
+        while self._on_gpu and len(self._join) < len(copy_streams) - 1:
+            self._join.append(torch.cuda.Event())
         # Stage rows in host order, so consecutive host slots become one copy-engine copy.
         host_np = host_ids.cpu().numpy().astype(np.int64, copy=False)
         order = np.argsort(host_np, kind="stable")
@@ -257,7 +284,7 @@ class StagedCopier:
                 continue
             host_views = [pair[0] if to_device else pair[1] for pair in pairs]
             device_views = [pair[1] if to_device else pair[0] for pair in pairs]
-            for unit in self._units(host_views, host_sorted, run_starts, run_ends):
+            for unit in self._units(host_views, host_sorted, run_starts, run_ends, unit_rows):
                 slot = self._next
                 self._next = (slot + 1) % self._num_buffers
                 key = (g, slot, unit.r1 - unit.r0, unit.pairs[0], len(unit.pairs))
@@ -288,13 +315,13 @@ class StagedCopier:
             buffer_addr = self._storage.data_ptr() + slot * self.buffer_bytes
             ids_device, ids_stage = device_dev[unit.r0:unit.r1], stage_dev[:rows]
             if to_device:
-                self._engine_copies(unit, buffer_addr, True, copy_stream)
+                self._engine_copies(unit, buffer_addr, True, copy_streams)
                 self._handoff(slot, copy_stream, kernel_stream)
-                self._kernel(plan, table, ids_stage, ids_device, kernel_stream)
+                self._kernel(plan, table, ids_stage, ids_device, kernel_stream, num_ctas)
             else:
-                self._kernel(plan, table, ids_device, ids_stage, kernel_stream)
+                self._kernel(plan, table, ids_device, ids_stage, kernel_stream, num_ctas)
                 self._handoff(slot, kernel_stream, copy_stream)
-                self._engine_copies(unit, buffer_addr, False, copy_stream)
+                self._engine_copies(unit, buffer_addr, False, copy_streams)
             if self._on_gpu:
                 self._free[slot].record(consumer)
                 self._free_recorded[slot] = True
@@ -307,19 +334,29 @@ class StagedCopier:
             on_group_done(done_groups)
             done_groups += 1
 
-    def _engine_copies(self, unit: _Unit, buffer_addr: int, to_device: bool, stream) -> None:
+    def _engine_copies(self, unit: _Unit, buffer_addr: int, to_device: bool, streams) -> None:
         if self._on_gpu:
-            handle = stream.cuda_stream
-            for host_addr, host_pitch, offset, stage_pitch, width, height, _ in unit.host_copies:
-                stage_addr = buffer_addr + offset
-                if to_device:
-                    cudart.memcpy_2d_async(stage_addr, stage_pitch, host_addr, host_pitch, width, height, handle)
-                else:
-                    cudart.memcpy_2d_async(host_addr, host_pitch, stage_addr, stage_pitch, width, height, handle)
+            primary, extra = streams[0], streams[1:]
+            if extra:  # the extra streams start after everything the primary waited for
+                self._fork.record(primary)
+                for stream in extra:
+                    stream.wait_event(self._fork)
+            for k, stream in enumerate(streams):
+                handle = stream.cuda_stream
+                for host_addr, host_pitch, offset, stage_pitch, width, height, _ in _share(unit.host_copies, k, len(streams)):
+                    stage_addr = buffer_addr + offset
+                    if to_device:
+                        cudart.memcpy_2d_async(stage_addr, stage_pitch, host_addr, host_pitch, width, height, handle)
+                    else:
+                        cudart.memcpy_2d_async(host_addr, host_pitch, stage_addr, stage_pitch, width, height, handle)
+            for stream, joined in zip(extra, self._join):
+                joined.record(stream)
+                primary.wait_event(joined)
             return
-        # CPU: the same copies through torch views of the host memory (addresses -> views).
+        # CPU: the same copies (and the same split) through torch views of the host memory.
         storage_addr = self._storage.data_ptr()
-        for host_addr, host_pitch, offset, stage_pitch, width, height, ref in unit.host_copies:
+        pieces = [piece for k in range(len(streams)) for piece in _share(unit.host_copies, k, len(streams))]
+        for host_addr, host_pitch, offset, stage_pitch, width, height, ref in pieces:
             stage_start = buffer_addr - storage_addr + offset
             stage = torch.as_strided(self._storage, (height, width), (stage_pitch, 1), stage_start)
             host = torch.as_strided(ref, (height, width), (host_pitch, 1), ref.storage_offset() + host_addr - ref.data_ptr())
@@ -328,14 +365,23 @@ class StagedCopier:
             else:
                 host.copy_(stage)
 
-    def _kernel(self, plan, table, src_ids, dst_ids, stream) -> None:
+    def _kernel(self, plan, table, src_ids, dst_ids, stream, num_ctas=None) -> None:
         with torch.cuda.stream(stream) if self._on_gpu else nullcontext():
-            launch_uva(plan, table, src_ids, dst_ids, num_ctas=self.num_ctas, block=self.block, num_warps=self.num_warps)
+            launch_uva(plan, table, src_ids, dst_ids, num_ctas=num_ctas or self.num_ctas, block=self.block,
+                       num_warps=self.num_warps)
 
     def _handoff(self, slot: int, producer, consumer) -> None:
         if self._on_gpu:
             self._ready[slot].record(producer)
             consumer.wait_event(self._ready[slot])
+
+
+def _share(copies, k: int, parts: int):
+    """Copy-stream k's part of a unit's copies: rows ``[h*k/parts, h*(k+1)/parts)`` of each one."""
+    for host_addr, host_pitch, offset, stage_pitch, width, height, ref in copies:
+        r0, r1 = height * k // parts, height * (k + 1) // parts
+        if r1 > r0:
+            yield host_addr + r0 * host_pitch, host_pitch, offset + r0 * stage_pitch, stage_pitch, width, r1 - r0, ref
 
 
 def copy_pages_staged_reference(pairs: Sequence[ChunkPair], src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:

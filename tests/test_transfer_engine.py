@@ -7,6 +7,7 @@ streams and per-layer waits on a real device.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import torch
 
@@ -16,8 +17,14 @@ if not torch.cuda.is_available():  # kernels through Triton's interpreter on CPU
 import pytest  # noqa: E402
 
 from tiered_kv import HostPool, IndexValidationError, SpecMismatchError, nsa_spec  # noqa: E402
-from tiered_kv.transfer import backup_pairs, load_pairs  # noqa: E402
-from tiered_kv.transfer_engine import PATHS, TransferEngine, choose_path  # noqa: E402
+from tiered_kv.transfer import PageCopy, backup_pairs, load_pairs  # noqa: E402
+from tiered_kv.transfer_engine import (  # noqa: E402
+    MIXED_LOADS_BESIDE_BACKUP,
+    PATHS,
+    LoadSplit,
+    TransferEngine,
+    choose_path,
+)
 
 from .kernels.pools import check_copy, make_device_pool, make_host_pool, random_ids, small_specs  # noqa: E402
 
@@ -70,6 +77,64 @@ def test_load_all_layers_covers_every_component(path, layout):
     handles = []
     check_copy(pairs, slots, pages, device.roots, lambda: handles.append(engine.load(slots, pages)))
     assert handles[0].layers == tuple(range(host.spec.num_layers))
+
+
+SPLITS = {
+    "components": LoadSplit(by="components"),
+    "components_streams_units": LoadSplit(by="components", copy_streams=2, unit_rows=2, staging_ctas=3),
+    "pages_streams_units": LoadSplit(0.5, copy_streams=3, unit_rows=3),
+    "all_ce_streams": LoadSplit(1.0, copy_streams=2),
+    "components_blocks": LoadSplit(by="components", layers_per_copy=2),
+    "pages_blocks": LoadSplit(0.5, layers_per_copy=3, unit_rows=4),
+}
+
+
+@pytest.mark.parametrize("spec_name", ["nsa", "mha", "odd"])
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("split", sorted(SPLITS))
+def test_mixed_load_splits(split, layout, spec_name):
+    """Every way of splitting a mixed load (components, copy streams, units) copies every byte once."""
+    device, host = _pools(spec_name, layout)
+    engine = TransferEngine(device.pool, host, path="mixed")
+    engine.load_split = SPLITS[split]
+    slots, pages = random_ids(9, 0, 16), random_ids(9, 1, 20)
+    pairs = [pair for layer in range(host.spec.num_layers) for pair in load_pairs(host, device.pool, layer)]
+    check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages))
+    layer = host.spec.num_layers - 1
+    check_copy(load_pairs(host, device.pool, layer), slots, pages, device.roots,
+               lambda: engine.load_layer(slots, pages, layer))
+
+
+def test_component_split_sends_the_largest_component_to_the_copy_engines():
+    device, host = _pools("nsa", "page_first")
+    engine = TransferEngine(device.pool, host)
+    assert engine._components(LoadSplit(by="components")) == ((1,), (0,))  # indexer -> kernel, latent -> CE
+    assert engine._components(LoadSplit(0.5)) == (None, (0, 1))
+    device, host = _pools("mha", "page_first")
+    engine = TransferEngine(device.pool, host)  # k and v of one size: nothing to split by
+    assert engine._components(LoadSplit(by="components")) == (None, (0, 1))
+    # ... so the pages are split by ce_fraction, each page going one way only.
+    copy = PageCopy(torch.arange(1, 11), torch.arange(10))
+    (k_slots, _), (s_slots, _) = engine._parts(copy, "mixed", LoadSplit(0.6, by="components"))
+    assert len(k_slots) == 4 and len(s_slots) == 6 and not set(k_slots.tolist()) & set(s_slots.tolist())
+
+
+@pytest.mark.parametrize("bad", [{"by": "layers"}, {"ce_fraction": 1.5}, {"copy_streams": 0}, {"copy_streams": 99},
+                                 {"unit_rows": 0}, {"layers_per_copy": 0}])
+def test_load_split_rejects_nonsense(bad):
+    with pytest.raises(ValueError, match="LoadSplit"):
+        LoadSplit(**bad)
+
+
+def test_component_blocks_make_one_wide_row_per_page_first_slot():
+    """Latent chunks of adjacent layers sit side by side in a page_first slot: one span, one copy."""
+    from tiered_kv.kernels.staged_copy import _span
+
+    device, host = _pools("nsa", "page_first")
+    latent = [load_pairs(host, device.pool, layer)[0][0] for layer in (0, 1)]
+    assert _span(latent) == (latent[0].data_ptr(), 2 * latent[0].shape[1])
+    device, host = _pools("nsa", "layer_first")  # dense rows already; no span across layers
+    assert _span([load_pairs(host, device.pool, layer)[0][0] for layer in (0, 1)]) is None
 
 
 def test_empty_transfers_complete():
@@ -173,6 +238,33 @@ def test_gpu_wait_layer_orders_exactly_that_layer(path, layout):
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("split", sorted(SPLITS))
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_gpu_split_loads_wait_layer(split, layout):
+    """Each mixed-load split at a realistic size: every layer holds its bytes right after wait_layer."""
+    spec = nsa_spec(num_layers=6, page_size=64)
+    device = make_device_pool(spec, 300, "cuda")
+    host = make_host_pool(spec, 260, layout)
+    engine = TransferEngine(device.pool, host, path="mixed")
+    engine.load_split = SPLITS[split] if SPLITS[split].unit_rows is None else replace(SPLITS[split], unit_rows=64)
+    slots, pages = torch.arange(3, 259), random_ids(256, 1, 300)
+    expected = [[host.chunk_view(ci, layer)[slots].clone() for ci in range(2)] for layer in range(spec.num_layers)]
+    handle = engine.load(slots, pages)
+    readers = [torch.cuda.Stream() for _ in range(spec.num_layers)]
+    got = []
+    for layer, reader in enumerate(readers):
+        handle.wait_layer(layer, reader)
+        with torch.cuda.stream(reader):
+            got.append([device.pool.chunk_view(ci, layer)[pages.cuda()].clone() for ci in range(2)])
+    torch.cuda.synchronize()
+    for layer in range(spec.num_layers):
+        for ci in range(2):
+            assert torch.equal(got[layer][ci].cpu(), expected[layer][ci]), f"layer {layer} component {ci}"
+    host.close()
+
+
+@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("path", ["kernel", "staged", "mixed", "direct", "auto"])
 def test_gpu_backup_then_load_round_trip(path):
     spec = nsa_spec(num_layers=8, page_size=64)
@@ -205,9 +297,14 @@ class _Running:
 def test_mixed_loads_leave_the_link_to_copy_engines_while_a_backup_runs():
     device, host = _pools("nsa", "page_first")
     engine = TransferEngine(device.pool, host)
-    idle = engine._ce_fraction(3)
-    assert 0 < idle < 1  # page_first rows are pitched: copy engines and kernel share the load
+    # page_first rows are pitched: copy engines take the latent rows, the kernel the indexer rows;
+    # one layer alone: the kernel takes most pages.
+    assert engine._load_split(3).by == "components" and 0 < engine._load_split(3).ce_fraction < 1
+    assert 0 < engine._ce_fraction(1) < 1
     engine._last_backup = _Running()
-    assert engine._ce_fraction(3) == 1.0
+    assert engine._load_split(3) == MIXED_LOADS_BESIDE_BACKUP[False]
     engine.ce_fraction = 0.3
-    assert engine._ce_fraction(3) == 0.3
+    assert engine._ce_fraction(3) == 0.3 and engine._load_split(3).by == "pages"
+    engine.load_split = LoadSplit(by="components", copy_streams=2)
+    engine.ce_fraction = None
+    assert engine._load_split(3) == LoadSplit(by="components", copy_streams=2)

@@ -23,14 +23,16 @@ Rules this module keeps:
 
 Paths: ``kernel`` (Triton UVA kernel), ``direct`` (copy engines, runs of adjacent pages),
 ``staged`` (copy engines on host runs + kernel scatter/gather on the device), ``mixed`` (loads:
-part copy engines, part UVA kernel, at once), ``torch`` (the reference), ``auto`` (chosen per
-call from the id runs and host geometry, by the measurements in docs/benchmarks.md). This module
-must never block on the device: it only queries an event (non-blocking) to choose a path.
+part copy engines, part UVA kernel, at once, split by pages or by component: ``LoadSplit``),
+``torch`` (the reference), ``auto`` (chosen per call from the id runs and host geometry, by the
+measurements in docs/benchmarks.md). This module must never block on the device: it only queries
+an event (non-blocking) to choose a path.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -42,12 +44,62 @@ from .transfer import IdsLike, PageCopy, backup_pairs, load_pairs, validate
 
 PATHS = ("auto", "kernel", "direct", "staged", "mixed", "torch")
 
-#: Share of a ``mixed`` load's pages sent through the copy engines (the rest: UVA kernel), by
-#: (host rows dense, several layers), measured on the H200 (docs/benchmarks.md, "ce_fraction"):
-#: dense host rows (layer_first) stream at full rate through the copy engines alone; pitched rows
-#: (page_first: one 42 KB row per slot and layer) do not, and the kernel fills the rest of the
-#: link. A single layer is too short for the copy engines to ramp up: the kernel takes more.
-CE_FRACTION = {(True, True): 1.0, (True, False): 0.4, (False, True): 0.6, (False, False): 0.25}
+#: Streams a staged load may split its copy-engine copies over (``LoadSplit.copy_streams``).
+MAX_COPY_STREAMS = 4
+
+
+@dataclass(frozen=True)
+class LoadSplit:
+    """How a ``mixed`` load shares its bytes between the copy engines and the UVA kernel.
+
+    by: ``"pages"`` sends the first ``ce_fraction`` of the pages (in host-slot order) through the
+        copy engines and the rest through the kernel; ``"components"`` sends every page's largest
+        component (NSA: the 42 KB latent) through the copy engines and the others (the 8 KB
+        indexer) through the kernel, so no copy engine moves small pitched rows (specs with one
+        component, or components of one size, fall back to ``"pages"`` with ``ce_fraction``).
+    copy_streams: copy streams the staged half is split over (by rows; see ``StagedCopier``).
+    unit_rows: most rows per staging unit (None: a whole layer), so one layer pipelines.
+    staging_ctas: CTAs of the staging scatter (None: the copier's).
+    layers_per_copy: adjacent layers the staged half moves as one group; with ``"components"``
+        and ``page_first`` slots (components layer-major) that is one ``layers_per_copy`` x 42 KB
+        row per slot and copy instead of one 42 KB row per layer. The events of a block's layers
+        are recorded once the whole block landed, so the first layers are ready later.
+    """
+
+    ce_fraction: float = 1.0
+    by: str = "pages"
+    copy_streams: int = 1
+    unit_rows: int | None = None
+    staging_ctas: int | None = None
+    layers_per_copy: int = 1
+
+    def __post_init__(self) -> None:
+        if self.by not in ("pages", "components") or not 0.0 <= self.ce_fraction <= 1.0:
+            raise ValueError(f"LoadSplit needs by 'pages' or 'components' and 0 <= ce_fraction <= 1: {self}")
+        rows_ok = self.unit_rows is None or self.unit_rows >= 1
+        if not 1 <= self.copy_streams <= MAX_COPY_STREAMS or self.layers_per_copy < 1 or not rows_ok:
+            raise ValueError(f"LoadSplit needs 1..{MAX_COPY_STREAMS} copy streams, positive unit_rows and layers: {self}")
+
+
+#: ``mixed`` loads by (host rows dense, several layers), measured on the H200 (docs/benchmarks.md,
+#: "ce_fraction" and "Load splits"): dense host rows (layer_first) stream at full rate through the
+#: copy engines alone; pitched rows (page_first: one 42 KB latent and one 8 KB indexer row per slot
+#: and layer) do not: the copy engines take the latent rows and the kernel every indexer row
+#: (53.2-53.3 against 52.4-52.5 GB/s for a 0.6 page share in two runs; specs without a smaller
+#: component keep the 0.6 page share). A single layer is too short for the copy engines to ramp up
+#: and hide the staging hop: the kernel takes most pages (pipelining the layer in 64-row units over
+#: two copy streams measured slower).
+MIXED_LOADS = {
+    (True, True): LoadSplit(1.0),
+    (True, False): LoadSplit(0.4),
+    (False, True): LoadSplit(0.6, by="components"),
+    (False, False): LoadSplit(0.25),
+}
+#: ``mixed`` loads while a backup is in flight, by host rows dense: UVA reads from the SMs would cut
+#: into both directions (H200, page_first: 1.3x one direction with the kernel reading all pages,
+#: 1.5x with copy engines only; the kernel reading only the indexer, two copy streams or several
+#: layers per copy measured the same 1.5x; docs/benchmarks.md).
+MIXED_LOADS_BESIDE_BACKUP = {True: LoadSplit(1.0), False: LoadSplit(1.0)}
 
 #: ``auto`` sends a transfer through the copy engines (``staged``) when the host slots come in runs
 #: at least this long on average; scattered slots make one copy-engine copy per slot and layer,
@@ -158,7 +210,9 @@ class TransferEngine:
         self._staging_buffers = staging_buffers
         self._staging_ctas = staging_ctas
         self._timing = timing
-        #: Override of ``CE_FRACTION`` for ``mixed`` loads (None: by geometry and load length).
+        #: Overrides for ``mixed`` loads: the whole split (None: ``MIXED_LOADS`` by geometry, load
+        #: length and backups in flight), then its copy-engine share alone.
+        self.load_split: LoadSplit | None = None
         self.ce_fraction: float | None = None
         self._last_backup: torch.cuda.Event | None = None
         self._word: int | None = None
@@ -178,6 +232,8 @@ class TransferEngine:
                 self.backup_stream = torch.cuda.Stream(self.device)
                 self.backup_copy_stream = torch.cuda.Stream(self.device)
                 self.load_uva_stream = torch.cuda.Stream(self.device)  # the kernel half of ``mixed`` loads
+                # More copy streams for staged loads split over several copy engines.
+                self._load_copy_extra = [torch.cuda.Stream(self.device) for _ in range(MAX_COPY_STREAMS - 1)]
                 # Join events of ``mixed`` loads, re-recorded per layer (a wait binds to the record
                 # before it, so reuse across layers is safe).
                 self._uva_done = [torch.cuda.Event() for _ in range(4)]
@@ -240,12 +296,18 @@ class TransferEngine:
             raise IndexValidationError(f"layers repeat: {layers}")
         copy = validate(self.device_pool, self.host_pool, device_pages, host_slots, to_host=False, token_indices=token_indices)
         path = self._choose(path, copy, to_host=False)
-        fraction = self._ce_fraction(len(layers))
+        split = self._load_split(len(layers)) if path in ("mixed", "staged") else LoadSplit()
+        if path == "staged":
+            split = replace(split, ce_fraction=1.0, by="pages")
         if not self.on_gpu:
-            for layer in layers:
-                self._run_on_cpu(path, self._load_pairs[layer], copy.host_slots, copy.device_pages, to_host=False,
-                                 key=("load", layer))
+            if path in ("staged", "mixed") and len(copy):
+                self._staged_load_on_cpu(path, layers, copy, split)
+            else:
+                for layer in layers:
+                    self._run_on_cpu(path, self._load_pairs[layer], copy.host_slots, copy.device_pages, to_host=False,
+                                     key=("load", layer))
             return LoadHandle(self.device, layers, None, copy, path)
+        kernel_components, ce_components = self._components(split)
         events: dict[int, torch.cuda.Event] = {}
         with torch.cuda.device(self.device):
             caller = torch.cuda.current_stream(self.device)
@@ -253,9 +315,9 @@ class TransferEngine:
                 stream.wait_stream(caller)
             staged_part = None
             if len(copy) and path in ("kernel", "mixed"):
-                kernel_part, staged_part = self._split(copy, path, fraction)
+                kernel_part, staged_part = self._parts(copy, path, split)
                 uva_stream = self.load_stream if path == "kernel" else self.load_uva_stream
-                plans = [self._load_plan(layer) for layer in layers]
+                plans = [self._load_plan(layer, kernel_components) for layer in layers]
                 with torch.cuda.stream(uva_stream):
                     from .kernels.uva_copy import upload
 
@@ -281,10 +343,18 @@ class TransferEngine:
             groups = [self._load_pairs[layer] for layer in layers]
             if path in ("staged", "mixed") and len(copy):
                 slots, pages = (copy.host_slots, copy.device_pages) if path == "staged" else staged_part
+                blocks = _blocks(len(layers), split)
+                groups = [[groups[i][ci] for i in block for ci in ce_components] for block in blocks]
+                copy_streams = [self.load_copy_stream, *self._load_copy_extra[:split.copy_streams - 1]]
+
+                def finish_block(b: int) -> None:
+                    for index in blocks[b]:
+                        finish_layer(index)
+
                 # One call for every layer: sorting, runs and the table upload happen once.
                 self.staging_copier("load").to_device_groups(
-                    groups, slots, pages, copy_stream=self.load_copy_stream, kernel_stream=self.load_stream,
-                    on_group_done=finish_layer)
+                    groups, slots, pages, copy_stream=copy_streams, kernel_stream=self.load_stream,
+                    on_group_done=finish_block, unit_rows=split.unit_rows, num_ctas=split.staging_ctas)
             else:
                 runs = None
                 for index, pairs in enumerate(groups):
@@ -300,16 +370,38 @@ class TransferEngine:
                     finish_layer(index)
         return LoadHandle(self.device, layers, events, copy, path)
 
-    def _ce_fraction(self, num_layers: int) -> float:
-        """Share of a ``mixed`` load that goes through the copy engines (see ``CE_FRACTION``)."""
+    def _load_split(self, num_layers: int) -> LoadSplit:
+        """How a ``mixed`` load of ``num_layers`` layers is split now (see ``MIXED_LOADS``)."""
+        if self.load_split is not None:
+            split = self.load_split
+        elif self._last_backup is not None and not self._last_backup.query():
+            split = MIXED_LOADS_BESIDE_BACKUP[self._dense_host_rows]
+        else:
+            split = MIXED_LOADS[(self._dense_host_rows, num_layers > 1)]
         if self.ce_fraction is not None:
-            return self.ce_fraction
-        if self._last_backup is not None and not self._last_backup.query():
-            # A backup is in flight on the copy engines: UVA reads from the SMs would cut into
-            # both directions (H200, page_first: 1.3x one direction with the kernel reading,
-            # 1.5x with copy engines only; docs/benchmarks.md).
-            return 1.0
-        return CE_FRACTION[(self._dense_host_rows, num_layers > 1)]
+            split = replace(split, ce_fraction=self.ce_fraction, by="pages")
+        return split
+
+    def _parts(self, copy: PageCopy, path: str,
+               split: LoadSplit) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        """(kernel part, copy-engine part) of a load: every page to both when split by component
+        (each side then copies only its components), else ``_split`` by pages."""
+        if path == "mixed" and self._components(split)[0] is not None:
+            return (copy.host_slots, copy.device_pages), (copy.host_slots, copy.device_pages)
+        return self._split(copy, path, split.ce_fraction)
+
+    def _components(self, split: LoadSplit) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
+        """(components of each layer the UVA kernel copies, None for all; those the copy engines copy)."""
+        sizes = [c.bytes_per_layer for c in self.device_pool.spec.components]
+        everything = tuple(range(len(sizes)))
+        if split.by != "components" or len(set(sizes)) == 1:
+            return None, everything
+        largest = max(everything, key=lambda ci: sizes[ci])
+        return tuple(ci for ci in everything if ci != largest), (largest,)
+
+    def _ce_fraction(self, num_layers: int) -> float:
+        """Share of a ``mixed`` load's pages that goes through the copy engines (see ``MIXED_LOADS``)."""
+        return self._load_split(num_layers).ce_fraction
 
     def _split(self, copy: PageCopy, path: str,
                fraction: float) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
@@ -354,14 +446,17 @@ class TransferEngine:
             plan = self._plans[key] = plan_uva_copy(pairs)
         return plan
 
-    def _load_plan(self, layer: int):
-        """The UVA plan of one layer's load; all layers share one anchor, so one upload serves all."""
-        plan = self._plans.get(("load", layer))
+    def _load_plan(self, layer: int, components: tuple[int, ...] | None = None):
+        """The UVA plan of one layer's load (of ``components``, default all); all layers share one
+        anchor, so one upload serves all."""
+        key = ("load", layer, components)
+        plan = self._plans.get(key)
         if plan is None:
             from .kernels import plan_uva_copy
 
             anchor = self.device_pool.chunk_view(0, 0)
-            plan = self._plans[("load", layer)] = plan_uva_copy(self._load_pairs[layer], anchor=anchor, word_bytes=self._load_word)
+            pairs = self._load_pairs[layer] if components is None else [self._load_pairs[layer][ci] for ci in components]
+            plan = self._plans[key] = plan_uva_copy(pairs, anchor=anchor, word_bytes=self._load_word)
         return plan
 
     @property
@@ -393,26 +488,43 @@ class TransferEngine:
             )
         return copier
 
-    def _run_on_cpu(self, path: str, pairs, src_ids: torch.Tensor, dst_ids: torch.Tensor, *, to_host: bool, key) -> None:
+    def _staged_load_on_cpu(self, path: str, layers: Sequence[int], copy: PageCopy, split: LoadSplit) -> None:
+        """A staged or mixed load on CPU pools, split and grouped as on a GPU (``load``)."""
+        kernel_components, ce_components = self._components(split)
+        staged = (copy.host_slots, copy.device_pages)
+        if path == "mixed":
+            kernel, staged = self._parts(copy, path, split)
+            for layer in layers:
+                pairs = self._load_pairs[layer]
+                kernel_pairs = pairs if kernel_components is None else [pairs[ci] for ci in kernel_components]
+                if len(kernel[0]):
+                    self._uva(self._plan(("load", layer, kernel_components), kernel_pairs), *kernel)
+        groups = [[self._load_pairs[layers[i]][ci] for i in block for ci in ce_components]
+                  for block in _blocks(len(layers), split)]
+        self.staging_copier("load").to_device_groups(groups, *staged, copy_stream=[None] * split.copy_streams,
+                                                     unit_rows=split.unit_rows)
+
+    def _run_on_cpu(self, path: str, pairs, src_ids: torch.Tensor, dst_ids: torch.Tensor, *, to_host: bool,
+                    key) -> None:
         """CPU pools: the same paths run synchronously (kernels through Triton's interpreter)."""
         if len(src_ids) == 0:
             return
         if path == "kernel":
             self._uva(self._plan(key, pairs), src_ids, dst_ids)
-        elif path == "mixed":  # loads only (backups map mixed to staged)
-            (k_slots, k_pages), (s_slots, s_pages) = self._split(PageCopy(dst_ids, src_ids), path, self._ce_fraction(1))
-            self._uva(self._plan(key, pairs), k_slots, k_pages)
-            self.staging_copier("load").to_device(pairs, s_slots, s_pages)
-        elif path == "staged":
-            copier = self.staging_copier("backup" if to_host else "load")
-            # Both take (pairs, src ids, dst ids): device pages then slots for backups, and back.
-            (copier.to_host if to_host else copier.to_device)(pairs, src_ids, dst_ids)
+        elif path == "staged":  # backups (staged and mixed loads: _staged_load_on_cpu)
+            self.staging_copier("backup").to_host(pairs, src_ids, dst_ids)
         elif path == "direct":
             from .kernels import copy_pages_direct
 
             copy_pages_direct(pairs, src_ids, dst_ids)
         else:
             copy_pages_reference(pairs, src_ids, dst_ids)
+
+
+def _blocks(num_layers: int, split: LoadSplit) -> list[list[int]]:
+    """Indices of a load's layers in blocks of ``split.layers_per_copy`` (the staged groups)."""
+    per = max(1, split.layers_per_copy)
+    return [list(range(start, min(start + per, num_layers))) for start in range(0, num_layers, per)]
 
 
 def choose_path(host_slots: torch.Tensor, device_pages: torch.Tensor, *, to_host: bool) -> str:
@@ -433,4 +545,4 @@ def choose_path(host_slots: torch.Tensor, device_pages: torch.Tensor, *, to_host
     return "staged" if to_host else "mixed"
 
 
-__all__ = ["PATHS", "BackupHandle", "LoadHandle", "TransferEngine", "choose_path"]
+__all__ = ["MIXED_LOADS", "PATHS", "BackupHandle", "LoadHandle", "LoadSplit", "TransferEngine", "choose_path"]

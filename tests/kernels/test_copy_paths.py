@@ -30,19 +30,21 @@ def _direct(pairs, src, dst):
     copy_pages_direct(pairs, src, dst)
 
 
-def _staged(pairs, src, dst, *, to_device, roomy=False):
+def _staged(pairs, src, dst, *, to_device, roomy=False, split=False):
     # A tiny ring forces several units per call and several pair groups per unit; a roomy one
-    # takes two whole page_first slots per unit (the span layout of all-layer backups).
+    # takes two whole page_first slots per unit (the span layout of all-layer backups). ``split``:
+    # copies split by rows over three copy streams, at most two rows per unit.
     biggest = max(p[0].shape[1] for p in pairs)
-    size = 2 * sum(p[0].shape[1] for p in pairs) + 300 if roomy else 3 * biggest + 7
+    size = 2 * sum(p[0].shape[1] for p in pairs) + 300 if roomy or split else 3 * biggest + 7
     copier = StagedCopier("cpu", buffer_bytes=size, num_buffers=2)
+    options = {"copy_stream": [None] * 3, "unit_rows": 2} if split else {}
     if to_device:
-        copier.to_device(pairs, src, dst)
+        copier.to_device(pairs, src, dst, **options)
     else:
-        copier.to_host(pairs, src, dst)
+        copier.to_host(pairs, src, dst, **options)
 
 
-PATHS = ["uva", "direct", "staged", "staged_roomy"]
+PATHS = ["uva", "direct", "staged", "staged_roomy", "staged_split"]
 
 
 def _runner(path: str, to_device: bool):
@@ -50,7 +52,7 @@ def _runner(path: str, to_device: bool):
         return _uva
     if path == "direct":
         return _direct
-    return functools.partial(_staged, to_device=to_device, roomy=path == "staged_roomy")
+    return functools.partial(_staged, to_device=to_device, roomy=path == "staged_roomy", split=path == "staged_split")
 
 
 def _ids(count: int, kind: str, low: int, high: int) -> torch.Tensor:
@@ -183,3 +185,20 @@ def test_staged_groups_call_back_in_order(layout):
     check_copy(pairs, slots, pages, device.roots,
                lambda: copier.to_device_groups(groups, slots, pages, on_group_done=done.append))
     assert done == list(range(len(groups)))
+
+
+def test_staged_split_shares_every_row_once():
+    """Rows of each copy split over k streams: pieces tile the copy, in order, none empty."""
+    from tiered_kv.kernels.staged_copy import _share
+
+    copies = [(1000, 100, 0, 40, 30, 7, None), (5000, 100, 400, 40, 30, 1, None)]
+    for parts in (1, 2, 3, 8):
+        pieces = [p for k in range(parts) for p in _share(copies, k, parts)]
+        for host_addr, host_pitch, offset, stage_pitch, width, height, _ in copies:
+            mine = sorted((p for p in pieces if (p[0] - host_addr) % host_pitch == 0 and host_addr <= p[0] < host_addr + height * host_pitch),
+                          key=lambda p: p[0])
+            assert sum(p[5] for p in mine) == height and all(p[5] > 0 for p in mine)
+            row = 0
+            for p in mine:
+                assert p[0] == host_addr + row * host_pitch and p[2] == offset + row * stage_pitch
+                row += p[5]

@@ -32,6 +32,17 @@ def copiers():
 
 
 def _run(path, pairs, src, dst, to_device, copiers):
+    if path == "staged_split":  # copies split by rows over two copy streams, 64-row units
+        copy_streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+        kernel_stream = torch.cuda.Stream()
+        for stream in (*copy_streams, kernel_stream):
+            stream.wait_stream(torch.cuda.current_stream())
+        copier = copiers["load" if to_device else "backup"]
+        method = copier.to_device if to_device else copier.to_host
+        method(pairs, src, dst, copy_stream=copy_streams, kernel_stream=kernel_stream, unit_rows=64)
+        # Completion is ordered on the first copy stream (backups) or the kernel stream (loads).
+        torch.cuda.current_stream().wait_stream(kernel_stream if to_device else copy_streams[0])
+        return
     if path == "uva":
         copy_pages_uva(pairs, src, dst)
     elif path == "direct":
@@ -50,7 +61,7 @@ def _run(path, pairs, src, dst, to_device, copiers):
 @pytest.mark.parametrize("slots_kind", ["runs", "scattered"])
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
 @pytest.mark.parametrize("spec_name", sorted(SPECS))
-@pytest.mark.parametrize("path", ["uva", "direct", "staged"])
+@pytest.mark.parametrize("path", ["uva", "direct", "staged", "staged_split"])
 def test_gpu_backup_and_load(path, spec_name, layout, slots_kind, copiers):
     spec = SPECS[spec_name]
     device = make_device_pool(spec, PAGES, "cuda")

@@ -311,3 +311,38 @@ def test_bad_url_is_a_clear_config_error(url, message):
     with HostPool(SPEC, 2) as pool:
         with pytest.raises(ConfigError, match=message):
             open_backend(url, pool)
+
+
+async def test_segment_holder_killed(loopback_env):
+    """The process holding the pages dies (SIGKILL): reads fail with our error or miss, never hang;
+    once the master has expired it, the pages read as misses and the store serves again."""
+    server = MooncakeMaster("--client_ttl=2").start()
+    try:
+        with HostPool(SPEC, 8) as pool:
+            async with open_backend(server.url(contribute_segment=False, timeout_s=5), pool) as client:
+                keys = new_keys(4)
+                slots = pool.allocate(4)
+                fill_and_seal(pool, slots, keys)
+                with segment_holder(server, "16MiB") as holder:
+                    assert await client.put_from(keys, slots) == [True] * 4
+                    holder.process.kill()
+                    holder.process.wait()
+                    dst = pool.allocate(4)
+                    start = time.monotonic()
+                    try:
+                        got = await client.get_into(keys, dst)
+                    except (BackendUnavailableError, BackendTimeoutError):
+                        got = None
+                    assert time.monotonic() - start < 6
+                    assert got in (None, [False] * 4)
+                    print("read from a killed holder:", "our error" if got is None else "misses")
+                with segment_holder(server, "16MiB"):
+                    deadline = time.monotonic() + 20
+                    while any([await client.exists([k]) for k in keys]):
+                        assert time.monotonic() < deadline, "the dead holder's pages never expired"
+                        await asyncio.sleep(0.5)
+                    assert await client.get_into(keys, dst) == [False] * 4
+                    assert await client.put_from(keys[:1], slots[:1]) == [True]
+                    assert await client.get_into(keys[:1], dst[:1]) == [True]
+    finally:
+        server.stop()

@@ -4,7 +4,8 @@ URL (query options are ``MooncakeOptions`` fields)::
 
     mooncake://MASTER_HOST:RPC_PORT?metadata_server=http://HOST:PORT/metadata&protocol=tcp
         &local_hostname=10.0.0.5&contribute_segment=true&global_segment_bytes=64GiB
-        &local_buffer_bytes=16MiB&replica_num=1&device_name=&workers=4&timeout_s=30
+        &local_buffer_bytes=16MiB&replica_num=1&device_name=&workers=4&transfers_in_flight=1
+        &timeout_s=30
 
 How it works: the whole host pool is registered with the store once (``register_buffer``); a put
 is one ``batch_put_from`` of slot addresses, a get one ``batch_get_into`` straight into the
@@ -12,14 +13,19 @@ destination slots (held by the pool until the call returns, see ``Backend.run_bl
 
 What the store is, and what that means here:
 - objects live in memory *segments* that client processes contribute (``global_segment_bytes``);
-  a writer's pages vanish when the process holding them exits, and the master evicts under
-  pressure. So the capability is not persistent. ``contribute_segment=false`` makes a pure client
+  a writer's pages vanish when the process holding them exits, and above its high watermark
+  (``--eviction_high_watermark_ratio``, 0.95) the master evicts objects to make room: a put is
+  refused (False) only when one batch needs more room than is free at once. So the capability is
+  not persistent. ``contribute_segment=false`` makes a pure client
   (say, when another process on the host already contributes: pages are not held twice in one
   host's RAM); ``python -m tiered_kv.backends.mooncake hold-segment URL`` runs such a process.
 - a master restart loses every object; the client reconnects and remounts by itself, so the same
   backend object serves again (earlier pages read as misses).
-- a put of a key already present is refused by the store and reported as success: records are
-  immutable and put-if-absent.
+- a put of a key already present stores nothing (the store answers OK or OBJECT_ALREADY_EXISTS):
+  success, as records are immutable and put-if-absent.
+- error codes: absent / evicted / not yet readable keys are misses; an object of another length
+  is a corrupt record (counted, deleted); RPC and transfer failures (master or segment holder
+  gone) raise ``BackendUnavailableError``, anything else ``BackendError``.
 - a read takes a lease (the master's ``--default_kv_lease_ttl``, 10 s by default) that blocks plain
   removal, so deletes are forced. A reader racing a forced delete gets at worst bytes that fail
   verification, i.e. a miss.

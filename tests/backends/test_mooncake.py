@@ -346,3 +346,14 @@ async def test_segment_holder_killed(loopback_env):
                     assert await client.get_into(keys[:1], dst[:1]) == [True]
     finally:
         server.stop()
+
+
+async def test_replica_num_places_copies_in_distinct_segments(master, raw_client):
+    with HostPool(SPEC, 4) as pool:
+        async with open_backend(master.url(contribute_segment=False, replica_num=2, timeout_s=10), pool) as client:
+            with segment_holder(master, "16MiB"), segment_holder(master, "16MiB"):
+                keys = new_keys(2)
+                slots = pool.allocate(2)
+                fill_and_seal(pool, slots, keys)
+                assert await client.put_from(keys, slots) == [True, True]
+                assert [len(raw_client.store.get_replica_desc(k)) for k in keys] == [2, 2]

@@ -1,20 +1,25 @@
 """The Mooncake Store backend against a real ``mooncake_master`` on loopback.
 
 Covers the shared contract, sharing with a second process, the failures Mooncake has (master
-killed mid-batch, master restarted, segment holder gone, store full), records a foreign or broken
-writer left, the read lease, the raw ceiling measurement, and bad URLs. Needs the ``mooncake``
-module (``pip install mooncake-transfer-engine-non-cuda`` on CPU machines); skipped without it.
+killed mid-batch and restarted, segment holder exiting or killed, store full, no segment at all),
+a get cancelled mid-transfer, records a foreign or broken writer left, the read lease, replicas,
+the raw ceiling measurement, and bad URLs. Needs the ``mooncake`` module (``pip install
+mooncake-transfer-engine-non-cuda`` on CPU machines): skipped when it is not installed; an
+installed module that fails to load (missing ``libibverbs1`` / ``librdmacm1``) is an error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import time
 
 import pytest
 
-pytest.importorskip("mooncake.store")
+if importlib.util.find_spec("mooncake") is None:
+    pytest.skip("the mooncake module is not installed", allow_module_level=True)
+import mooncake.store  # noqa: E402,F401 - fail loudly when installed but broken
 
 from tiered_kv import HostPool, nsa_spec  # noqa: E402
 from tiered_kv.backends import open_backend  # noqa: E402

@@ -288,7 +288,7 @@ async def test_cancelled_get_never_writes_into_reused_slots(master):
 
 def test_raw_ceiling_is_measured(master):
     result = MooncakeBackend.measure_raw_ceiling(master.url(timeout_s=20), page_bytes=256 << 10, pages=8)
-    for name in ("raw_put_gbps", "raw_get_gbps", "naive_put_gbps", "naive_get_gbps"):
+    for name in ("raw_put_gbps", "raw_get_gbps", "naive_put_gbps", "naive_get_gbps", "raw_put_cold_gbps", "raw_get_cold_gbps"):
         assert result[name] > 0.001, name
     assert "batch_put_from" in result["raw_method"]
 

@@ -18,7 +18,8 @@ What the store is, and what that means here:
   refused (False) only when one batch needs more room than is free at once. So the capability is
   not persistent. ``contribute_segment=false`` makes a pure client
   (say, when another process on the host already contributes: pages are not held twice in one
-  host's RAM); ``python -m tiered_kv.backends.mooncake hold-segment URL`` runs such a process.
+  host's RAM); ``python -m tiered_kv.backends.mooncake hold-segment URL`` runs such a process
+  (until SIGTERM / SIGINT).
 - a master restart loses every object; the client reconnects and remounts by itself, so the same
   backend object serves again (earlier pages read as misses).
 - a put of a key already present stores nothing (the store answers OK or OBJECT_ALREADY_EXISTS):
@@ -473,7 +474,7 @@ class SegmentHolder:
         env = dict(os.environ)
         env.setdefault("MC_TCP_BIND_ADDRESS", self.options.local_hostname)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", __name__, "hold-segment", options_url(self.options)],
+            [sys.executable, "-m", __name__, "hold-segment", "--until-stdin-closes", options_url(self.options)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         # The child prints one line once its segment is mounted (or exits with the reason).
         ready = _read_line(self.process, self.ready_timeout_s)
@@ -523,15 +524,28 @@ def options_url(options: MooncakeOptions) -> str:
     return f"mooncake://{options.master}?{urlencode(query)}"
 
 
-def hold_segment(url: str) -> None:
-    """Contribute the segment ``url`` describes until stdin closes (blocking; a process's job)."""
+def hold_segment(url: str, *, until_stdin_closes: bool = False) -> None:
+    """Contribute the segment ``url`` describes until SIGTERM / SIGINT (blocking; a process's job).
+
+    ``until_stdin_closes``: stop at end of stdin too (how ``SegmentHolder`` ends its child). Either
+    way the store unmounts the segment before the process exits, so the master drops its pages now
+    rather than after the client's TTL.
+    """
+    import signal
+
     options = MooncakeOptions.from_url(url)
     if not options.contribute_segment:
         raise ConfigError(f"{url}: hold-segment needs contribute_segment=true")
     store = open_store(options)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    if until_stdin_closes:
+        threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
     print("ready", flush=True)
     try:
-        sys.stdin.read()
+        while not stop.wait(1.0):  # a timed wait lets the signal handlers run
+            pass
     finally:
         store.close()
 
@@ -540,11 +554,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tiered_kv.backends.mooncake",
                                      description="Mooncake Store helpers for tiered-kv.")
     sub = parser.add_subparsers(dest="command", required=True)
-    hold = sub.add_parser("hold-segment", help="contribute segment memory until stdin closes")
+    hold = sub.add_parser("hold-segment", help="contribute segment memory until SIGTERM / SIGINT")
     hold.add_argument("url", help="mooncake://master:port?global_segment_bytes=...")
+    hold.add_argument("--until-stdin-closes", action="store_true", help="also stop at end of stdin")
     args = parser.parse_args(argv)
     try:
-        hold_segment(args.url)
+        hold_segment(args.url, until_stdin_closes=args.until_stdin_closes)
     except (ConfigError, BackendError) as exc:
         print(f"error: {exc}", flush=True)
         return 1

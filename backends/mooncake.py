@@ -237,6 +237,7 @@ def open_store(options: MooncakeOptions) -> Any:
         raise BackendUnavailableError(f"mooncake: setup with master {options.master} took longer than "
                                       f"{options.timeout_s}s") from exc
     if rc != OK:
+        store.close()
         raise BackendUnavailableError(f"mooncake: setup with master {options.master} failed with {code_name(rc)}; "
                                       "see the store's log above for the reason")
     return store

@@ -57,20 +57,30 @@ def own_master(loopback_env):
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def shared_pool():
+    with HostPool(SPEC, 256, "page_first") as pool:
+        yield pool
+
+
+@pytest.fixture(scope="module")
+def shared_backend(shared_pool, master):
+    # The backend holds no event-loop state: each test's loop may drive it.
+    backend = open_backend(master.url(global_segment_bytes="64MiB", timeout_s=10), shared_pool)
+    yield backend
+    asyncio.run(backend.aclose())
+
+
 class TestMooncakeContract(BackendContract):
     """One backend serves the whole class, as in an engine (a store client takes ~1 s to close)."""
 
-    @pytest.fixture(scope="class")
-    def pool(self):
-        with HostPool(SPEC, 256, "page_first") as pool:
-            yield pool
+    @pytest.fixture
+    def pool(self, shared_pool):
+        return shared_pool
 
-    @pytest.fixture(scope="class")
-    def backend(self, pool, master):
-        # The backend holds no event-loop state: each test's loop may drive it.
-        backend = open_backend(master.url(global_segment_bytes="64MiB", timeout_s=10), pool)
-        yield backend
-        asyncio.run(backend.aclose())
+    @pytest.fixture
+    def backend(self, shared_backend):
+        return shared_backend
 
 
 async def test_capabilities(master):

@@ -189,10 +189,12 @@ class Backend(ABC):
             first_slot.setdefault(k, s)
         unique = list(first_slot)
         got = await self._guard(self._get(unique, [first_slot[k] for k in unique]))
-        ok: dict[str, bool] = {}
         corrupt: list[str] = []
-        for k, hit in zip(unique, got):
-            ok[k] = hit and self._verify(k, first_slot[k], corrupt)
+        # Checksums run on a thread (xxh3 releases the GIL): the event loop stays free and the
+        # next batch's transfer overlaps this one's verification.
+        verified = await asyncio.to_thread(
+            lambda: [hit and self._verify(k, first_slot[k], corrupt) for k, hit in zip(unique, got)])
+        ok = dict(zip(unique, verified))
         if corrupt:
             await self._guard(self._delete(corrupt))
         results: list[bool] = []

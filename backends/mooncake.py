@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import mmap
@@ -352,7 +353,8 @@ class MooncakeBackend(Backend):
 
         The ceiling is its zero-copy ``batch_put_from`` / ``batch_get_into`` from and into one
         registered buffer (``raw_*``); its bytes API ``put_batch`` / ``get_batch`` is the naive path
-        (``naive_*``), both medians of warm rounds. ``raw_*_cold``: the first pass, into a fresh
+        (``naive_*``), both medians of warm rounds. For a pure-client URL the calls use the store
+        memory already contributed (as the backend does), else a fresh second process's. ``raw_*_cold``: the first pass, into a fresh
         segment and destinations never touched, to set beside a benchmark's own first pass. This
         process is a pure client, as the backend under test should be.
         """
@@ -371,7 +373,11 @@ def measure_raw(options: MooncakeOptions, *, page_bytes: int, pages: int) -> dic
     donor = dataclasses.replace(options, contribute_segment=True, global_segment_bytes=2 * total + (64 << 20))
     client = dataclasses.replace(options, contribute_segment=False, global_segment_bytes=None,
                                  local_buffer_bytes=max(options.local_buffer_bytes, RAW_BATCH * page_bytes + (16 << 20)))
-    with SegmentHolder(donor):
+    # A pure-client URL means segments are already contributed (the deployment's own holder): the
+    # ceiling then runs against that same store memory, as the backend under test does. Otherwise
+    # a fresh second process contributes it.
+    holder = SegmentHolder(donor) if options.contribute_segment else contextlib.nullcontext()
+    with holder:
         store = open_store(client)
         buffer = mmap.mmap(-1, 2 * total)  # sources, then the destinations of the gets
         try:

@@ -52,80 +52,93 @@ async def _in_batches(fn, keys: list[str], slots: list[int], batch: int, concurr
 
 async def measure(url: str, *, pages: int, batch: int, concurrency: int, raw: bool, repeat: int = 1, warmup: int = 0) -> dict:
     """``repeat`` rounds of our put/get then the raw ceiling, interleaved so that a medium whose
-    speed drifts (virtual disks do) is compared with itself; each figure is the median. ``warmup``
-    untimed rounds of our put/get come first, as the ceilings warm up their own buffers."""
-    for _ in range(warmup):
-        await measure_once(url, pages=pages, batch=batch, concurrency=concurrency, raw=False)
-    rounds = [await measure_once(url, pages=pages, batch=batch, concurrency=concurrency, raw=raw) for _ in range(repeat)]
+    speed drifts (virtual disks do) is compared with itself; each figure is the median.
+
+    One pool and one backend serve every round, as one serves an engine for its lifetime (a fresh
+    client per round would time connection set-up); ``warmup`` untimed rounds come first, as the
+    ceilings warm up their own buffers. Each round writes fresh random pages under fresh keys.
+    """
+    from .backends import backend_class, open_backend
+
+    with HostPool(nsa_spec(), 2 * pages) as pool:
+        async with open_backend(url, pool) as backend:
+            for _ in range(warmup):
+                await _one_round(backend, pool, pages=pages, batch=batch, concurrency=concurrency)
+            rounds = []
+            for _ in range(repeat):
+                result = await _one_round(backend, pool, pages=pages, batch=batch, concurrency=concurrency)
+                if raw:
+                    ceiling = backend_class(urlsplit(url).scheme).measure_raw_ceiling(url, page_bytes=pool.record_bytes, pages=pages)
+                    if ceiling:
+                        result.update(ceiling)
+                        result["put_vs_raw"] = result["put_gbps"] / ceiling["raw_put_gbps"]
+                        result["get_vs_raw"] = result["get_gbps"] / ceiling["raw_get_gbps"]
+                        if "raw_put_distinct_keys_gbps" in ceiling:
+                            result["put_vs_raw_distinct_keys"] = result["put_gbps"] / ceiling["raw_put_distinct_keys_gbps"]
+                rounds.append(result)
+        record_bytes = pool.record_bytes
     result = dict(rounds[0])
-    for key, value in rounds[0].items():
+    for key in rounds[0]:
         if key.endswith("_gbps") or "_vs_raw" in key:
             result[key] = statistics.median(r[key] for r in rounds)
-    result["repeat"] = repeat
-    result["warmup"] = warmup
-    result["rounds"] = [{k: v for k, v in r.items() if k.endswith("_gbps")} for r in rounds]
+    result.update({
+        "backend": urlsplit(url)._replace(query="").geturl(),
+        "pages": pages,
+        "batch": batch,
+        "concurrency": concurrency,
+        "record_bytes": record_bytes,
+        "repeat": repeat,
+        "warmup": warmup,
+        "date": datetime.date.today().isoformat(),
+        "host": f"{platform.node()} {os.cpu_count()} cpus",
+        "rounds": [{k: v for k, v in r.items() if k.endswith("_gbps")} for r in rounds],
+    })
     return result
 
 
-async def measure_once(url: str, *, pages: int, batch: int, concurrency: int, raw: bool) -> dict:
-    from .backends import backend_class, open_backend
+async def _one_round(backend, pool: HostPool, *, pages: int, batch: int, concurrency: int) -> dict:
+    """Fresh random pages under fresh keys: put, cold get, warm get, verify, delete."""
     from .backends.file import drop_page_cache
 
-    spec = nsa_spec()
-    with HostPool(spec, 2 * pages) as pool:
-        src = pool.allocate(pages)
-        dst = pool.allocate(pages)
-        for slot in src:
-            payload = pool.record_view(slot)[4096:]
-            payload[:] = torch.randint(0, 256, (len(payload),), dtype=torch.uint8).numpy().data
-        keys = [f"bench-{secrets.token_hex(8)}-{i}" for i in range(pages)]
-        total = pages * pool.record_bytes
-        async with open_backend(url, pool) as backend:
-            async def seal_and_put(batch_keys: list[str], batch_slots: list[int]) -> list[bool]:
-                # As an engine would: each batch is sealed (on a thread: xxh3 releases the GIL)
-                # when it is ready, while earlier batches are being written.
-                await asyncio.to_thread(lambda: [pool.seal(s, k) for s, k in zip(batch_slots, batch_keys)])
-                return await backend.put_from(batch_keys, batch_slots)
+    src = pool.allocate(pages)
+    dst = pool.allocate(pages)
+    for slot in src:
+        payload = pool.record_view(slot)[4096:]
+        payload[:] = torch.randint(0, 256, (len(payload),), dtype=torch.uint8).numpy().data
+    keys = [f"bench-{secrets.token_hex(8)}-{i}" for i in range(pages)]
+    total = pages * pool.record_bytes
 
-            start = time.perf_counter()
-            stored = await _in_batches(seal_and_put, keys, src, batch, concurrency)
-            put_s = time.perf_counter() - start
-            if not all(stored):
-                raise RuntimeError(f"only {sum(stored)} of {pages} pages were stored; is the backend large enough?")
-            cold = drop_page_cache()
-            start = time.perf_counter()
-            got = await _in_batches(backend.get_into, keys, dst, batch, concurrency)
-            get_s = time.perf_counter() - start
-            start = time.perf_counter()
-            got_warm = await _in_batches(backend.get_into, keys, dst, batch, concurrency)
-            warm_s = time.perf_counter() - start
-            if not (all(got) and all(got_warm)):
-                raise RuntimeError(f"read back {sum(got)} of {pages} pages")
-            for s, d in zip(src[:4], dst[:4]):
-                assert pool.record_view(s) == pool.record_view(d), "read-back differs from what was written"
-            await backend.delete(keys)
-        result = {
-            "backend": urlsplit(url)._replace(query="").geturl(),
-            "pages": pages,
-            "batch": batch,
-            "concurrency": concurrency,
-            "record_bytes": pool.record_bytes,
-            "put_gbps": total / put_s / 1e9,
-            "get_gbps": total / get_s / 1e9,
-            "get_warm_gbps": total / warm_s / 1e9,
-            "get_cold": cold,
-            "date": datetime.date.today().isoformat(),
-            "host": f"{platform.node()} {os.cpu_count()} cpus",
-        }
-        if raw:
-            ceiling = backend_class(urlsplit(url).scheme).measure_raw_ceiling(url, page_bytes=pool.record_bytes, pages=pages)
-            if ceiling:
-                result.update(ceiling)
-                result["put_vs_raw"] = result["put_gbps"] / ceiling["raw_put_gbps"]
-                result["get_vs_raw"] = result["get_gbps"] / ceiling["raw_get_gbps"]
-                if "raw_put_distinct_keys_gbps" in ceiling:
-                    result["put_vs_raw_distinct_keys"] = result["put_gbps"] / ceiling["raw_put_distinct_keys_gbps"]
-        return result
+    async def seal_and_put(batch_keys: list[str], batch_slots: list[int]) -> list[bool]:
+        # As an engine would: each batch is sealed (on a thread: xxh3 releases the GIL)
+        # when it is ready, while earlier batches are being written.
+        await asyncio.to_thread(lambda: [pool.seal(s, k) for s, k in zip(batch_slots, batch_keys)])
+        return await backend.put_from(batch_keys, batch_slots)
+
+    start = time.perf_counter()
+    stored = await _in_batches(seal_and_put, keys, src, batch, concurrency)
+    put_s = time.perf_counter() - start
+    if not all(stored):
+        raise RuntimeError(f"only {sum(stored)} of {pages} pages were stored; is the backend large enough?")
+    cold = drop_page_cache()
+    start = time.perf_counter()
+    got = await _in_batches(backend.get_into, keys, dst, batch, concurrency)
+    get_s = time.perf_counter() - start
+    start = time.perf_counter()
+    got_warm = await _in_batches(backend.get_into, keys, dst, batch, concurrency)
+    warm_s = time.perf_counter() - start
+    if not (all(got) and all(got_warm)):
+        raise RuntimeError(f"read back {sum(got)} of {pages} pages")
+    for s, d in zip(src, dst):
+        if pool.record_view(s) != pool.record_view(d):
+            raise RuntimeError("a page read back differs from what was written")
+    await backend.delete(keys)
+    pool.free(src + dst)
+    return {
+        "put_gbps": total / put_s / 1e9,
+        "get_gbps": total / get_s / 1e9,
+        "get_warm_gbps": total / warm_s / 1e9,
+        "get_cold": cold,
+    }
 
 
 def run(args: argparse.Namespace) -> int:

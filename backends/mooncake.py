@@ -64,7 +64,6 @@ from urllib.parse import urlsplit
 
 from ..errors import BackendError, BackendUnavailableError, ConfigError
 from ..host_pool import HostPool
-from ..sizes import parse_size
 from .base import Backend, Capabilities
 from .url_options import options_from_url
 

@@ -139,6 +139,38 @@ def summarize(results: list[dict], ceiling: dict, layer_gbps: float, naive: dict
         print(f"vs naive {op:7s} {r['gbps'] / naive[op]['gbps']:5.1f}x (target 10x)")
 
 
+def measure_ceilings(b: "Bench", layer_bytes: int, *, layer_d2h: bool = False):
+    """The ceilings of a run: 2 GiB contiguous pinned copies each way and both ways at once, and a
+    contiguous copy of one layer's bytes. Returns (h2d, d2h, both, layer_h2d, a pinned host copy
+    of one layer's worth of random bytes)."""
+    size = 2 << 30
+    host_a = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    host_b = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    dev_a = torch.empty(size, dtype=torch.uint8, device="cuda")
+    dev_b = torch.empty(size, dtype=torch.uint8, device="cuda")
+    fill_random(dev_a)
+    host_b.copy_(dev_a)
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    reps = max(3, b.reps // 2)
+    h2d = b.add("ceiling h2d 2 GiB contiguous", size, measure(lambda i: [side_copy(dev_b, host_b, s1)], reps),
+                group="ceiling", op="h2d")
+    d2h = b.add("ceiling d2h 2 GiB contiguous", size, measure(lambda i: [side_copy(host_a, dev_a, s1)], reps),
+                group="ceiling", op="d2h")
+    both = b.add("ceiling both ways 2 x 2 GiB contiguous", 2 * size,
+                 measure(lambda i: [side_copy(host_a, dev_a, s1), side_copy(dev_b, host_b, s2)], reps),
+                 group="ceiling", op="both")
+    layer_h2d = b.add("contiguous h2d of one layer's bytes", layer_bytes,
+                      measure(lambda i: [side_copy(dev_b[:layer_bytes], host_b[:layer_bytes], s1)], b.reps),
+                      group="ceiling", op="layer_h2d")
+    if layer_d2h:
+        b.add("contiguous d2h of one layer's bytes", layer_bytes,
+              measure(lambda i: [side_copy(host_a[:layer_bytes], dev_a[:layer_bytes], s1)], b.reps),
+              group="ceiling", op="layer_d2h")
+    host_layer = torch.empty(layer_bytes, dtype=torch.uint8, pin_memory=True)
+    host_layer.copy_(host_b[:layer_bytes])
+    return h2d, d2h, both, layer_h2d, host_layer  # the 2 GiB buffers go with this frame
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/benchmarks/transfer_gpu.json")
@@ -164,29 +196,7 @@ def main() -> int:
           f"{spec.describe()} | {n} pages = {transfer_bytes / 1e9:.3f} GB, one layer {layer_bytes / 1e6:.2f} MB", flush=True)
 
     # --- ceiling -------------------------------------------------------------------------------
-    size = 2 << 30
-    host_a = torch.empty(size, dtype=torch.uint8, pin_memory=True)
-    host_b = torch.empty(size, dtype=torch.uint8, pin_memory=True)
-    dev_a = torch.empty(size, dtype=torch.uint8, device="cuda")
-    dev_b = torch.empty(size, dtype=torch.uint8, device="cuda")
-    fill_random(dev_a)
-    host_b.copy_(dev_a)
-    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
-    reps = max(3, b.reps // 2)
-    h2d = b.add("ceiling h2d 2 GiB contiguous", size, measure(lambda i: [side_copy(dev_b, host_b, s1)], reps),
-                group="ceiling", op="h2d")
-    d2h = b.add("ceiling d2h 2 GiB contiguous", size, measure(lambda i: [side_copy(host_a, dev_a, s1)], reps),
-                group="ceiling", op="d2h")
-    both = b.add("ceiling both ways 2 x 2 GiB contiguous", 2 * size,
-                 measure(lambda i: [side_copy(host_a, dev_a, s1), side_copy(dev_b, host_b, s2)], reps),
-                 group="ceiling", op="both")
-    layer_h2d = b.add("contiguous h2d of one layer's bytes", layer_bytes,
-                      measure(lambda i: [side_copy(dev_b[:layer_bytes], host_b[:layer_bytes], s1)], b.reps),
-                      group="ceiling", op="layer_h2d")
-    b.add("contiguous d2h of one layer's bytes", layer_bytes,
-          measure(lambda i: [side_copy(host_a[:layer_bytes], dev_a[:layer_bytes], s1)], b.reps),
-          group="ceiling", op="layer_d2h")
-    del host_a, host_b, dev_a, dev_b
+    h2d, d2h, both, layer_h2d, _ = measure_ceilings(b, layer_bytes, layer_d2h=True)
     torch.cuda.empty_cache()
     ceiling = {"backup": d2h["gbps"], "load61": h2d["gbps"], "load1": h2d["gbps"], "both": both["gbps"]}
 
@@ -419,28 +429,10 @@ def compare(args) -> int:
     layer_bytes = n * sum(c.bytes_per_layer for c in spec.components)
     transfer_bytes = n * spec.page_bytes
     print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__} | compare", flush=True)
-    size = 2 << 30
-    host_a = torch.empty(size, dtype=torch.uint8, pin_memory=True)
-    host_b = torch.empty(size, dtype=torch.uint8, pin_memory=True)
-    dev_a = torch.empty(size, dtype=torch.uint8, device="cuda")
-    dev_b = torch.empty(size, dtype=torch.uint8, device="cuda")
-    fill_random(dev_a)
-    host_b.copy_(dev_a)
-    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
-    reps = max(3, b.reps // 2)
-    h2d = b.add("ceiling h2d 2 GiB contiguous", size, measure(lambda i: [side_copy(dev_b, host_b, s1)], reps),
-                group="ceiling", op="h2d")
-    d2h = b.add("ceiling d2h 2 GiB contiguous", size, measure(lambda i: [side_copy(host_a, dev_a, s1)], reps),
-                group="ceiling", op="d2h")
-    both = b.add("ceiling both ways 2 x 2 GiB contiguous", 2 * size,
-                 measure(lambda i: [side_copy(host_a, dev_a, s1), side_copy(dev_b, host_b, s2)], reps),
-                 group="ceiling", op="both")
-    layer_h2d = b.add("contiguous h2d of one layer's bytes", layer_bytes,
-                      measure(lambda i: [side_copy(dev_b[:layer_bytes], host_b[:layer_bytes], s1)], b.reps),
-                      group="ceiling", op="layer_h2d")
+    h2d, d2h, both, layer_h2d, host_layer = measure_ceilings(b, layer_bytes)
+    torch.cuda.empty_cache()
     # The single-layer reference moved between runs (54.6 GB/s, then 44.9): measure it several ways.
-    host_layer = torch.empty(layer_bytes, dtype=torch.uint8, pin_memory=True)
-    host_layer.copy_(host_b[:layer_bytes])
+    s1 = torch.cuda.Stream()
     dev_layer = torch.empty(layer_bytes, dtype=torch.uint8, device="cuda")
 
     def layer_ref(name: str, sources) -> None:
@@ -457,8 +449,6 @@ def compare(args) -> int:
         b.add(f"contiguous h2d of one layer's bytes, {name}", layer_bytes, measure(issue, b.reps), group="layer_ref")
 
     layer_ref("own pinned buffer", lambda: [host_layer])
-    del host_a, host_b, dev_a, dev_b
-    torch.cuda.empty_cache()
     ceiling = {"load61": h2d["gbps"], "load1": layer_h2d["gbps"], "both": max(h2d["gbps"], d2h["gbps"])}
 
     device_pool = allocate_engine_like(spec, args.device_pages, "cuda")

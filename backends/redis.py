@@ -54,120 +54,18 @@ Server settings it needs:
 from __future__ import annotations
 
 import asyncio
-import errno
-import math
-import socket
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ..errors import BackendError, BackendTimeoutError, BackendUnavailableError, ConfigError
 from ..host_pool import HostPool
 from ..record import HEADER_BYTES
 from .base import Backend, Capabilities
-from .url_options import options_from_url
+from .redis_options import RedisOptions, parse_redis_url
+from .resp import RespConnection, RespError, encode_command
 
 T = TypeVar("T")
-
-_SSL_CERT_REQS = ("none", "optional", "required")  # redis-py's names for ssl.CERT_*
-_RECV_CHUNK = 64 * 1024  # small replies and the first bytes of a bulk reply
-_DRAIN_CHUNK = 1 << 20
-
-
-@dataclass(frozen=True)
-class RedisOptions:
-    """Where the server is and how to talk to it. Built by ``RedisBackend.from_url``."""
-
-    host: str = "127.0.0.1"
-    port: int = 6379
-    path: str = ""  # unix socket path; set for unix:// URLs
-    db: int = 0
-    tls: bool = False
-    username: str = ""
-    password: str = ""
-    prefix: str = "tkv:"
-    ttl_s: float = 0.0
-    max_in_flight: int = 8
-    socket_timeout_s: float = 10.0
-    connect_timeout_s: float = 5.0
-    zero_copy: bool = True
-    ssl_ca_certs: str = ""
-    ssl_certfile: str = ""
-    ssl_keyfile: str = ""
-    ssl_cert_reqs: str = "required"
-
-    def __post_init__(self) -> None:
-        if not 0 < self.port < 65536:
-            raise ConfigError(f"redis backend: port must be 1..65535, got {self.port}")
-        if self.db < 0:
-            raise ConfigError(f"redis backend: db must be >= 0, got {self.db}")
-        if self.ttl_s < 0:
-            raise ConfigError(f"redis backend: ttl_s must be >= 0 (0 = no TTL), got {self.ttl_s}")
-        if self.max_in_flight < 1:
-            raise ConfigError(f"redis backend: max_in_flight must be >= 1, got {self.max_in_flight}")
-        if self.socket_timeout_s <= 0 or self.connect_timeout_s <= 0:
-            raise ConfigError("redis backend: socket_timeout_s and connect_timeout_s must be > 0")
-        if self.ssl_cert_reqs not in _SSL_CERT_REQS:
-            raise ConfigError(f"redis backend: ssl_cert_reqs must be one of {', '.join(_SSL_CERT_REQS)}, got {self.ssl_cert_reqs!r}")
-
-    def redis_py_tls(self) -> dict[str, Any]:
-        """The TLS options as redis-py names them. Hostnames are checked only with ``required``
-        (Python refuses CERT_NONE together with a hostname check)."""
-        return dict(ssl_ca_certs=self.ssl_ca_certs or None, ssl_certfile=self.ssl_certfile or None,
-                    ssl_keyfile=self.ssl_keyfile or None, ssl_cert_reqs=self.ssl_cert_reqs,
-                    ssl_check_hostname=self.ssl_cert_reqs == "required")
-
-    @property
-    def address(self) -> str:
-        return f"unix:{self.path}" if self.path else f"{self.host}:{self.port}"
-
-    @property
-    def ttl_ms(self) -> int:
-        """PX argument; 0 = no TTL. Rounded up, so a tiny TTL never turns into none."""
-        return math.ceil(self.ttl_s * 1000)
-
-
-def parse_redis_url(url: str, overrides: dict[str, Any]) -> RedisOptions:
-    """``RedisOptions`` from a redis / rediss / unix URL; ConfigError naming what is wrong."""
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    if scheme not in ("redis", "rediss", "unix"):
-        raise ConfigError(f"{url}: the redis backend serves redis://, rediss:// and unix://, not {scheme}://")
-    try:
-        port = parts.port
-    except ValueError:
-        raise ConfigError(f"{url}: bad port {parts.netloc.rpartition(':')[2]!r}; expected 1..65535") from None
-    fixed: dict[str, Any] = {"tls": scheme == "rediss"}
-    if parts.username:
-        fixed["username"] = unquote(parts.username)
-    if parts.password:
-        fixed["password"] = unquote(parts.password)
-    query_keys = {k for k, _ in parse_qsl(parts.query, keep_blank_values=True)}
-    if scheme == "unix":
-        if not parts.path or parts.path == "/":
-            raise ConfigError(f"{url}: a unix:// URL needs the socket path, e.g. unix:///run/redis.sock")
-        fixed["path"] = unquote(parts.path)
-    else:
-        if not parts.hostname:
-            raise ConfigError(f"{url}: no host; expected {scheme}://host:port/db")
-        fixed["host"] = parts.hostname
-        if port is not None:
-            fixed["port"] = port
-        db_text = parts.path.strip("/")
-        if db_text:
-            if not db_text.isdigit():
-                raise ConfigError(f"{url}: bad db {db_text!r} in the path; expected a number such as /0")
-            if "db" in query_keys or "db" in overrides:
-                raise ConfigError(f"{url}: db given both in the path and as an option")
-            fixed["db"] = int(db_text)
-    for name in ("host", "port", "path", "tls"):
-        if name in query_keys or name in overrides:
-            raise ConfigError(f"{url}: {name} comes from the URL itself, not from an option")
-    options = options_from_url(RedisOptions, url, overrides, **fixed)
-    if options.tls and options.zero_copy:
-        options = replace(options, zero_copy=False)  # asyncio's socket calls do not take SSL sockets
-    return options
 
 
 # --- mapping dependency errors ------------------------------------------------------------------
@@ -178,168 +76,6 @@ def _config_problem(message: str) -> bool:
 
 def _is_oom(message: str) -> bool:
     return message.startswith("OOM")
-
-
-class RespError(Exception):
-    """An error reply (``-ERR ...``) from the server, on the raw path."""
-
-
-# --- the zero-copy value path -------------------------------------------------------------------
-class _RespConnection:
-    """One raw, non-blocking socket to the server, with a tiny RESP2 reader.
-
-    Only ever used by one request at a time. Any exception leaves it in an unknown state: the
-    owner closes it (``RedisBackend._raw``) instead of returning it to the idle list.
-    """
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self._buf = bytearray()
-        self._chunk = bytearray(_RECV_CHUNK)
-
-    @classmethod
-    async def open(cls, options: RedisOptions) -> "_RespConnection":
-        loop = asyncio.get_running_loop()
-        if options.path:
-            family, address = socket.AF_UNIX, options.path
-        else:
-            infos = await loop.getaddrinfo(options.host, options.port, type=socket.SOCK_STREAM)
-            family, _, _, _, address = infos[0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setblocking(False)
-            if family != socket.AF_UNIX:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            async with asyncio.timeout(options.connect_timeout_s):
-                await loop.sock_connect(sock, address)
-            conn = cls(sock)
-            await conn._handshake(options)
-        except BaseException:
-            sock.close()
-            raise
-        return conn
-
-    async def _handshake(self, options: RedisOptions) -> None:
-        commands = []
-        if options.password:
-            auth = [b"AUTH", options.username.encode(), options.password.encode()] if options.username else [b"AUTH", options.password.encode()]
-            commands.append(auth)
-        if options.db:
-            commands.append([b"SELECT", str(options.db).encode()])
-        if not commands:
-            return
-        await self.send(b"".join(_command(*c) for c in commands))
-        for _ in commands:
-            kind, value = await self.read_reply()
-            if kind == b"-":
-                raise RespError(value.decode(errors="replace"))
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def is_stale(self) -> bool:
-        """True when an idle connection can no longer be used: the server closed it (restart,
-        ``timeout`` setting) or sent something unasked. One non-blocking peek, no round trip."""
-        try:
-            self.sock.recv(1, socket.MSG_PEEK)  # b"": closed by the server; bytes: unasked data
-            return True
-        except BlockingIOError:
-            return False  # alive, nothing pending: the normal case
-        except OSError:
-            return True
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        return asyncio.get_running_loop()
-
-    async def send(self, *parts: bytes | memoryview) -> None:
-        for part in parts:
-            await self.loop.sock_sendall(self.sock, part)
-
-    async def _fill(self) -> None:
-        n = await self.loop.sock_recv_into(self.sock, self._chunk)
-        if n == 0:
-            raise ConnectionResetError(errno.ECONNRESET, "redis closed the connection")
-        self._buf += memoryview(self._chunk)[:n]
-
-    async def _line(self) -> bytes:
-        while True:
-            end = self._buf.find(b"\r\n")
-            if end >= 0:
-                line = bytes(self._buf[:end])
-                del self._buf[:end + 2]
-                return line
-            if len(self._buf) > _RECV_CHUNK:
-                raise RespError("protocol: reply line too long")
-            await self._fill()
-
-    async def _exact(self, n: int) -> bytes:
-        while len(self._buf) < n:
-            await self._fill()
-        out = bytes(self._buf[:n])
-        del self._buf[:n]
-        return out
-
-    async def read_reply(self) -> tuple[bytes, bytes]:
-        """A simple reply: (``+``/``-``/``:``, line) or (``$``, small bulk value or b"" for nil)."""
-        line = await self._line()
-        kind, rest = line[:1], line[1:]
-        if kind == b"$":
-            length = int(rest)
-            if length < 0:
-                return b"$", b""
-            value = await self._exact(length + 2)
-            return b"$", value[:-2]
-        if kind not in (b"+", b"-", b":"):
-            raise RespError(f"protocol: unexpected reply {line[:40]!r}")
-        return kind, rest
-
-    async def read_bulk_into(self, view: memoryview) -> int:
-        """Receive a bulk reply straight into ``view``; returns its length, -1 for nil.
-
-        A value whose length differs from ``len(view)`` is consumed and discarded (its length is
-        returned, so the caller can tell); the view is then left as it was or partly written.
-        """
-        line = await self._line()
-        if line[:1] == b"-":
-            raise RespError(line[1:].decode(errors="replace"))
-        if line[:1] != b"$":
-            raise RespError(f"protocol: expected a bulk reply, got {line[:40]!r}")
-        length = int(line[1:])
-        if length < 0:
-            return -1
-        if length != len(view):
-            await self._discard(length + 2)
-            return length
-        have = min(length, len(self._buf))
-        view[:have] = self._buf[:have]
-        del self._buf[:have]
-        while have < length:
-            n = await self.loop.sock_recv_into(self.sock, view[have:])
-            if n == 0:
-                raise ConnectionResetError(errno.ECONNRESET, "redis closed the connection mid-value")
-            have += n
-        if await self._exact(2) != b"\r\n":
-            raise RespError("protocol: bulk value not terminated by CRLF")
-        return length
-
-    async def _discard(self, n: int) -> None:
-        take = min(n, len(self._buf))
-        del self._buf[:take]
-        n -= take
-        scratch = bytearray(min(n, _DRAIN_CHUNK))
-        while n > 0:
-            got = await self.loop.sock_recv_into(self.sock, memoryview(scratch)[:min(n, len(scratch))])
-            if got == 0:
-                raise ConnectionResetError(errno.ECONNRESET, "redis closed the connection mid-value")
-            n -= got
-
-
-def _command(*args: bytes) -> bytes:
-    out = [b"*%d\r\n" % len(args)]
-    for a in args:
-        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
-    return b"".join(out)
 
 
 async def _all_or_nothing(calls: Iterable[Awaitable[T]]) -> list[T]:
@@ -376,7 +112,7 @@ class RedisBackend(Backend):
             self.capabilities = replace(type(self).capabilities, zero_copy=False)
         self._prefix = options.prefix.encode()
         self._gate = asyncio.Semaphore(options.max_in_flight)
-        self._idle: list[_RespConnection] = []
+        self._idle: list[RespConnection] = []
         self._client = redis.asyncio.Redis.from_pool(self._redis_py_pool(options))  # owns and closes the pool
 
     @staticmethod
@@ -500,7 +236,7 @@ class RedisBackend(Backend):
         except (ValueError, rex.RedisError) as exc:  # int() of a garbled reply, other client errors
             raise BackendError(f"{where}: {what}: {exc}") from exc
 
-    async def _raw(self, what: str, request: Callable[[_RespConnection], Awaitable[T]]) -> T:
+    async def _raw(self, what: str, request: Callable[[RespConnection], Awaitable[T]]) -> T:
         """One request on a raw connection, at most ``max_in_flight`` at once.
 
         The connection goes back to the idle list only after a complete, successful exchange;
@@ -522,7 +258,7 @@ class RedisBackend(Backend):
                 return result
             return await self._mapped(what, exchange)
 
-    async def _connection(self) -> _RespConnection:
+    async def _connection(self) -> RespConnection:
         """An idle connection that is still good (stale ones after a server restart are dropped
         here, so the first request after a restart does not fail), else a new one."""
         while self._idle:
@@ -530,7 +266,7 @@ class RedisBackend(Backend):
             if not conn.is_stale():
                 return conn
             conn.close()
-        return await _RespConnection.open(self.options)
+        return await RespConnection.open(self.options)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -569,9 +305,9 @@ class RedisBackend(Backend):
 
     async def _get_zero_copy(self, key: str, slot: int) -> bool:
         view = self.pool.record_view(slot)
-        command = _command(b"GET", self._key(key))
+        command = encode_command(b"GET", self._key(key))
 
-        async def request(conn: _RespConnection) -> int:
+        async def request(conn: RespConnection) -> int:
             await conn.send(command)
             return await conn.read_bulk_into(view)
 
@@ -601,7 +337,7 @@ class RedisBackend(Backend):
         head = b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (3 + len(extra), len(k), k, len(view))
         tail = b"\r\n" + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in extra)
 
-        async def request(conn: _RespConnection) -> tuple[bytes, bytes]:
+        async def request(conn: RespConnection) -> tuple[bytes, bytes]:
             await conn.send(head, view, tail)
             return await conn.read_reply()
 

@@ -207,6 +207,24 @@ def test_auto_rule_follows_runs():
 
 # --- GPU ------------------------------------------------------------------------------------------
 
+def read_each_layer_after_wait(handle, device_pool, pages, num_layers):
+    """Copy each layer's pages on a fresh stream right after ``wait_layer``; synchronizes at the end."""
+    got = []
+    for layer in range(num_layers):
+        reader = torch.cuda.Stream()
+        handle.wait_layer(layer, reader)
+        with torch.cuda.stream(reader):
+            got.append([device_pool.chunk_view(ci, layer)[pages.cuda()].clone() for ci in range(2)])
+    torch.cuda.synchronize()
+    return got
+
+
+def assert_layers_equal(got, expected):
+    for layer, (got_layer, expected_layer) in enumerate(zip(got, expected, strict=True)):
+        for ci, (a, b) in enumerate(zip(got_layer, expected_layer, strict=True)):
+            assert torch.equal(a.cpu(), b), f"layer {layer} component {ci}"
+
+
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("path", ["kernel", "staged", "mixed", "direct", "torch", "auto"])
@@ -222,17 +240,9 @@ def test_gpu_wait_layer_orders_exactly_that_layer(path, layout):
     caller = torch.cuda.current_stream()
     assert engine.load_stream != caller and engine.backup_stream != caller
     handle = engine.load(slots, pages)
-    readers = [torch.cuda.Stream() for _ in range(spec.num_layers)]
-    got = []
-    for layer, reader in enumerate(readers):
-        handle.wait_layer(layer, reader)
-        with torch.cuda.stream(reader):
-            got.append([device.pool.chunk_view(ci, layer)[pages.cuda()].clone() for ci in range(2)])
-    torch.cuda.synchronize()
+    got = read_each_layer_after_wait(handle, device.pool, pages, spec.num_layers)
     assert handle.done()
-    for layer in range(spec.num_layers):
-        for ci in range(2):
-            assert torch.equal(got[layer][ci].cpu(), expected[layer][ci]), f"layer {layer} component {ci}"
+    assert_layers_equal(got, expected)
     host.close()
 
 
@@ -250,16 +260,8 @@ def test_gpu_split_loads_wait_layer(split, layout):
     slots, pages = torch.arange(3, 259), random_ids(256, 1, 300)
     expected = [[host.chunk_view(ci, layer)[slots].clone() for ci in range(2)] for layer in range(spec.num_layers)]
     handle = engine.load(slots, pages)
-    readers = [torch.cuda.Stream() for _ in range(spec.num_layers)]
-    got = []
-    for layer, reader in enumerate(readers):
-        handle.wait_layer(layer, reader)
-        with torch.cuda.stream(reader):
-            got.append([device.pool.chunk_view(ci, layer)[pages.cuda()].clone() for ci in range(2)])
-    torch.cuda.synchronize()
-    for layer in range(spec.num_layers):
-        for ci in range(2):
-            assert torch.equal(got[layer][ci].cpu(), expected[layer][ci]), f"layer {layer} component {ci}"
+    got = read_each_layer_after_wait(handle, device.pool, pages, spec.num_layers)
+    assert_layers_equal(got, expected)
     host.close()
 
 

@@ -6,8 +6,24 @@ GPU kernels in ``tiered_kv.kernels``.
 """
 
 from .device_pool import DeviceBuffer, DevicePool, allocate_engine_like
-from .errors import *  # noqa: F403 - the error tree is part of the public API
-from .errors import __doc__ as _errors_doc  # noqa: F401
+from .errors import (
+    BackendError,
+    BackendTimeoutError,
+    BackendUnavailableError,
+    ConfigError,
+    CorruptRecordError,
+    DoubleFreeError,
+    ForeignRecordError,
+    ForeignSlotError,
+    IndexValidationError,
+    PoolError,
+    PoolExhaustedError,
+    RecordError,
+    SpecError,
+    SpecMismatchError,
+    TieredKVError,
+    TruncatedRecordError,
+)
 from .host_pool import HostPool
 from .spec import FORMAT_VERSION, Component, KVSpec, mha_spec, mla_spec, model_spec, nsa_spec
 from .transfer import pages_from_token_indices, torch_backup, torch_load, torch_load_layer
@@ -15,6 +31,22 @@ from .transfer import pages_from_token_indices, torch_backup, torch_load, torch_
 __version__ = "0.1.0"
 
 __all__ = [
+    "BackendError",
+    "BackendTimeoutError",
+    "BackendUnavailableError",
+    "ConfigError",
+    "CorruptRecordError",
+    "DoubleFreeError",
+    "ForeignRecordError",
+    "ForeignSlotError",
+    "IndexValidationError",
+    "PoolError",
+    "PoolExhaustedError",
+    "RecordError",
+    "SpecError",
+    "SpecMismatchError",
+    "TieredKVError",
+    "TruncatedRecordError",
     "FORMAT_VERSION",
     "Component",
     "DeviceBuffer",

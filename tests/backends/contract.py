@@ -36,6 +36,18 @@ def fill_and_seal(pool: HostPool, slots: list[int], keys: list[str]) -> dict[str
     return records
 
 
+async def assert_round_trip(backend, pool: HostPool, n: int = 2) -> list[str]:
+    """Put ``n`` fresh random pages, read them into other slots, compare bytes; returns the keys."""
+    keys = new_keys(n)
+    slots = pool.allocate(n)
+    records = fill_and_seal(pool, slots, keys)
+    assert await backend.put_from(keys, slots) == [True] * n
+    dst = pool.allocate(n)
+    assert await backend.get_into(keys, dst) == [True] * n
+    assert [bytes(pool.record_view(s)) for s in dst] == [records[k] for k in keys]
+    return keys
+
+
 def new_keys(n: int) -> list[str]:
     prefix = secrets.token_hex(6)
     return [f"{prefix}-{i:04d}-{secrets.token_hex(8)}" for i in range(n)]

@@ -25,7 +25,7 @@ from tiered_kv.backends import open_backend
 from tiered_kv.backends.redis import RedisBackend
 from tiered_kv.errors import BackendError, BackendTimeoutError, BackendUnavailableError, ConfigError
 
-from .contract import SPEC, BackendContract, fill_and_seal, new_keys
+from .contract import SPEC, BackendContract, assert_round_trip, fill_and_seal, new_keys
 from .redis_server import REDIS_SERVER, DelayProxy, RedisServer
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")
@@ -391,13 +391,7 @@ async def test_password_and_db(userinfo, zero_copy):
     with RedisServer(extra=("--requirepass", "s3cret")) as srv, HostPool(SPEC, 4) as pool:
         url = f"redis://{userinfo}@127.0.0.1:{srv.port}/3"
         async with open_backend(url, pool, zero_copy=zero_copy) as backend:
-            keys = new_keys(2)
-            slots = pool.allocate(2)
-            records = fill_and_seal(pool, slots, keys)
-            assert await backend.put_from(keys, slots) == [True, True]
-            dst = pool.allocate(2)
-            assert await backend.get_into(keys, dst) == [True, True]
-            assert [bytes(pool.record_view(s)) for s in dst] == [records[k] for k in keys]
+            keys = await assert_round_trip(backend, pool)
             with redis.Redis(host="127.0.0.1", port=srv.port, password="s3cret", db=3) as direct:
                 assert direct.exists(*(f"tkv:{k}" for k in keys)) == 2
             with redis.Redis(host="127.0.0.1", port=srv.port, password="s3cret", db=0) as direct:
@@ -425,13 +419,7 @@ async def test_tls_with_client_certificates():
     with RedisServer(tls=True) as srv, HostPool(SPEC, 4) as pool:
         async with open_backend(srv.tls_url, pool) as backend:
             assert not backend.capabilities.zero_copy  # values go through redis-py's TLS streams
-            keys = new_keys(2)
-            slots = pool.allocate(2)
-            records = fill_and_seal(pool, slots, keys)
-            assert await backend.put_from(keys, slots) == [True, True]
-            dst = pool.allocate(2)
-            assert await backend.get_into(keys, dst) == [True, True]
-            assert [bytes(pool.record_view(s)) for s in dst] == [records[k] for k in keys]
+            keys = await assert_round_trip(backend, pool)
         unverified = (f"rediss://127.0.0.1:{srv.port}/0?ssl_cert_reqs=none"
                       f"&ssl_certfile={srv.certs['client.crt']}&ssl_keyfile={srv.certs['client.key']}")
         async with open_backend(unverified, pool) as backend:  # no CA given: server not verified

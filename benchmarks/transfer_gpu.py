@@ -179,9 +179,11 @@ def main() -> int:
     parser.add_argument("--device-pages", type=int, default=2048)
     parser.add_argument("--host-slots", type=int, default=2048)
     parser.add_argument("--quick", action="store_true", help="fewer sweep points and reps")
-    parser.add_argument("--compare", choices=("splits", "blocks"),
-                        help="only these candidate load splits against `auto` (see _candidates)")
+    parser.add_argument("--compare", choices=("splits", "blocks", "batch"),
+                        help="only these candidate load splits (or the batch path) against `auto` (see _candidates)")
     args = parser.parse_args()
+    if args.compare == "batch":
+        return compare_batch(args)
     if args.compare:
         return compare(args)
     if args.quick:
@@ -555,6 +557,143 @@ def compare(args) -> int:
             extra = f"{r['vs_one_direction']:.2f}x" if r["op"] == "both" else f"{100 * r['frac_of_ceiling']:5.1f}%"
             print(f"{r['op']:6s} {r['layout']:11s} {r['split']:42s} {r['gbps']:6.2f} {extra}  "
                   f"[{r['bytes'] / r['ms_max'] / 1e6:5.1f}-{r['bytes'] / r['ms_min'] / 1e6:5.1f}]")
+    print(f"checks: {len(checks) - wrong} ok, {wrong} wrong")
+    for host in hosts.values():
+        host.close()
+    return 1 if wrong else 0
+
+
+def compare_batch(args) -> int:
+    """The ``batch`` path (one ``cudaMemcpyBatchAsync`` per layer or backup) against ``auto``, in
+    one run: every op checked byte for byte against the torch reference, then timed."""
+    from tiered_kv.kernels.cudart import FLAG_PREFER_OVERLAP_WITH_COMPUTE, runtime_version
+
+    torch.manual_seed(2)
+    b = Bench(args)
+    spec, n = b.spec, args.pages
+    layer_bytes = n * sum(c.bytes_per_layer for c in spec.components)
+    transfer_bytes = n * spec.page_bytes
+    print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | cudart {runtime_version()} | compare batch", flush=True)
+    h2d, d2h, both, layer_h2d, _ = measure_ceilings(b, layer_bytes, layer_d2h=True)
+    torch.cuda.empty_cache()
+    ceiling = {"load61": h2d["gbps"], "load1": layer_h2d["gbps"], "backup": d2h["gbps"],
+               "both": max(h2d["gbps"], d2h["gbps"])}
+    device_pool = allocate_engine_like(spec, args.device_pages, "cuda")
+    ncomp = len(spec.components)
+    views = [[device_pool.chunk_view(ci, layer) for layer in range(spec.num_layers)] for ci in range(ncomp)]
+    for row in views:
+        for view in row:
+            view.copy_(torch.randint(0, 256, view.shape, dtype=torch.uint8, device="cuda"))
+    hosts = {layout: HostPool(spec, args.host_slots, layout) for layout in ("page_first", "layer_first")}
+    for host in hosts.values():
+        fill_random(host.buffer)
+    engines = {(layout, flags): TransferEngine(device_pool, host, path="batch", timing=True)
+               for layout, host in hosts.items() for flags in (0, FLAG_PREFER_OVERLAP_WITH_COMPUTE)}
+    for (layout, flags), engine in engines.items():
+        engine.batch_flags = flags
+    auto = {layout: TransferEngine(device_pool, host, path="auto", timing=True) for layout, host in hosts.items()}
+    sets = 4
+    page_sets = [torch.randperm(args.device_pages - 1)[:n] + 1 for _ in range(sets)]
+    slot_sets = {"runs": [torch.arange(s, s + n) for s in (int(torch.randint(0, args.host_slots - n + 1, ()).item())
+                                                           for _ in range(sets))],
+                 "scattered": [torch.randperm(args.host_slots)[:n] for _ in range(sets)]}
+    backup_sets = []
+    for k in range(sets):
+        pages_b = torch.randperm(args.device_pages - 1)[: 2 * n] + 1
+        pages_b = pages_b[~torch.isin(pages_b, page_sets[k])][:n]
+        free = torch.arange(args.host_slots)[~torch.isin(torch.arange(args.host_slots), slot_sets["runs"][k])]
+        start = int(torch.randint(0, free.numel() - pages_b.numel() + 1, ()).item())
+        backup_sets.append((pages_b, free[start:start + pages_b.numel()]))
+    backup_bytes = int(statistics.mean(p.numel() for p, _ in backup_sets) * spec.page_bytes)
+    mid = spec.num_layers // 2
+    checks: list[dict] = []
+
+    def check(layout: str, op: str, load_engine, backup_engine, backup_path=None) -> bool:
+        host = hosts[layout]
+        slots, pages = slot_sets["runs"][0], page_sets[0]
+        ok = True
+        if op in ("load1", "load61", "both"):
+            layers = [mid] if op == "load1" else list(range(spec.num_layers))
+            pages_dev = pages.cuda()
+            for layer in layers:
+                for ci in range(ncomp):
+                    view = views[ci][layer]
+                    view[pages_dev] = torch.randint(0, 256, (n, view.shape[1]), dtype=torch.uint8, device="cuda")
+            expected = {(ci, layer): views[ci][layer].clone() for layer in layers for ci in range(ncomp)}
+            for (ci, layer), exp in expected.items():
+                copy_pages_reference([(host.chunk_view(ci, layer), exp)], slots, pages)
+        b_pages, b_slots = backup_sets[0]
+        if op in ("backup", "both"):
+            for view in (host.chunk_view(ci, layer) for layer in range(spec.num_layers) for ci in range(ncomp)):
+                view[b_slots] = torch.randint(0, 256, (b_slots.numel(), view.shape[1]), dtype=torch.uint8)
+        torch.cuda.synchronize()
+        bh = backup_engine.backup(b_pages, b_slots, path=backup_path) if op in ("backup", "both") else None
+        if op != "backup":
+            load_engine.load(slots, pages, layers=layers).synchronize()
+            ok = all(torch.equal(views[ci][layer], exp) for (ci, layer), exp in expected.items())
+        if bh is not None:
+            bh.synchronize()
+            for device_view, host_view in backup_pairs(device_pool, host):
+                ok = ok and torch.equal(host_view[b_slots], device_view[b_pages.cuda()].cpu())
+        name = f"{op} {layout} load {getattr(load_engine, 'path', '-')} backup {backup_path or backup_engine.path}"
+        checks.append({"name": name, "ok": ok})
+        print(f"check {name:60s} {'ok' if ok else 'WRONG'}", flush=True)
+        return ok
+
+    def timed(layout, op, name, load_engine=None, backup_engine=None, backup_path=None, slots_kind="runs"):
+        layers = [mid] if op == "load1" else None
+
+        def issue(i):
+            k = i % sets
+            ends = []
+            if op in ("backup", "both"):
+                pages_b, slots_b = backup_sets[k] if op == "both" else (page_sets[k], slot_sets[slots_kind][k])
+                ends.append(backup_engine.backup(pages_b, slots_b, path=backup_path).event)
+            if op != "backup":
+                handle = load_engine.load(slot_sets[slots_kind][k], page_sets[k], layers=layers)
+                ends.append(handle.event(handle.layers[-1]))
+            return ends
+
+        nbytes = {"load1": layer_bytes, "load61": transfer_bytes, "backup": transfer_bytes,
+                  "both": transfer_bytes + backup_bytes}[op]
+        try:
+            t = measure(issue, b.reps)
+        except Exception as exc:  # a failed variant is reported, the others still run
+            print(f"{op} {layout} {name}: FAILED {exc!r}", flush=True)
+            return
+        row = b.add(f"{op:6s} {layout:11s} {slots_kind:9s} {name}", nbytes, t, group="compare_batch", op=op, layout=layout,
+                    slots=slots_kind, split=name, frac_of_ceiling=nbytes / t["ms"] / 1e6 / ceiling[op])
+        if op == "both":
+            row["vs_one_direction"] = row["gbps"] / ceiling["both"]
+
+    wrong = 0
+    for layout in hosts:
+        eng0, eng1, au = engines[(layout, 0)], engines[(layout, FLAG_PREFER_OVERLAP_WITH_COMPUTE)], auto[layout]
+        for op in ("load1", "load61", "backup"):
+            wrong += not check(layout, op, eng0, eng0)
+        wrong += not check(layout, "both", eng0, au, "staged")
+        wrong += not check(layout, "both", eng0, eng0)
+        _save_compare(args, b, ceiling, checks)
+        for op in ("load1", "load61", "backup"):
+            timed(layout, op, "auto", au, au)
+            timed(layout, op, "batch", eng0, eng0)
+            timed(layout, op, "batch overlap flag", eng1, eng1)
+            timed(layout, op, "auto (again)", au, au)
+            timed(layout, op, "batch", eng0, eng0, slots_kind="scattered")
+        timed(layout, "both", "auto + auto", au, au)
+        timed(layout, "both", "batch + staged", eng0, au, "staged")
+        timed(layout, "both", "batch + batch", eng0, eng0)
+        timed(layout, "both", "batch + batch, overlap flag", eng1, eng1)
+        timed(layout, "both", "auto + auto (again)", au, au)
+        _save_compare(args, b, ceiling, checks)
+    print("\n== compare batch: GB/s, % of ceiling (load1: of the contiguous layer copy; both: x one direction) ==")
+    for r in b.results:
+        if r.get("group") == "ceiling":
+            print(f"{r['name']:60s} {r['gbps']:6.2f}")
+        if r.get("group") == "compare_batch":
+            extra = f"{r['vs_one_direction']:.2f}x" if r["op"] == "both" else f"{100 * r['frac_of_ceiling']:5.1f}%"
+            print(f"{r['op']:6s} {r['layout']:11s} {r['slots']:9s} {r['split']:30s} {r['gbps']:6.2f} {extra}  "
+                  f"[{r['bytes'] / r['ms_max'] / 1e6:5.1f}-{r['bytes'] / r['ms_min'] / 1e6:5.1f}] issue {r['issue_ms']:.2f} ms")
     print(f"checks: {len(checks) - wrong} ok, {wrong} wrong")
     for host in hosts.values():
         host.close()

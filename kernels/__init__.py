@@ -9,6 +9,7 @@ Paths, each beside its torch reference:
     reference     pure torch (index_select / index_copy_): the contract, and the CPU path
     uva_copy      Triton kernel reading / writing pinned host memory directly (UVA)
     direct_copy   copy engines, one (2-D) memcpy per run of adjacent pages
+    batch_copy    copy engines, every row of a call in one cudaMemcpyBatchAsync
     staged_copy   copy engines for host runs + the UVA kernel for scattered device pages
 
 This package imports only torch, numpy, Triton and the standard library, and never the core.
@@ -21,6 +22,7 @@ from .reference import copy_pages_reference
 
 _LAZY = {
     "copy_pages_direct": "direct_copy",
+    "copy_pages_batch": "batch_copy",
     "Runs": "runs",
     "find_runs": "runs",
     "StagedCopier": "staged_copy",

@@ -1,9 +1,11 @@
-"""The two CUDA runtime calls torch does not expose: 1-D and 2-D (pitched) async memcpy.
+"""The CUDA runtime calls torch does not expose: 1-D, 2-D (pitched) and batched async memcpy.
 
 The copy-engine paths need ``cudaMemcpy2DAsync``: one call moves a layer's chunk out of a run of
 ``page_first`` host slots (pitch = slot size) into a dense device buffer. torch's ``copy_`` cannot
 do this across devices without first making a contiguous CPU temporary, which costs a CPU memcpy
-of the whole run. So this module binds the CUDA runtime that torch itself has loaded (found in
+of the whole run. The ``batch`` path needs ``cudaMemcpyBatchAsync`` (CUDA 12.8+): thousands of
+scattered copies handed to the copy engines in one call, where one ``cudaMemcpyAsync`` per copy
+would cost microseconds of CPU each. So this module binds the CUDA runtime that torch itself has loaded (found in
 ``/proc/self/maps``, so the versions always match) through ctypes, from the standard library.
 
 Every call is asynchronous on the stream it is given and checks the returned status; it must
@@ -59,8 +61,36 @@ def _runtime() -> ctypes.CDLL:
     raise CudaRuntimeError(f"cannot find the CUDA runtime library torch uses; tried {candidates or 'nothing'} {errors}")
 
 
+class _MemLocation(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class _MemcpyAttributes(ctypes.Structure):
+    """``cudaMemcpyAttributes``: access order, two location hints (ignored for pinned and device
+    memory), flags."""
+
+    _fields_ = [("src_access_order", ctypes.c_int), ("src_loc_hint", _MemLocation),
+                ("dst_loc_hint", _MemLocation), ("flags", ctypes.c_uint)]
+
+
+_ACCESS_ORDER_STREAM = 1  # cudaMemcpySrcAccessOrderStream: the source is read in stream order
+#: cudaMemcpyFlagPreferOverlapWithCompute: ask for copy engines rather than SMs.
+FLAG_PREFER_OVERLAP_WITH_COMPUTE = 1
+
+
 def _declare(lib: ctypes.CDLL) -> None:
     size_t, ptr = ctypes.c_size_t, ctypes.c_void_p
+    lib.cudaRuntimeGetVersion.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    lib.cudaRuntimeGetVersion.restype = ctypes.c_int
+    if hasattr(lib, "cudaMemcpyBatchAsync"):
+        # CUDA 13 dropped the ``failIdx`` out-parameter that 12.8-12.9 have before the stream.
+        version = ctypes.c_int(0)
+        lib.cudaRuntimeGetVersion(ctypes.byref(version))
+        fail_idx = [] if version.value >= 13000 else [ctypes.POINTER(size_t)]
+        lib.cudaMemcpyBatchAsync.argtypes = [ptr, ptr, ptr, size_t, ctypes.POINTER(_MemcpyAttributes), ptr, size_t,
+                                             *fail_idx, ptr]
+        lib.cudaMemcpyBatchAsync.restype = ctypes.c_int
+        lib._batch_has_fail_idx = bool(fail_idx)
     lib.cudaMemcpyAsync.argtypes = [ptr, ptr, size_t, ctypes.c_int, ptr]
     lib.cudaMemcpyAsync.restype = ctypes.c_int
     lib.cudaMemcpy2DAsync.argtypes = [ptr, size_t, ptr, size_t, size_t, size_t, ctypes.c_int, ptr]
@@ -92,3 +122,43 @@ def memcpy_2d_async(dst: int, dst_pitch: int, src: int, src_pitch: int, width: i
         _runtime().cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height, _MEMCPY_DEFAULT, stream),
         "cudaMemcpy2DAsync",
     )
+
+
+def runtime_version() -> int:
+    """The CUDA runtime's version as an int (12080 = 12.8)."""
+    version = ctypes.c_int(0)
+    _check(_runtime().cudaRuntimeGetVersion(ctypes.byref(version)), "cudaRuntimeGetVersion")
+    return version.value
+
+
+def has_memcpy_batch() -> bool:
+    """Whether this runtime has ``cudaMemcpyBatchAsync`` (CUDA 12.8 and later)."""
+    try:
+        lib = _runtime()
+    except CudaRuntimeError:
+        return False
+    return hasattr(lib, "_batch_has_fail_idx")
+
+
+def memcpy_batch_async(dsts, srcs, sizes, stream: int, *, flags: int = 0) -> None:
+    """One ``cudaMemcpyBatchAsync``: ``count`` independent copies, sources read in stream order.
+
+    ``dsts``, ``srcs``, ``sizes``: C-contiguous uint64 numpy arrays of one length (addresses and
+    byte counts); the runtime reads them during the call, so they need not outlive it.
+    """
+    count = len(sizes)
+    if count == 0:
+        return
+    lib = _runtime()
+    if not hasattr(lib, "_batch_has_fail_idx"):
+        raise CudaRuntimeError(f"cudaMemcpyBatchAsync needs CUDA 12.8 or later; this runtime is {runtime_version()}")
+    attrs = _MemcpyAttributes(_ACCESS_ORDER_STREAM, _MemLocation(0, 0), _MemLocation(0, 0), flags)
+    first = (ctypes.c_size_t * 1)(0)
+    args = [dsts.ctypes.data, srcs.ctypes.data, sizes.ctypes.data, count, ctypes.byref(attrs), ctypes.addressof(first), 1]
+    fail = ctypes.c_size_t(0)
+    if lib._batch_has_fail_idx:
+        args.append(ctypes.byref(fail))
+    status = lib.cudaMemcpyBatchAsync(*args, stream)
+    if status != 0:
+        where = f" (copy {fail.value} of {count})" if lib._batch_has_fail_idx else f" ({count} copies)"
+        _check(status, "cudaMemcpyBatchAsync" + where)

@@ -22,6 +22,7 @@ Rules this module keeps:
 - On a CPU machine the same calls run the copy at once and return completed handles.
 
 Paths: ``kernel`` (Triton UVA kernel), ``direct`` (copy engines, runs of adjacent pages),
+``batch`` (copy engines, every row of a layer or backup in one ``cudaMemcpyBatchAsync``),
 ``staged`` (copy engines on host runs + kernel scatter/gather on the device), ``mixed`` (loads:
 part copy engines, part UVA kernel, at once, split by pages or by component: ``LoadSplit``),
 ``torch`` (the reference), ``auto`` (chosen per call from the id runs and host geometry, by the
@@ -42,7 +43,7 @@ from .host_pool import HostPool
 from .kernels import copy_pages_reference
 from .transfer import IdsLike, PageCopy, backup_pairs, load_pairs, validate
 
-PATHS = ("auto", "kernel", "direct", "staged", "mixed", "torch")
+PATHS = ("auto", "kernel", "direct", "batch", "staged", "mixed", "torch")
 
 #: Streams a staged load may split its copy-engine copies over (``LoadSplit.copy_streams``).
 MAX_COPY_STREAMS = 4
@@ -214,6 +215,8 @@ class TransferEngine:
         #: length and backups in flight), then its copy-engine share alone.
         self.load_split: LoadSplit | None = None
         self.ce_fraction: float | None = None
+        #: ``cudaMemcpyFlags`` of the ``batch`` path's calls (benchmarks compare them).
+        self.batch_flags = 0
         self._last_backup: torch.cuda.Event | None = None
         self._word: int | None = None
         self._copiers: dict[str, object] = {}
@@ -272,6 +275,11 @@ class TransferEngine:
                     from .kernels import copy_pages_direct
 
                     copy_pages_direct(self._backup_pairs, copy.device_pages, copy.host_slots, stream=self.backup_stream)
+                elif path == "batch":
+                    from .kernels.batch_copy import plan_copy_list, run_copy_list
+
+                    copies = plan_copy_list(self._backup_pairs, copy.device_pages, copy.host_slots)
+                    run_copy_list(copies, stream=self.backup_stream, on_gpu=True, flags=self.batch_flags)
                 else:
                     with torch.cuda.stream(self.backup_stream):
                         copy_pages_reference(self._backup_pairs, copy.device_pages, copy.host_slots)
@@ -364,6 +372,11 @@ class TransferEngine:
                         if runs is None:
                             runs = find_runs(copy.host_slots, copy.device_pages)
                         copy_pages_direct(pairs, copy.host_slots, copy.device_pages, stream=self.load_stream, runs=runs)
+                    elif len(copy) and path == "batch":
+                        from .kernels.batch_copy import plan_copy_list, run_copy_list
+
+                        copies = plan_copy_list(pairs, copy.host_slots, copy.device_pages)
+                        run_copy_list(copies, stream=self.load_stream, on_gpu=True, flags=self.batch_flags)
                     elif len(copy) and path == "torch":
                         with torch.cuda.stream(self.load_stream):
                             copy_pages_reference(pairs, copy.host_slots, copy.device_pages)
@@ -517,6 +530,10 @@ class TransferEngine:
             from .kernels import copy_pages_direct
 
             copy_pages_direct(pairs, src_ids, dst_ids)
+        elif path == "batch":
+            from .kernels.batch_copy import copy_pages_batch
+
+            copy_pages_batch(pairs, src_ids, dst_ids)
         else:
             copy_pages_reference(pairs, src_ids, dst_ids)
 

@@ -179,10 +179,10 @@ def main() -> int:
     parser.add_argument("--device-pages", type=int, default=2048)
     parser.add_argument("--host-slots", type=int, default=2048)
     parser.add_argument("--quick", action="store_true", help="fewer sweep points and reps")
-    parser.add_argument("--compare", choices=("splits", "blocks", "batch"),
+    parser.add_argument("--compare", choices=("splits", "blocks", "batch", "single"),
                         help="only these candidate load splits (or the batch path) against `auto` (see _candidates)")
     args = parser.parse_args()
-    if args.compare == "batch":
+    if args.compare in ("batch", "single"):
         return compare_batch(args)
     if args.compare:
         return compare(args)
@@ -574,8 +574,9 @@ def compare_batch(args) -> int:
     layer_bytes = n * sum(c.bytes_per_layer for c in spec.components)
     transfer_bytes = n * spec.page_bytes
     print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | cudart {runtime_version()} | compare batch", flush=True)
-    h2d, d2h, both, layer_h2d, _ = measure_ceilings(b, layer_bytes, layer_d2h=True)
+    h2d, d2h, both, layer_h2d, host_layer_ref = measure_ceilings(b, layer_bytes, layer_d2h=True)
     torch.cuda.empty_cache()
+    dev_layer_ref, ref_stream = torch.empty(layer_bytes, dtype=torch.uint8, device="cuda"), torch.cuda.Stream()
     ceiling = {"load61": h2d["gbps"], "load1": layer_h2d["gbps"], "backup": d2h["gbps"],
                "both": max(h2d["gbps"], d2h["gbps"])}
     device_pool = allocate_engine_like(spec, args.device_pages, "cuda")
@@ -584,9 +585,16 @@ def compare_batch(args) -> int:
     for row in views:
         for view in row:
             view.copy_(torch.randint(0, 256, view.shape, dtype=torch.uint8, device="cuda"))
-    hosts = {layout: HostPool(spec, args.host_slots, layout) for layout in ("page_first", "layer_first")}
+    layouts = ("page_first", "layer_first")
+    hosts = {layout: HostPool(spec, args.host_slots, layout) for layout in layouts}
+    if args.compare == "single":
+        hosts.update({f"{layout} huge": HostPool(spec, args.host_slots, layout, huge_pages=True) for layout in layouts})
+        print("THP:", open("/sys/kernel/mm/transparent_hugepage/enabled").read().strip(),
+              {k: v.memory.huge_pages for k, v in hosts.items()},
+              [line.strip() for line in open("/proc/meminfo") if "Huge" in line], flush=True)
     for host in hosts.values():
         fill_random(host.buffer)
+    mixed = {layout: TransferEngine(device_pool, host, path="mixed", timing=True) for layout, host in hosts.items()}
     engines = {(layout, flags): TransferEngine(device_pool, host, path="batch", timing=True)
                for layout, host in hosts.items() for flags in (0, FLAG_PREFER_OVERLAP_WITH_COMPUTE)}
     for (layout, flags), engine in engines.items():
@@ -635,7 +643,8 @@ def compare_batch(args) -> int:
             bh.synchronize()
             for device_view, host_view in backup_pairs(device_pool, host):
                 ok = ok and torch.equal(host_view[b_slots], device_view[b_pages.cuda()].cpu())
-        name = f"{op} {layout} load {getattr(load_engine, 'path', '-')} backup {backup_path or backup_engine.path}"
+        split = getattr(load_engine, "split", None)
+        name = f"{op} {layout} load {getattr(load_engine, 'path', '-')} {split or ''} backup {backup_path or backup_engine.path}"
         checks.append({"name": name, "ok": ok})
         print(f"check {name:60s} {'ok' if ok else 'WRONG'}", flush=True)
         return ok
@@ -667,7 +676,50 @@ def compare_batch(args) -> int:
             row["vs_one_direction"] = row["gbps"] / ceiling["both"]
 
     wrong = 0
-    for layout in hosts:
+    if args.compare == "single":
+        splits = {"batch latent + kernel indexer": LoadSplit(by="components", ce_path="batch"),
+                  "batch 0.6 pages + kernel": LoadSplit(0.6, ce_path="batch"),
+                  "batch 0.75 pages + kernel": LoadSplit(0.75, ce_path="batch"),
+                  "batch 0.85 pages + kernel": LoadSplit(0.85, ce_path="batch"),
+                  "staged units 64 ctas 132": LoadSplit(1.0, unit_rows=64, staging_ctas=132),
+                  "staged units 128 ctas 64": LoadSplit(1.0, unit_rows=128, staging_ctas=64)}
+
+        class WithSplit:
+            """The ``mixed`` engine of a layout with one split set while it is used."""
+
+            def __init__(self, layout, split):
+                self.engine, self.split, self.path = mixed[layout], split, "mixed"
+
+            def load(self, *a, **k):
+                self.engine.load_split = self.split
+                return self.engine.load(*a, **k)
+
+        for layout in layouts:
+            for name, split in splits.items():
+                wrong += not check(layout, "load1", WithSplit(layout, split), auto[layout])
+        for layout in hosts:
+            if layout.endswith("huge"):
+                wrong += not check(layout, "load61", auto[layout], auto[layout])
+                wrong += not check(layout, "both", auto[layout], auto[layout])
+        _save_compare(args, b, ceiling, checks)
+        for layout in layouts:
+            timed(layout, "load1", "auto", auto[layout])
+            timed(layout, "load1", "batch", engines[(layout, 0)])
+            for name, split in splits.items():
+                timed(layout, "load1", name, WithSplit(layout, split))
+            timed(layout, "load1", "batch (again)", engines[(layout, 0)])
+            timed(layout, "load1", "auto (again)", auto[layout])
+            huge = f"{layout} huge"
+            for op in ("load1", "load61", "backup", "both"):
+                timed(layout, op, "auto, 4 KiB pages", auto[layout], auto[layout])
+                timed(huge, op, "auto, huge pages", auto[huge], auto[huge])
+            timed(huge, "load1", "batch, huge pages", engines[(huge, 0)])
+            timed(huge, "load1", "batch latent + kernel indexer, huge", WithSplit(huge, splits["batch latent + kernel indexer"]))
+            timed(layout, "both", "auto, 4 KiB pages (again)", auto[layout], auto[layout])
+            _save_compare(args, b, ceiling, checks)
+        b.add("contiguous h2d of one layer's bytes (again, at the end)", layer_bytes,
+              measure(lambda i: [side_copy(dev_layer_ref, host_layer_ref, ref_stream)], b.reps), group="ceiling", op="layer_h2d")
+    for layout in (hosts if args.compare == "batch" else ()):
         eng0, eng1, au = engines[(layout, 0)], engines[(layout, FLAG_PREFER_OVERLAP_WITH_COMPUTE)], auto[layout]
         for op in ("load1", "load61", "backup"):
             wrong += not check(layout, op, eng0, eng0)
@@ -692,7 +744,7 @@ def compare_batch(args) -> int:
             print(f"{r['name']:60s} {r['gbps']:6.2f}")
         if r.get("group") == "compare_batch":
             extra = f"{r['vs_one_direction']:.2f}x" if r["op"] == "both" else f"{100 * r['frac_of_ceiling']:5.1f}%"
-            print(f"{r['op']:6s} {r['layout']:11s} {r['slots']:9s} {r['split']:30s} {r['gbps']:6.2f} {extra}  "
+            print(f"{r['op']:6s} {r['layout']:16s} {r['slots']:9s} {r['split']:36s} {r['gbps']:6.2f} {extra}  "
                   f"[{r['bytes'] / r['ms_max'] / 1e6:5.1f}-{r['bytes'] / r['ms_min'] / 1e6:5.1f}] issue {r['issue_ms']:.2f} ms")
     print(f"checks: {len(checks) - wrong} ok, {wrong} wrong")
     for host in hosts.values():

@@ -61,6 +61,9 @@ class LoadSplit:
     copy_streams: copy streams the staged half is split over (by rows; see ``StagedCopier``).
     unit_rows: most rows per staging unit (None: a whole layer), so one layer pipelines.
     staging_ctas: CTAs of the staging scatter (None: the copier's).
+    ce_path: how the copy-engine half moves: ``"staged"`` (2-D copies into the staging ring, then
+        a scatter kernel) or ``"batch"`` (one ``cudaMemcpyBatchAsync`` per layer, straight into
+        the device pages: no staging hop, more CPU per layer).
     layers_per_copy: adjacent layers the staged half moves as one group; with ``"components"``
         and ``page_first`` slots (components layer-major) that is one ``layers_per_copy`` x 42 KB
         row per slot and copy instead of one 42 KB row per layer. The events of a block's layers
@@ -73,10 +76,13 @@ class LoadSplit:
     unit_rows: int | None = None
     staging_ctas: int | None = None
     layers_per_copy: int = 1
+    ce_path: str = "staged"
 
     def __post_init__(self) -> None:
         if self.by not in ("pages", "components") or not 0.0 <= self.ce_fraction <= 1.0:
             raise ValueError(f"LoadSplit needs by 'pages' or 'components' and 0 <= ce_fraction <= 1: {self}")
+        if self.ce_path not in ("staged", "batch"):
+            raise ValueError(f"LoadSplit.ce_path must be 'staged' or 'batch': {self}")
         rows_ok = self.unit_rows is None or self.unit_rows >= 1
         if not 1 <= self.copy_streams <= MAX_COPY_STREAMS or self.layers_per_copy < 1 or not rows_ok:
             raise ValueError(f"LoadSplit needs 1..{MAX_COPY_STREAMS} copy streams, positive unit_rows and layers: {self}")
@@ -349,7 +355,17 @@ class TransferEngine:
                 events[layer] = event
 
             groups = [self._load_pairs[layer] for layer in layers]
-            if path in ("staged", "mixed") and len(copy):
+            if path == "mixed" and split.ce_path == "batch" and len(copy):
+                from .kernels.batch_copy import plan_copy_list, run_copy_list
+
+                slots, pages = staged_part
+                for index, pairs in enumerate(groups):
+                    # The copy engines' half of this layer goes on load_stream itself, so
+                    # finish_layer's join of the kernel half completes the layer there.
+                    copies = plan_copy_list([pairs[ci] for ci in ce_components], slots, pages)
+                    run_copy_list(copies, stream=self.load_stream, on_gpu=True, flags=self.batch_flags)
+                    finish_layer(index)
+            elif path in ("staged", "mixed") and len(copy):
                 slots, pages = (copy.host_slots, copy.device_pages) if path == "staged" else staged_part
                 blocks = _blocks(len(layers), split)
                 groups = [[groups[i][ci] for i in block for ci in ce_components] for block in blocks]
@@ -512,6 +528,12 @@ class TransferEngine:
                 kernel_pairs = pairs if kernel_components is None else [pairs[ci] for ci in kernel_components]
                 if len(kernel[0]):
                     self._uva(self._plan(("load", layer, kernel_components), kernel_pairs), *kernel)
+        if split.ce_path == "batch" and path == "mixed":
+            from .kernels.batch_copy import copy_pages_batch
+
+            for layer in layers:
+                copy_pages_batch([self._load_pairs[layer][ci] for ci in ce_components], *staged)
+            return
         groups = [[self._load_pairs[layers[i]][ci] for i in block for ci in ce_components]
                   for block in _blocks(len(layers), split)]
         self.staging_copier("load").to_device_groups(groups, *staged, copy_stream=[None] * split.copy_streams,

@@ -36,7 +36,7 @@ from tiered_kv.kernels.uva_copy import DEFAULT_CTAS_ON_DEVICE
 from tiered_kv.transfer import backup_pairs, load_pairs
 from tiered_kv.transfer_engine import LoadSplit, TransferEngine
 
-SLEEP_CYCLES = 40_000_000  # ~20 ms at 1.98 GHz: longer than any path's issue time below a few 100 ms
+SLEEP_CYCLES = 80_000_000  # ~40 ms at 1.98 GHz: longer than any path's issue time (load + backup: ~20 ms)
 
 
 def fill_random(tensor: torch.Tensor) -> None:
@@ -179,10 +179,10 @@ def main() -> int:
     parser.add_argument("--device-pages", type=int, default=2048)
     parser.add_argument("--host-slots", type=int, default=2048)
     parser.add_argument("--quick", action="store_true", help="fewer sweep points and reps")
-    parser.add_argument("--compare", choices=("splits", "blocks", "batch", "single"),
+    parser.add_argument("--compare", choices=("splits", "blocks", "batch", "single", "both"),
                         help="only these candidate load splits (or the batch path) against `auto` (see _candidates)")
     args = parser.parse_args()
-    if args.compare in ("batch", "single"):
+    if args.compare in ("batch", "single", "both"):
         return compare_batch(args)
     if args.compare:
         return compare(args)
@@ -587,7 +587,7 @@ def compare_batch(args) -> int:
             view.copy_(torch.randint(0, 256, view.shape, dtype=torch.uint8, device="cuda"))
     layouts = ("page_first", "layer_first")
     hosts = {layout: HostPool(spec, args.host_slots, layout) for layout in layouts}
-    if args.compare == "single":
+    if args.compare in ("single", "both"):
         hosts.update({f"{layout} huge": HostPool(spec, args.host_slots, layout, huge_pages=True) for layout in layouts})
         print("THP:", open("/sys/kernel/mm/transparent_hugepage/enabled").read().strip(),
               {k: v.memory.huge_pages for k, v in hosts.items()},
@@ -719,6 +719,16 @@ def compare_batch(args) -> int:
             _save_compare(args, b, ceiling, checks)
         b.add("contiguous h2d of one layer's bytes (again, at the end)", layer_bytes,
               measure(lambda i: [side_copy(dev_layer_ref, host_layer_ref, ref_stream)], b.reps), group="ceiling", op="layer_h2d")
+    if args.compare == "both":
+        both_patterns(b, hosts["page_first"], transfer_bytes, ceiling)
+        for layout in hosts:
+            wrong += not check(layout, "load1", auto[layout], auto[layout])
+            wrong += not check(layout, "both", auto[layout], auto[layout])
+            for _ in range(2):
+                timed(layout, "both", "auto + auto", auto[layout], auto[layout])
+                timed(layout, "both", "batch + staged", engines[(layout, 0)], auto[layout], "staged")
+            timed(layout, "load1", "auto", auto[layout])
+        _save_compare(args, b, ceiling, checks)
     for layout in (hosts if args.compare == "batch" else ()):
         eng0, eng1, au = engines[(layout, 0)], engines[(layout, FLAG_PREFER_OVERLAP_WITH_COMPUTE)], auto[layout]
         for op in ("load1", "load61", "backup"):
@@ -750,6 +760,69 @@ def compare_batch(args) -> int:
     for host in hosts.values():
         host.close()
     return 1 if wrong else 0
+
+
+def both_patterns(b: Bench, host: HostPool, nbytes: int, ceiling: dict) -> None:
+    """Which host-read pattern keeps a load from running at full rate beside a backup: raw
+    copy-engine copies of ``nbytes`` host -> device (contiguous, one 2-D copy of whole slots,
+    per-layer 2-D copies of 42 / 8 KB rows as a staged page_first load makes them, per-layer
+    1-D copies of dense rows), alone and beside a contiguous device -> host copy."""
+    from tiered_kv.kernels.cudart import memcpy_2d_async, memcpy_async
+
+    spec = host.spec
+    rows = nbytes // spec.page_bytes
+    slot = host.slot_bytes
+    src0 = host.buffer.data_ptr() + 4096
+    dev_in = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dev_out = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    host_out = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    s_load, s_backup = torch.cuda.Stream(), torch.cuda.Stream()
+    sizes = [c.bytes_per_layer for c in spec.components]
+
+    def h2d(kind):
+        h = s_load.cuda_stream
+        if kind == "contiguous":
+            memcpy_async(dev_in.data_ptr(), src0, nbytes, h)
+        elif kind == "whole slots (2-D, 3 MB rows)":
+            memcpy_2d_async(dev_in.data_ptr(), spec.page_bytes, src0, slot, spec.page_bytes, rows, h)
+        elif kind == "per layer 2-D (42 + 8 KB rows)":
+            offset = 0
+            for layer in range(spec.num_layers):
+                for ci, size in enumerate(sizes):
+                    src = host.chunk_view(ci, layer).data_ptr()
+                    memcpy_2d_async(dev_in.data_ptr() + offset, size, src, slot, size, rows, h)
+                    offset += size * rows
+        else:  # per layer, dense: the same number of copies from a contiguous source
+            offset = 0
+            for layer in range(spec.num_layers):
+                for size in sizes:
+                    memcpy_async(dev_in.data_ptr() + offset, src0 + offset, size * rows, h)
+                    offset += size * rows
+
+    def issue(kind, with_backup):
+        def run(i):
+            ends = []
+            for stream in (s_load, s_backup):
+                stream.wait_stream(torch.cuda.current_stream())
+            if with_backup:
+                memcpy_async(host_out.data_ptr(), dev_out.data_ptr(), nbytes, s_backup.cuda_stream)
+                end = torch.cuda.Event(enable_timing=True)
+                end.record(s_backup)
+                ends.append(end)
+            if kind:
+                h2d(kind)
+                end = torch.cuda.Event(enable_timing=True)
+                end.record(s_load)
+                ends.append(end)
+            return ends
+        return run
+
+    kinds = ("contiguous", "whole slots (2-D, 3 MB rows)", "per layer 2-D (42 + 8 KB rows)", "per layer 1-D dense")
+    b.add("pattern d2h contiguous alone", nbytes, measure(issue(None, True), b.reps), group="pattern")
+    for kind in kinds:
+        alone = b.add(f"pattern h2d {kind} alone", nbytes, measure(issue(kind, False), b.reps), group="pattern")
+        both = b.add(f"pattern h2d {kind} + d2h contiguous", 2 * nbytes, measure(issue(kind, True), b.reps), group="pattern")
+        print(f"   -> {kind}: alone {alone['gbps']:.2f}, both {both['gbps']:.2f} = {both['gbps'] / ceiling['both']:.2f}x")
 
 
 def _save_compare(args, b: Bench, ceiling: dict, checks: list[dict]) -> None:

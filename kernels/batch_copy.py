@@ -9,8 +9,7 @@ the other direction's copy engine stays free for a backup running at the same ti
 
 The work of a call is a *copy list*: three uint64 arrays (destination address, source address,
 size), built with numpy from the chunk views' base addresses and row pitches. Rows adjacent on
-both sides (a run of pages with dense rows, or two components that sit next to each other in
-both pools) merge into one copy. On a GPU the list is one ``cudaMemcpyBatchAsync`` on the given
+both sides (a run of pages whose rows are dense on both sides) merge into one copy. On a GPU the list is one ``cudaMemcpyBatchAsync`` on the given
 stream; on a machine without CUDA the *same list* is executed with ``ctypes.memmove``, so the CPU
 tests check the address arithmetic the GPU relies on.
 
@@ -74,8 +73,7 @@ def plan_copy_list(pairs: Sequence[ChunkPair], src_ids: torch.Tensor, dst_ids: t
         srcs.append(np.uint64(src_view.data_ptr()) + src * np.uint64(src_view.stride(0)))
         dsts.append(np.uint64(dst_view.data_ptr()) + dst * np.uint64(dst_view.stride(0)))
         sizes.append(np.full(src.size, width, dtype=np.uint64))
-    # Pair-major: a pair's rows stay together (its runs merge); the next pair may continue the
-    # last row of the one before (components adjacent in both pools).
+    # Pair-major: a pair's rows stay together, so runs of dense rows merge.
     srcs_a, dsts_a, sizes_a = np.concatenate(srcs), np.concatenate(dsts), np.concatenate(sizes)
     if merge and len(sizes_a) > 1:
         joins = (srcs_a[:-1] + sizes_a[:-1] == srcs_a[1:]) & (dsts_a[:-1] + sizes_a[:-1] == dsts_a[1:])

@@ -86,6 +86,8 @@ SPLITS = {
     "all_ce_streams": LoadSplit(1.0, copy_streams=2),
     "components_blocks": LoadSplit(by="components", layers_per_copy=2),
     "pages_blocks": LoadSplit(0.5, layers_per_copy=3, unit_rows=4),
+    "components_batch": LoadSplit(by="components", ce_path="batch"),
+    "pages_batch": LoadSplit(0.5, ce_path="batch"),
 }
 
 
@@ -120,7 +122,7 @@ def test_component_split_sends_the_largest_component_to_the_copy_engines():
 
 
 @pytest.mark.parametrize("bad", [{"by": "layers"}, {"ce_fraction": 1.5}, {"copy_streams": 0}, {"copy_streams": 99},
-                                 {"unit_rows": 0}, {"layers_per_copy": 0}])
+                                 {"unit_rows": 0}, {"layers_per_copy": 0}, {"ce_path": "dma"}])
 def test_load_split_rejects_nonsense(bad):
     with pytest.raises(ValueError, match="LoadSplit"):
         LoadSplit(**bad)
@@ -227,7 +229,7 @@ def assert_layers_equal(got, expected):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", ["kernel", "staged", "mixed", "direct", "torch", "auto"])
+@pytest.mark.parametrize("path", ["kernel", "staged", "mixed", "direct", "batch", "torch", "auto"])
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
 def test_gpu_wait_layer_orders_exactly_that_layer(path, layout):
     """Read each layer on a fresh stream right after wait_layer: it must hold the loaded bytes."""
@@ -267,7 +269,7 @@ def test_gpu_split_loads_wait_layer(split, layout):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", ["kernel", "staged", "mixed", "direct", "auto"])
+@pytest.mark.parametrize("path", ["kernel", "staged", "mixed", "direct", "batch", "auto"])
 def test_gpu_backup_then_load_round_trip(path):
     spec = nsa_spec(num_layers=8, page_size=64)
     device = make_device_pool(spec, 1100, "cuda")

@@ -12,7 +12,8 @@ import functools
 import pytest
 import torch
 
-from tiered_kv.kernels import StagedCopier, copy_pages_direct, copy_pages_uva, find_runs
+from tiered_kv.kernels import StagedCopier, copy_pages_batch, copy_pages_direct, copy_pages_uva, find_runs
+from tiered_kv.kernels.batch_copy import concat_copy_lists, plan_copy_list
 from tiered_kv.transfer import backup_pairs, load_pairs
 
 from .pools import adjacent_ids, check_copy, make_device_pool, make_host_pool, random_ids, small_specs
@@ -44,7 +45,7 @@ def _staged(pairs, src, dst, *, to_device, roomy=False, split=False):
         copier.to_host(pairs, src, dst, **options)
 
 
-PATHS = ["uva", "direct", "staged", "staged_roomy", "staged_split"]
+PATHS = ["uva", "direct", "batch", "staged", "staged_roomy", "staged_split"]
 
 
 def _runner(path: str, to_device: bool):
@@ -52,6 +53,8 @@ def _runner(path: str, to_device: bool):
         return _uva
     if path == "direct":
         return _direct
+    if path == "batch":  # on CPU the same copy list runs through memmove
+        return copy_pages_batch
     return functools.partial(_staged, to_device=to_device, roomy=path == "staged_roomy", split=path == "staged_split")
 
 
@@ -202,3 +205,40 @@ def test_staged_split_shares_every_row_once():
             for p in mine:
                 assert p[0] == host_addr + row * host_pitch and p[2] == offset + row * stage_pitch
                 row += p[5]
+
+
+def test_batch_copy_list_merges_only_rows_adjacent_on_both_sides():
+    src = torch.zeros(10, 8, dtype=torch.uint8)
+    dst = torch.zeros(12, 8, dtype=torch.uint8)
+    # Sorted by source: 2->5, 3->6, 4->7 is one run; 8->0 and 9->2 are adjacent in the source
+    # only, so they stay two copies.
+    copies = plan_copy_list([(src, dst)], torch.tensor([3, 9, 2, 8, 4]), torch.tensor([6, 2, 5, 0, 7]))
+    base_s, base_d = src.data_ptr(), dst.data_ptr()
+    got = sorted(zip((copies.srcs - base_s).tolist(), (copies.dsts - base_d).tolist(), copies.sizes.tolist()))
+    assert got == [(16, 40, 24), (64, 0, 8), (72, 16, 8)]
+    assert copies.nbytes == 5 * 8
+
+
+def test_batch_copy_list_merges_runs_of_dense_rows_and_keeps_pitched_rows_apart():
+    src = torch.arange(6 * 12, dtype=torch.uint8).view(6, 12)
+    dst = torch.zeros(6, 12, dtype=torch.uint8)
+    dense = [(src, dst)]
+    pitched = [(src[:, :5], dst[:, :5]), (src[:, 5:], dst[:, 5:])]  # two components per row
+    ids, targets = torch.tensor([3, 1, 2]), torch.tensor([4, 2, 3])
+    copies = plan_copy_list(dense, ids, targets)
+    assert len(copies) == 1 and copies.sizes.tolist() == [36]
+    copies = plan_copy_list(pitched, ids, targets)
+    assert len(copies) == 6 and copies.nbytes == 36  # rows of a pair are 12 B apart, not 5 or 7
+    assert len(plan_copy_list(dense, ids, targets, merge=False)) == 3
+    copy_pages_batch(pitched, ids, targets)
+    assert torch.equal(dst[2:5], src[1:4]) and dst[[0, 1, 5]].eq(0).all()
+    both = concat_copy_lists([plan_copy_list(dense, ids, targets), copies])
+    assert len(both) == 7 and both.nbytes == 72
+
+
+def test_batch_copy_list_rejects_mismatched_ids_and_widths():
+    src = torch.zeros(4, 8, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="ids"):
+        plan_copy_list([(src, src)], torch.tensor([0, 1]), torch.tensor([2]))
+    with pytest.raises(ValueError, match="bytes per row"):
+        plan_copy_list([(src, torch.zeros(4, 6, dtype=torch.uint8))], torch.tensor([0]), torch.tensor([1]))

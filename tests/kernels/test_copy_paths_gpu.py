@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tiered_kv import mha_spec, mla_spec, nsa_spec
-from tiered_kv.kernels import StagedCopier, copy_pages_direct, copy_pages_uva
+from tiered_kv.kernels import StagedCopier, copy_pages_batch, copy_pages_direct, copy_pages_uva
 from tiered_kv.transfer import backup_pairs, load_pairs
 
 from .pools import adjacent_ids, check_copy, make_device_pool, make_host_pool, random_ids
@@ -47,6 +47,8 @@ def _run(path, pairs, src, dst, to_device, copiers):
         copy_pages_uva(pairs, src, dst)
     elif path == "direct":
         copy_pages_direct(pairs, src, dst)
+    elif path == "batch":
+        copy_pages_batch(pairs, src, dst)
     else:
         copy_stream, kernel_stream = torch.cuda.Stream(), torch.cuda.Stream()
         copy_stream.wait_stream(torch.cuda.current_stream())
@@ -61,7 +63,7 @@ def _run(path, pairs, src, dst, to_device, copiers):
 @pytest.mark.parametrize("slots_kind", ["runs", "scattered"])
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
 @pytest.mark.parametrize("spec_name", sorted(SPECS))
-@pytest.mark.parametrize("path", ["uva", "direct", "staged", "staged_split"])
+@pytest.mark.parametrize("path", ["uva", "direct", "batch", "staged", "staged_split"])
 def test_gpu_backup_and_load(path, spec_name, layout, slots_kind, copiers):
     spec = SPECS[spec_name]
     device = make_device_pool(spec, PAGES, "cuda")

@@ -587,7 +587,7 @@ def compare_batch(args) -> int:
             view.copy_(torch.randint(0, 256, view.shape, dtype=torch.uint8, device="cuda"))
     layouts = ("page_first", "layer_first")
     hosts = {layout: HostPool(spec, args.host_slots, layout) for layout in layouts}
-    if args.compare in ("single", "both"):
+    if args.compare == "single":
         hosts.update({f"{layout} huge": HostPool(spec, args.host_slots, layout, huge_pages=True) for layout in layouts})
         print("THP:", open("/sys/kernel/mm/transparent_hugepage/enabled").read().strip(),
               {k: v.memory.huge_pages for k, v in hosts.items()},
@@ -675,6 +675,16 @@ def compare_batch(args) -> int:
         if op == "both":
             row["vs_one_direction"] = row["gbps"] / ceiling["both"]
 
+    class WithSplit:
+        """The ``mixed`` engine of a layout with one split set while it is used."""
+
+        def __init__(self, layout, split):
+            self.engine, self.split, self.path = mixed[layout], split, "mixed"
+
+        def load(self, *a, **k):
+            self.engine.load_split = self.split
+            return self.engine.load(*a, **k)
+
     wrong = 0
     if args.compare == "single":
         splits = {"batch latent + kernel indexer": LoadSplit(by="components", ce_path="batch"),
@@ -683,16 +693,6 @@ def compare_batch(args) -> int:
                   "batch 0.85 pages + kernel": LoadSplit(0.85, ce_path="batch"),
                   "staged units 64 ctas 132": LoadSplit(1.0, unit_rows=64, staging_ctas=132),
                   "staged units 128 ctas 64": LoadSplit(1.0, unit_rows=128, staging_ctas=64)}
-
-        class WithSplit:
-            """The ``mixed`` engine of a layout with one split set while it is used."""
-
-            def __init__(self, layout, split):
-                self.engine, self.split, self.path = mixed[layout], split, "mixed"
-
-            def load(self, *a, **k):
-                self.engine.load_split = self.split
-                return self.engine.load(*a, **k)
 
         for layout in layouts:
             for name, split in splits.items():
@@ -724,10 +724,14 @@ def compare_batch(args) -> int:
         for layout in hosts:
             wrong += not check(layout, "load1", auto[layout], auto[layout])
             wrong += not check(layout, "both", auto[layout], auto[layout])
+            whole = WithSplit(layout, LoadSplit(1.0, layers_per_copy=spec.num_layers))
+            if not layout.endswith("huge"):
+                wrong += not check(layout, "both", whole, auto[layout])
             for _ in range(2):
                 timed(layout, "both", "auto + auto", auto[layout], auto[layout])
-                timed(layout, "both", "batch + staged", engines[(layout, 0)], auto[layout], "staged")
-            timed(layout, "load1", "auto", auto[layout])
+                timed(layout, "both", "whole-slot staged load + auto", whole, auto[layout])
+            timed(layout, "load61", "auto", auto[layout])
+            timed(layout, "load61", "whole-slot staged load", whole)
         _save_compare(args, b, ceiling, checks)
     for layout in (hosts if args.compare == "batch" else ()):
         eng0, eng1, au = engines[(layout, 0)], engines[(layout, FLAG_PREFER_OVERLAP_WITH_COMPUTE)], auto[layout]
@@ -792,6 +796,15 @@ def both_patterns(b: Bench, host: HostPool, nbytes: int, ceiling: dict) -> None:
                     src = host.chunk_view(ci, layer).data_ptr()
                     memcpy_2d_async(dev_in.data_ptr() + offset, size, src, slot, size, rows, h)
                     offset += size * rows
+        elif kind.startswith("blocks of"):  # one latent and one indexer row per slot and block
+            per = int(kind.split()[2])
+            offset = 0
+            for first in range(0, spec.num_layers, per):
+                count = min(per, spec.num_layers - first)
+                for ci, size in enumerate(sizes):
+                    src = host.chunk_view(ci, first).data_ptr()
+                    memcpy_2d_async(dev_in.data_ptr() + offset, size * count, src, slot, size * count, rows, h)
+                    offset += size * count * rows
         else:  # per layer, dense: the same number of copies from a contiguous source
             offset = 0
             for layer in range(spec.num_layers):
@@ -817,7 +830,8 @@ def both_patterns(b: Bench, host: HostPool, nbytes: int, ceiling: dict) -> None:
             return ends
         return run
 
-    kinds = ("contiguous", "whole slots (2-D, 3 MB rows)", "per layer 2-D (42 + 8 KB rows)", "per layer 1-D dense")
+    kinds = ("contiguous", "whole slots (2-D, 3 MB rows)", "per layer 2-D (42 + 8 KB rows)", "per layer 1-D dense",
+             *(f"blocks of {n} layers 2-D" for n in (4, 8, 16)))
     b.add("pattern d2h contiguous alone", nbytes, measure(issue(None, True), b.reps), group="pattern")
     for kind in kinds:
         alone = b.add(f"pattern h2d {kind} alone", nbytes, measure(issue(kind, False), b.reps), group="pattern")

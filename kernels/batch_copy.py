@@ -20,6 +20,7 @@ This module never synchronises the device and never validates ids (the caller di
 from __future__ import annotations
 
 import ctypes
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -96,11 +97,24 @@ def run_copy_list(copies: CopyList, *, stream: torch.cuda.Stream | None = None, 
     if len(copies) == 0:
         return
     if on_gpu:
-        handle = (stream or torch.cuda.current_stream()).cuda_stream
-        cudart.memcpy_batch_async(copies.dsts, copies.srcs, copies.sizes, handle, flags=flags)
+        stream = stream or torch.cuda.current_stream()
+        if stream.cuda_stream == 0:
+            # The runtime refuses batches on the legacy default stream: run on a side stream
+            # ordered after it, and order the default stream after the batch.
+            side = _side_stream(stream.device)
+            side.wait_stream(stream)
+            cudart.memcpy_batch_async(copies.dsts, copies.srcs, copies.sizes, side.cuda_stream, flags=flags)
+            stream.wait_stream(side)
+            return
+        cudart.memcpy_batch_async(copies.dsts, copies.srcs, copies.sizes, stream.cuda_stream, flags=flags)
         return
     for d, s, n in zip(copies.dsts.tolist(), copies.srcs.tolist(), copies.sizes.tolist()):
         ctypes.memmove(d, s, n)
+
+
+@functools.cache
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    return torch.cuda.Stream(device)
 
 
 def available() -> bool:

@@ -88,6 +88,7 @@ SPLITS = {
     "pages_blocks": LoadSplit(0.5, layers_per_copy=3, unit_rows=4),
     "components_batch": LoadSplit(by="components", ce_path="batch"),
     "pages_batch": LoadSplit(0.5, ce_path="batch"),
+    "whole_slots": LoadSplit(1.0, layers_per_copy=1000),
 }
 
 

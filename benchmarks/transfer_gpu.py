@@ -179,6 +179,8 @@ def main() -> int:
     parser.add_argument("--device-pages", type=int, default=2048)
     parser.add_argument("--host-slots", type=int, default=2048)
     parser.add_argument("--quick", action="store_true", help="fewer sweep points and reps")
+    parser.add_argument("--no-sweeps", action="store_true",
+                        help="skip the CTA, tile, ce_fraction and staging sweeps (ceilings, paths and load + backup only)")
     parser.add_argument("--compare", choices=("splits", "blocks", "batch", "single", "both"),
                         help="only these candidate load splits (or the batch path) against `auto` (see _candidates)")
     args = parser.parse_args()
@@ -212,7 +214,7 @@ def main() -> int:
     for host in hosts.values():
         fill_random(host.buffer)
     engines = {(layout, path): TransferEngine(device_pool, host, path=path, timing=True)
-               for layout, host in hosts.items() for path in ("kernel", "direct", "staged", "mixed", "auto", "torch")}
+               for layout, host in hosts.items() for path in ("kernel", "direct", "batch", "staged", "mixed", "auto", "torch")}
 
     sets = 4
     page_sets = [torch.randperm(args.device_pages - 1)[:n] + 1 for _ in range(sets)]
@@ -259,11 +261,20 @@ def main() -> int:
         for path in ("kernel", "auto"):
             for slots_kind in ("runs", "scattered"):
                 run_ops(layout, path, slots_kind, b.reps)
-        for path in ("staged", "mixed"):
+        for path in ("staged", "mixed", "batch"):
             run_ops(layout, path, "runs", b.reps)
+        run_ops(layout, "batch", "scattered", b.reps, ops=("load1", "load61"))
         run_ops(layout, "direct", "runs", 2)
 
     save(b, args, ceiling, layer_h2d, naive)
+    if args.no_sweeps:
+        concurrent_section(b, args, engines, hosts, page_sets, slot_sets, sets, transfer_bytes, page_bytes, h2d, d2h, ceiling)
+        save(b, args, ceiling, layer_h2d, naive, done=True)
+        summarize(b.results, ceiling, layer_h2d["gbps"], naive)
+        print(f"wrote {args.out}")
+        for host in hosts.values():
+            host.close()
+        return 0
 
     # --- mixed loads: share of pages through the copy engines ----------------------------------
     for layout in hosts:
@@ -335,7 +346,20 @@ def main() -> int:
 
     save(b, args, ceiling, layer_h2d, naive)
 
-    # --- load and backup at the same time -------------------------------------------------------
+    concurrent_section(b, args, engines, hosts, page_sets, slot_sets, sets, transfer_bytes, page_bytes, h2d, d2h, ceiling)
+
+    save(b, args, ceiling, layer_h2d, naive, done=True)
+    summarize(b.results, ceiling, layer_h2d["gbps"], naive)
+    print(f"wrote {args.out}")
+    for host in hosts.values():
+        host.close()
+    return 0
+
+
+def concurrent_section(b, args, engines, hosts, page_sets, slot_sets, sets, transfer_bytes, page_bytes, h2d, d2h,
+                       ceiling) -> None:
+    """Load (61 layers) and backup (all layers) at the same time on the engine's two streams."""
+    n = args.pages
     # Backups of other pages into other slots, disjoint from the loads' pages and slots.
     backup_sets = []
     for k in range(sets):
@@ -346,32 +370,34 @@ def main() -> int:
         backup_sets.append((pages_b, free_slots[start:start + pages_b.numel()]))
     backup_bytes = statistics.mean(p.numel() for p, _ in backup_sets) * page_bytes
 
-    def concurrent(layout, load_path, backup_path):
+    def concurrent(layout, load_path, backup_path, split=None):
         le, be = engines[(layout, load_path)], engines[(layout, backup_path)]
 
         def issue(i):
             k = i % sets
             bh = be.backup(*backup_sets[k])
+            le.load_split = split
             lh = le.load(slot_sets["runs"][k], page_sets[k])
             return [bh.event, lh.event(lh.layers[-1])]
         return issue
 
+    spec = b.spec
+    variants = [("auto", "auto", None, "auto"), ("mixed", "staged", None, "mixed"), ("staged", "staged", None, "staged"),
+                ("kernel", "kernel", None, "kernel"), ("kernel", "staged", None, "kernel"),
+                ("batch", "staged", None, "batch"),
+                ("mixed", "staged", LoadSplit(1.0), "staged, one layer per copy"),
+                ("mixed", "staged", LoadSplit(1.0, layers_per_copy=4), "staged, blocks of 4 layers"),
+                ("mixed", "staged", LoadSplit(1.0, layers_per_copy=16), "staged, blocks of 16 layers"),
+                ("mixed", "staged", LoadSplit(1.0, layers_per_copy=spec.num_layers), "staged, whole slots")]
     for layout in hosts:
-        for load_path, backup_path in (("auto", "auto"), ("mixed", "staged"), ("staged", "staged"),
-                                       ("kernel", "kernel"), ("kernel", "staged")):
-            t = measure(concurrent(layout, load_path, backup_path), b.reps)
+        for load_path, backup_path, split, name in variants:
+            t = measure(concurrent(layout, load_path, backup_path, split), b.reps)
             nbytes = int(transfer_bytes + backup_bytes)
-            b.add(f"load {load_path} + backup {backup_path} {layout}", nbytes, t, group="concurrent", op="both",
-                  layout=layout, load_path=load_path, backup_path=backup_path,
+            b.add(f"load {name} + backup {backup_path} {layout}", nbytes, t, group="concurrent", op="both",
+                  layout=layout, load_path=load_path if split is None else name, backup_path=backup_path,
                   frac_of_ceiling=nbytes / t["ms"] / 1e6 / ceiling["both"],
                   vs_one_direction=nbytes / t["ms"] / 1e6 / max(h2d["gbps"], d2h["gbps"]))
-
-    save(b, args, ceiling, layer_h2d, naive, done=True)
-    summarize(b.results, ceiling, layer_h2d["gbps"], naive)
-    print(f"wrote {args.out}")
-    for host in hosts.values():
-        host.close()
-    return 0
+        engines[(layout, "mixed")].load_split = None
 
 
 # --- `--compare`: candidate load splits against the `auto` of before, in one run ---------------------

@@ -13,10 +13,11 @@ The staging ring is a few device buffers; units (a block of rows x a group of (c
 pairs) take buffers in turn, so the copy engine fills unit k+1 while the kernel drains unit k.
 Each unit's consumer waits on a "ready" event of its producer, and the next producer of a buffer
 waits on the "free" event of its last consumer (events are per buffer and re-recorded: a wait
-binds to the record that precedes it). When a unit's host views share one row pitch and together
-cover a contiguous span of each row (``page_first`` slots, all layers), staging mirrors that span
-and one copy per run moves whole slot payloads: megabyte rows, which copy engines stream at full
-rate, instead of one 42 KB row per slot and layer.
+binds to the record that precedes it). When a unit's host views share one row pitch (``page_first``
+slots), staging mirrors the contiguous pieces they cover in each row and one copy per run and
+piece moves them: for all layers that is the whole slot payload, for a block of adjacent layers
+one latent and one indexer piece; wide rows, which copy engines stream at full rate (also while
+the other direction is busy), instead of one 42 KB and one 8 KB row per slot and layer.
 
 Two knobs per call: ``copy_stream`` may be several streams, and each unit's copy-engine copies are
 then split by rows across them (the first stream forks the others and joins them again, so every
@@ -72,19 +73,28 @@ class _Unit:
     stage_views: list[tuple[int, int, int]]  # per pair: (staging offset, staging pitch, chunk)
 
 
-def _span(host_views: Sequence[torch.Tensor]) -> tuple[int, int] | None:
-    """(lowest address, span) if the views share a row pitch and tile ``[0, span)`` of each row."""
+def _spans(host_views: Sequence[torch.Tensor]) -> list[tuple[int, int]] | None:
+    """The views' bytes as maximal contiguous pieces of a row, ``[(address, width), ...]``, if
+    they share one row pitch and do not overlap (else None).
+
+    ``page_first`` views of one slot do: all layers of all components tile the payload (one
+    piece: whole-slot rows), and a block of adjacent layers is one latent and one indexer piece.
+    """
     pitch = host_views[0].stride(0)
     if any(v.stride(0) != pitch for v in host_views):
         return None
-    low = min(v.data_ptr() for v in host_views)
-    intervals = sorted((v.data_ptr() - low, v.shape[1]) for v in host_views)
-    position = 0
+    intervals = sorted((v.data_ptr(), v.shape[1]) for v in host_views)
+    spans: list[list[int]] = []
     for start, size in intervals:
-        if start != position:
-            return None  # a gap (bytes of a pair not in this copy) or an overlap
-        position += size
-    return (low, position) if position <= pitch else None
+        if spans and start < spans[-1][0] + spans[-1][1]:
+            return None  # overlapping views
+        if spans and start == spans[-1][0] + spans[-1][1]:
+            spans[-1][1] += size
+        else:
+            spans.append([start, size])
+    if spans[-1][0] + spans[-1][1] - spans[0][0] > pitch:
+        return None
+    return [(start, width) for start, width in spans]
 
 
 class StagedCopier:
@@ -181,13 +191,22 @@ class StagedCopier:
     # --- planning --------------------------------------------------------------------------------
     def _units(self, host_views: Sequence[torch.Tensor], host_sorted: np.ndarray, run_starts: np.ndarray,
                run_ends: np.ndarray, unit_rows: int | None = None) -> list[_Unit]:
-        """Split (rows x pairs) into units that each fit one buffer, with their host-side copies."""
+        """Split (rows x pairs) into units that each fit one buffer, with their host-side copies.
+
+        Views with one row pitch stage as *spans*: a staging row holds each contiguous piece of a
+        host row side by side, and one copy per run and piece moves it (whole-slot or layer-block
+        rows: wide rows copy engines stream at full rate, also beside a backup). Otherwise each
+        pair stages as its own dense block of rows.
+        """
         n = host_sorted.size
-        span = _span(host_views)
-        if span is not None and _round(span[1]) <= self.buffer_bytes:
-            low, width = span
-            pitch = _round(width)
-            rows_per_unit = self.buffer_bytes // pitch
+        spans = _spans(host_views)
+        if spans is not None:
+            columns = np.cumsum([0] + [_round(width) for _, width in spans]).tolist()
+            stage_pitch = columns[-1]
+            if stage_pitch > self.buffer_bytes:
+                spans = None
+        if spans is not None:
+            rows_per_unit = self.buffer_bytes // stage_pitch
         else:
             sizes = [_round(v.shape[1]) for v in host_views]
             if max(sizes) > self.buffer_bytes:
@@ -196,9 +215,13 @@ class StagedCopier:
         if unit_rows is not None:
             rows_per_unit = max(1, min(rows_per_unit, unit_rows))
         units = []
-        if span is not None and _round(span[1]) <= self.buffer_bytes:
-            span_stage = [(v.data_ptr() - low, pitch, v.shape[1]) for v in host_views]
+        if spans is not None:
+            span_stage = []
+            for v in host_views:
+                j = max(k for k, (start, _) in enumerate(spans) if start <= v.data_ptr())
+                span_stage.append((columns[j] + v.data_ptr() - spans[j][0], stage_pitch, v.shape[1]))
             span_pairs = list(range(len(host_views)))
+            host_pitch = host_views[0].stride(0)
         for r0 in range(0, n, rows_per_unit):
             r1 = min(n, r0 + rows_per_unit)
             rows = r1 - r0
@@ -206,10 +229,10 @@ class StagedCopier:
             first = np.searchsorted(run_ends, r0, side="right")
             last = np.searchsorted(run_starts, r1, side="left")
             clipped = [(max(int(s), r0), min(int(e), r1)) for s, e in zip(run_starts[first:last], run_ends[first:last])]
-            if span is not None and _round(span[1]) <= self.buffer_bytes:
-                host_pitch = host_views[0].stride(0)
-                copies = [(low + int(host_sorted[s]) * host_pitch, host_pitch, (s - r0) * pitch, pitch, width, e - s,
-                           host_views[0]) for s, e in clipped]
+            if spans is not None:
+                copies = [(start + int(host_sorted[s]) * host_pitch, host_pitch, (s - r0) * stage_pitch + column,
+                           stage_pitch, width, e - s, host_views[0])
+                          for (start, width), column in zip(spans, columns) for s, e in clipped]
                 units.append(_Unit(span_pairs, r0, r1, copies, span_stage))
                 continue
             group, used = [], 0

@@ -21,6 +21,7 @@ from tiered_kv.transfer import PageCopy, backup_pairs, load_pairs  # noqa: E402
 from tiered_kv.transfer_engine import (  # noqa: E402
     MIXED_LOADS_BESIDE_BACKUP,
     PATHS,
+    SINGLE_LAYER_WITHOUT_BATCH,
     LoadSplit,
     TransferEngine,
     choose_path,
@@ -131,13 +132,17 @@ def test_load_split_rejects_nonsense(bad):
 
 def test_component_blocks_make_one_wide_row_per_page_first_slot():
     """Latent chunks of adjacent layers sit side by side in a page_first slot: one span, one copy."""
-    from tiered_kv.kernels.staged_copy import _span
+    from tiered_kv.kernels.staged_copy import _spans
 
     device, host = _pools("nsa", "page_first")
     latent = [load_pairs(host, device.pool, layer)[0][0] for layer in (0, 1)]
-    assert _span(latent) == (latent[0].data_ptr(), 2 * latent[0].shape[1])
+    assert _spans(latent) == [(latent[0].data_ptr(), 2 * latent[0].shape[1])]
+    # Both components of a block of layers: one latent and one indexer piece per slot.
+    assert host.spec.num_layers > 2
+    block = [pair[0] for layer in (0, 1) for pair in load_pairs(host, device.pool, layer)]
+    assert [width for _, width in _spans(block)] == [2 * block[0].shape[1], 2 * block[1].shape[1]]
     device, host = _pools("nsa", "layer_first")  # dense rows already; no span across layers
-    assert _span([load_pairs(host, device.pool, layer)[0][0] for layer in (0, 1)]) is None
+    assert _spans([load_pairs(host, device.pool, layer)[0][0] for layer in (0, 1)]) is None
 
 
 def test_empty_transfers_complete():
@@ -206,6 +211,9 @@ def test_auto_rule_follows_runs():
         assert choose_path(run, torch.arange(1, 65), to_host=to_host) == "direct"
     assert choose_path(run, torch.randperm(64) + 1, to_host=True) == "staged"
     assert choose_path(run, torch.randperm(64) + 1, to_host=False) == "mixed"
+    # One layer from scattered slots: one batch call costs the same for any slots.
+    assert choose_path(scattered, torch.arange(1, 7), to_host=False, single_layer_batch=True) == "mixed"
+    assert choose_path(scattered, torch.arange(1, 7), to_host=True, single_layer_batch=True) == "kernel"
 
 
 # --- GPU ------------------------------------------------------------------------------------------
@@ -303,11 +311,16 @@ def test_mixed_loads_leave_the_link_to_copy_engines_while_a_backup_runs():
     device, host = _pools("nsa", "page_first")
     engine = TransferEngine(device.pool, host)
     # page_first rows are pitched: copy engines take the latent rows, the kernel the indexer rows;
-    # one layer alone: the kernel takes most pages.
+    # one layer alone: the latent straight into the pages in one batch, the indexer by the kernel.
     assert engine._load_split(3).by == "components" and 0 < engine._load_split(3).ce_fraction < 1
-    assert 0 < engine._ce_fraction(1) < 1
+    assert engine._load_split(3).ce_path == "staged"
+    assert engine._load_split(1) == LoadSplit(by="components", ce_path="batch")
+    engine._has_batch = False  # a CUDA runtime before 12.8: the staged split of before
+    assert engine._load_split(1) == SINGLE_LAYER_WITHOUT_BATCH[False] and 0 < engine._ce_fraction(1) < 1
     engine._last_backup = _Running()
+    # Beside a backup: copy engines only, page_first rows in blocks of layers.
     assert engine._load_split(3) == MIXED_LOADS_BESIDE_BACKUP[False]
+    assert engine._load_split(3).ce_fraction == 1.0 and engine._load_split(3).layers_per_copy > 1
     engine.ce_fraction = 0.3
     assert engine._ce_fraction(3) == 0.3 and engine._load_split(3).by == "pages"
     engine.load_split = LoadSplit(by="components", copy_streams=2)

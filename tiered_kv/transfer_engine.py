@@ -89,24 +89,31 @@ class LoadSplit:
 
 
 #: ``mixed`` loads by (host rows dense, several layers), measured on the H200 (docs/benchmarks.md,
-#: "ce_fraction" and "Load splits"): dense host rows (layer_first) stream at full rate through the
-#: copy engines alone; pitched rows (page_first: one 42 KB latent and one 8 KB indexer row per slot
-#: and layer) do not: the copy engines take the latent rows and the kernel every indexer row
-#: (53.2-53.3 against 52.4-52.5 GB/s for a 0.6 page share in two runs; specs without a smaller
-#: component keep the 0.6 page share). A single layer is too short for the copy engines to ramp up
-#: and hide the staging hop: the kernel takes most pages (pipelining the layer in 64-row units over
-#: two copy streams measured slower).
+#: "ce_fraction", "Load splits" and "Batched copies"): dense host rows (layer_first) stream at full
+#: rate through the copy engines alone; pitched rows (page_first: one 42 KB latent and one 8 KB
+#: indexer row per slot and layer) do not: the copy engines take the latent rows and the kernel
+#: every indexer row (53.2-53.3 against 52.4-52.5 GB/s for a 0.6 page share in two runs; specs
+#: without a smaller component keep the 0.6 page share). A single layer is too short to hide a
+#: staging hop: the copy engines take the latent rows straight into the device pages in one
+#: ``cudaMemcpyBatchAsync`` while the kernel takes the indexer rows (53.1-53.4 GB/s, 97-98% of a
+#: contiguous copy of the same bytes, against 48-50.5 for the best staged split).
 MIXED_LOADS = {
     (True, True): LoadSplit(1.0),
-    (True, False): LoadSplit(0.4),
+    (True, False): LoadSplit(by="components", ce_path="batch"),
     (False, True): LoadSplit(0.6, by="components"),
-    (False, False): LoadSplit(0.25),
+    (False, False): LoadSplit(by="components", ce_path="batch"),
 }
+#: Single-layer splits where the CUDA runtime has no ``cudaMemcpyBatchAsync`` (before 12.8): the
+#: staged split measured best before the batched path existed.
+SINGLE_LAYER_WITHOUT_BATCH = {True: LoadSplit(0.4), False: LoadSplit(0.25)}
 #: ``mixed`` loads while a backup is in flight, by host rows dense: UVA reads from the SMs would cut
-#: into both directions (H200, page_first: 1.3x one direction with the kernel reading all pages,
-#: 1.5x with copy engines only; the kernel reading only the indexer, two copy streams or several
-#: layers per copy measured the same 1.5x; docs/benchmarks.md).
-MIXED_LOADS_BESIDE_BACKUP = {True: LoadSplit(1.0), False: LoadSplit(1.0)}
+#: into both directions (H200, page_first: 1.3x one direction with the kernel reading all pages),
+#: so everything goes through the copy engines. Dense rows stream beside the backup (1.7-1.8x);
+#: page_first rows of one layer (42 KB and 8 KB, 3 MB apart) do not (1.5x), so page_first loads
+#: move blocks of adjacent layers: one 336 KB latent and one 67 KB indexer row per slot and block
+#: of 8 layers (raw copies: 1.79x; whole-slot rows 1.8x but every layer ready only at the end).
+#: A block's layers are ready together, once the block landed.
+MIXED_LOADS_BESIDE_BACKUP = {True: LoadSplit(1.0), False: LoadSplit(1.0, layers_per_copy=8)}
 
 #: ``auto`` sends a transfer through the copy engines (``staged``) when the host slots come in runs
 #: at least this long on average; scattered slots make one copy-engine copy per slot and layer,
@@ -231,6 +238,10 @@ class TransferEngine:
         # Host rows are dense when every per-layer host chunk view has pitch == chunk.
         self._dense_host_rows = all(h.stride(0) == h.shape[1] for pairs in self._load_pairs for h, _ in pairs)
         self._plans: dict[object, object] = {}
+        from .kernels.batch_copy import available as batch_available
+
+        # On CPU the batch path is memmove over the same copy list: always there.
+        self._has_batch = not self.on_gpu or batch_available()
         if self.on_gpu:
             if not host_pool.memory.pinned:
                 # UVA kernels and async copy-engine copies both need page-locked host memory.
@@ -309,7 +320,7 @@ class TransferEngine:
         if len(set(layers)) != len(layers):
             raise IndexValidationError(f"layers repeat: {layers}")
         copy = validate(self.device_pool, self.host_pool, device_pages, host_slots, to_host=False, token_indices=token_indices)
-        path = self._choose(path, copy, to_host=False)
+        path = self._choose(path, copy, to_host=False, single_layer=len(layers) == 1)
         split = self._load_split(len(layers)) if path in ("mixed", "staged") else LoadSplit()
         if path == "staged":
             split = replace(split, ce_fraction=1.0, by="pages")
@@ -407,6 +418,8 @@ class TransferEngine:
             split = MIXED_LOADS_BESIDE_BACKUP[self._dense_host_rows]
         else:
             split = MIXED_LOADS[(self._dense_host_rows, num_layers > 1)]
+            if split.ce_path == "batch" and not self._has_batch:
+                split = SINGLE_LAYER_WITHOUT_BATCH[self._dense_host_rows]
         if self.ce_fraction is not None:
             split = replace(split, ce_fraction=self.ce_fraction, by="pages")
         return split
@@ -457,14 +470,15 @@ class TransferEngine:
         if path not in PATHS:
             raise ValueError(f"unknown transfer path {path!r}; choose one of {PATHS}")
 
-    def _choose(self, path: str | None, copy: PageCopy, *, to_host: bool) -> str:
+    def _choose(self, path: str | None, copy: PageCopy, *, to_host: bool, single_layer: bool = False) -> str:
         path = path or self.path
         self._check_path(path)
         if path != "auto":
             return path
         if not self.on_gpu or len(copy) == 0:
             return "torch"
-        return choose_path(copy.host_slots, copy.device_pages, to_host=to_host)
+        return choose_path(copy.host_slots, copy.device_pages, to_host=to_host,
+                           single_layer_batch=single_layer and self._has_batch)
 
     # --- helpers ---------------------------------------------------------------------------------
     def _plan(self, key, pairs):
@@ -566,19 +580,21 @@ def _blocks(num_layers: int, split: LoadSplit) -> list[list[int]]:
     return [list(range(start, min(start + per, num_layers))) for start in range(0, num_layers, per)]
 
 
-def choose_path(host_slots: torch.Tensor, device_pages: torch.Tensor, *, to_host: bool) -> str:
+def choose_path(host_slots: torch.Tensor, device_pages: torch.Tensor, *, to_host: bool,
+                single_layer_batch: bool = False) -> str:
     """The ``auto`` rule for a GPU transfer, from how the ids run (CPU tensors, no device work).
 
     Scattered host slots make one copy-engine copy per slot and layer, more than the CPU can
-    issue: the UVA kernel takes those. Host runs go through the copy engines: staged for backups,
-    mixed (copy engines + kernel reading at once) for loads; pages adjacent on both sides skip
-    the staging hop.
+    issue for many layers: the UVA kernel takes those, except a single-layer load where the
+    batched copies exist (``single_layer_batch``): one batch call per layer costs the same for
+    any slots. Host runs go through the copy engines: staged for backups, mixed (copy engines +
+    kernel reading at once) for loads; pages adjacent on both sides skip the staging hop.
     """
     from .kernels import find_runs
 
     host_runs = find_runs(host_slots, torch.arange(host_slots.numel()), sort_by="src")
     if host_runs.mean_length < STAGED_MIN_MEAN_RUN:
-        return "kernel"
+        return "mixed" if single_layer_batch and not to_host else "kernel"
     if find_runs(host_slots, device_pages).mean_length >= DIRECT_MIN_MEAN_RUN:
         return "direct"
     return "staged" if to_host else "mixed"

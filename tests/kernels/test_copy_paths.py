@@ -159,18 +159,21 @@ def test_staged_rejects_chunk_larger_than_buffer():
 
 
 def test_staged_span_layout_is_used_for_page_first_backups():
-    """All layers of page_first slots tile each slot's payload: one copy per run of slots."""
-    from tiered_kv.kernels.staged_copy import _span
+    """All layers of page_first slots tile each slot's payload: one copy per run of slots; a
+    gap splits the row into pieces, each still one copy per run."""
+    from tiered_kv.kernels.staged_copy import _spans
 
     spec = SPECS["nsa"]
     device = make_device_pool(spec, NUM_PAGES)
     page_first = make_host_pool(spec, NUM_SLOTS, "page_first")
     layer_first = make_host_pool(spec, NUM_SLOTS, "layer_first")
     hosts = [dst for _, dst in backup_pairs(device.pool, page_first)]
-    assert _span(hosts) == (page_first.chunk_view(0, 0).data_ptr(), spec.page_bytes)
-    assert _span(hosts[1:]) is not None  # still one span, starting at the next chunk
-    assert _span(hosts[:2] + hosts[3:]) is None  # latent of layer 1 missing: a gap
-    assert _span([dst for _, dst in backup_pairs(device.pool, layer_first)]) is None
+    assert _spans(hosts) == [(page_first.chunk_view(0, 0).data_ptr(), spec.page_bytes)]
+    assert len(_spans(hosts[1:])) == 1  # still one piece, starting at the next chunk
+    pieces = _spans(hosts[:2] + hosts[3:])  # the chunk between two pieces missing: a gap
+    assert len(pieces) == 2 and sum(width for _, width in pieces) == spec.page_bytes - hosts[2].shape[1]
+    assert _spans(hosts + hosts[:1]) is None  # overlapping views
+    assert _spans([dst for _, dst in backup_pairs(device.pool, layer_first)]) is None  # pitches differ
 
 
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])

@@ -130,8 +130,11 @@ def summarize(results: list[dict], ceiling: dict, layer_gbps: float, naive: dict
         r = row(group="concurrent", layout=layout, load_path="auto", backup_path="auto")
         print(f"both    {layout:11s} {r['gbps']:6.2f} GB/s = {r['vs_one_direction']:.2f}x one direction (target 1.6x)")
     for op in ("backup", "load61"):
-        best = max((r for r in results if r.get("group") == "cta_sweep" and r["op"] == op and r["ctas"] <= 16),
-                   key=lambda r: r["gbps"])
+        swept = [r for r in results if r.get("group") == "cta_sweep" and r["op"] == op and r["ctas"] <= 16]
+        if not swept:
+            print(f"<=16 CTAs {op:7s} not swept in this run (--no-sweeps)")
+            continue
+        best = max(swept, key=lambda r: r["gbps"])
         print(f"<=16 CTAs {op:7s} best {best['gbps']:6.2f} GB/s = {100 * best['frac_of_ceiling']:5.1f}% at {best['ctas']} CTAs "
               f"({best['layout']}; target 90%)")
     for op in ("backup", "load61"):
@@ -181,10 +184,10 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer sweep points and reps")
     parser.add_argument("--no-sweeps", action="store_true",
                         help="skip the CTA, tile, ce_fraction and staging sweeps (ceilings, paths and load + backup only)")
-    parser.add_argument("--compare", choices=("splits", "blocks", "batch", "single", "both"),
+    parser.add_argument("--compare", choices=("splits", "blocks", "batch", "single", "both", "ctas"),
                         help="only these candidate load splits (or the batch path) against `auto` (see _candidates)")
     args = parser.parse_args()
-    if args.compare in ("batch", "single", "both"):
+    if args.compare in ("batch", "single", "both", "ctas"):
         return compare_batch(args)
     if args.compare:
         return compare(args)
@@ -758,6 +761,23 @@ def compare_batch(args) -> int:
                 timed(layout, "both", "whole-slot staged load + auto", whole, auto[layout])
             timed(layout, "load61", "auto", auto[layout])
             timed(layout, "load61", "whole-slot staged load", whole)
+        _save_compare(args, b, ceiling, checks)
+    if args.compare == "ctas":  # the kernel half of single-layer loads: its CTA budget, and the batch flag
+        for layout in hosts:
+            engine = mixed[layout]
+            batch_split = WithSplit(layout, LoadSplit(by="components", ce_path="batch"))
+            wrong += not check(layout, "load1", batch_split, auto[layout])
+            timed(layout, "load1", "auto", auto[layout])
+            for ctas in (8, 16, 24, 32, 64, 132):
+                engine.num_ctas = ctas
+                timed(layout, "load1", f"batch latent + kernel indexer, {ctas} CTAs", batch_split)
+            engine.num_ctas = None
+            engine.batch_flags = FLAG_PREFER_OVERLAP_WITH_COMPUTE
+            timed(layout, "load1", "batch latent + kernel indexer, overlap flag", batch_split)
+            engine.batch_flags = 0
+            timed(layout, "load1", "auto (again)", auto[layout])
+        b.add("contiguous h2d of one layer's bytes (again, at the end)", layer_bytes,
+              measure(lambda i: [side_copy(dev_layer_ref, host_layer_ref, ref_stream)], b.reps), group="ceiling", op="layer_h2d")
         _save_compare(args, b, ceiling, checks)
     for layout in (hosts if args.compare == "batch" else ()):
         eng0, eng1, au = engines[(layout, 0)], engines[(layout, FLAG_PREFER_OVERLAP_WITH_COMPUTE)], auto[layout]

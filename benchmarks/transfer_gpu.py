@@ -616,11 +616,6 @@ def compare_batch(args) -> int:
             view.copy_(torch.randint(0, 256, view.shape, dtype=torch.uint8, device="cuda"))
     layouts = ("page_first", "layer_first")
     hosts = {layout: HostPool(spec, args.host_slots, layout) for layout in layouts}
-    if args.compare == "single":
-        hosts.update({f"{layout} huge": HostPool(spec, args.host_slots, layout, huge_pages=True) for layout in layouts})
-        print("THP:", open("/sys/kernel/mm/transparent_hugepage/enabled").read().strip(),
-              {k: v.memory.huge_pages for k, v in hosts.items()},
-              [line.strip() for line in open("/proc/meminfo") if "Huge" in line], flush=True)
     for host in hosts.values():
         fill_random(host.buffer)
     mixed = {layout: TransferEngine(device_pool, host, path="mixed", timing=True) for layout, host in hosts.items()}
@@ -726,10 +721,6 @@ def compare_batch(args) -> int:
         for layout in layouts:
             for name, split in splits.items():
                 wrong += not check(layout, "load1", WithSplit(layout, split), auto[layout])
-        for layout in hosts:
-            if layout.endswith("huge"):
-                wrong += not check(layout, "load61", auto[layout], auto[layout])
-                wrong += not check(layout, "both", auto[layout], auto[layout])
         _save_compare(args, b, ceiling, checks)
         for layout in layouts:
             timed(layout, "load1", "auto", auto[layout])
@@ -738,13 +729,9 @@ def compare_batch(args) -> int:
                 timed(layout, "load1", name, WithSplit(layout, split))
             timed(layout, "load1", "batch (again)", engines[(layout, 0)])
             timed(layout, "load1", "auto (again)", auto[layout])
-            huge = f"{layout} huge"
-            for op in ("load1", "load61", "backup", "both"):
-                timed(layout, op, "auto, 4 KiB pages", auto[layout], auto[layout])
-                timed(huge, op, "auto, huge pages", auto[huge], auto[huge])
-            timed(huge, "load1", "batch, huge pages", engines[(huge, 0)])
-            timed(huge, "load1", "batch latent + kernel indexer, huge", WithSplit(huge, splits["batch latent + kernel indexer"]))
-            timed(layout, "both", "auto, 4 KiB pages (again)", auto[layout], auto[layout])
+            for op in ("load61", "backup", "both"):
+                timed(layout, op, "auto", auto[layout], auto[layout])
+            timed(layout, "both", "auto (again)", auto[layout], auto[layout])
             _save_compare(args, b, ceiling, checks)
         b.add("contiguous h2d of one layer's bytes (again, at the end)", layer_bytes,
               measure(lambda i: [side_copy(dev_layer_ref, host_layer_ref, ref_stream)], b.reps), group="ceiling", op="layer_h2d")
@@ -754,8 +741,7 @@ def compare_batch(args) -> int:
             wrong += not check(layout, "load1", auto[layout], auto[layout])
             wrong += not check(layout, "both", auto[layout], auto[layout])
             whole = WithSplit(layout, LoadSplit(1.0, layers_per_copy=spec.num_layers))
-            if not layout.endswith("huge"):
-                wrong += not check(layout, "both", whole, auto[layout])
+            wrong += not check(layout, "both", whole, auto[layout])
             for _ in range(2):
                 timed(layout, "both", "auto + auto", auto[layout], auto[layout])
                 timed(layout, "both", "whole-slot staged load + auto", whole, auto[layout])

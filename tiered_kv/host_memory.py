@@ -22,62 +22,29 @@ from .numa import gpu_numa_node, on_node
 # Portable: pinned for every CUDA context. Mapped: the device may address it (UVA kernels read and
 # write it directly); with unified addressing the device pointer equals the host pointer.
 _CUDA_HOST_REGISTER_FLAGS = 1 | 2
-_HUGE_PAGE = 2 << 20
 
 
 def _unregister(address: int) -> None:
     torch.cuda.cudart().cudaHostUnregister(address)
 
 
-def _advise_huge_pages(mapping: mmap.mmap) -> bool:
-    """Ask for transparent huge pages (2 MiB on x86): fewer translations for the GPU and the
-    IOMMU when a transfer touches rows megabytes apart. False where the kernel refuses."""
-    advice = getattr(mmap, "MADV_HUGEPAGE", None)
-    if advice is None:
-        return False
-    try:
-        mapping.madvise(advice)
-    except OSError:
-        return False
-    return True
-
-
-def _touch(mapping: mmap.mmap) -> None:
-    """Fault every page in now (what MAP_POPULATE does), one write per 4 KiB."""
-    import numpy as np
-
-    array = np.frombuffer(mapping, dtype=np.uint8)
-    array[::4096] = 0
-
-
 class HostMemory:
     """An anonymous mapping of ``size`` bytes, viewed as a uint8 tensor, optionally CUDA-pinned."""
 
-    def __init__(self, size: int, *, pin: bool | None = None, numa_node: int | None = None,
-                 huge_pages: bool = False) -> None:
+    def __init__(self, size: int, *, pin: bool | None = None, numa_node: int | None = None) -> None:
         if size <= 0:
             raise PoolError(f"host memory size must be > 0, got {size}")
         self.size = size
-        # Huge pages must be asked for before the first touch, so those mappings populate later.
-        populate = 0 if huge_pages else getattr(mmap, "MAP_POPULATE", 0)
-        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
         if pin is None:
             pin = torch.cuda.is_available()
         if numa_node is None and pin:
             numa_node = gpu_numa_node(torch.cuda.current_device())
-        self.huge_pages = False
         # First touch places pages: populate while running on the chosen node's CPUs.
-        # Huge pages cover only 2 MiB-aligned ranges: map 2 MiB more and start at the boundary.
-        slack = _HUGE_PAGE if huge_pages else 0
         with on_node(numa_node) as self.placed_on_node:
-            self._mmap = mmap.mmap(-1, size + slack, flags=flags)
-            if huge_pages:
-                self.huge_pages = _advise_huge_pages(self._mmap)
-                _touch(self._mmap)
+            self._mmap = mmap.mmap(-1, size, flags=flags)
         self.numa_node = numa_node if self.placed_on_node else None
-        whole = torch.frombuffer(self._mmap, dtype=torch.uint8)
-        self._offset = (-whole.data_ptr()) % _HUGE_PAGE if huge_pages else 0
-        self.tensor = whole[self._offset:self._offset + size]
+        self.tensor = torch.frombuffer(self._mmap, dtype=torch.uint8)
         self.pinned = False
         if pin:
             self._register()
@@ -96,7 +63,7 @@ class HostMemory:
         return self.tensor.data_ptr()
 
     def memoryview(self) -> memoryview:
-        return memoryview(self._mmap)[self._offset:self._offset + self.size]
+        return memoryview(self._mmap)
 
     def release(self) -> None:
         """Unregister from CUDA. The mapping itself is freed when the last view goes away."""

@@ -35,11 +35,10 @@ class HostPool:
         layout: ``"page_first"`` (what L3 wants) or ``"layer_first"``.
         pin: register with CUDA; default: when CUDA is available.
         numa_node: NUMA node for the memory; default: the current CUDA device's node, when pinned.
-        huge_pages: back the pool with transparent huge pages where the kernel allows it.
     """
 
     def __init__(self, spec: KVSpec, num_slots: int, layout: str = "page_first", *, pin: bool | None = None,
-                 numa_node: int | None = None, huge_pages: bool = False) -> None:
+                 numa_node: int | None = None) -> None:
         try:
             layout_cls = LAYOUTS[layout]
         except KeyError:
@@ -50,7 +49,7 @@ class HostPool:
         self.num_slots = num_slots
         self._layout = layout_cls(spec, num_slots)
         self.layout = layout
-        self.memory = HostMemory(self._layout.total_bytes, pin=pin, numa_node=numa_node, huge_pages=huge_pages)
+        self.memory = HostMemory(self._layout.total_bytes, pin=pin, numa_node=numa_node)
         self.buffer = self.memory.tensor
         self._array = self.buffer.numpy()
         self._views = self._layout.chunk_views(self.buffer)

@@ -753,11 +753,19 @@ def compare_batch(args) -> int:
             engine = mixed[layout]
             batch_split = WithSplit(layout, LoadSplit(by="components", ce_path="batch"))
             wrong += not check(layout, "load1", batch_split, auto[layout])
+            for streams in (2, 3):
+                wrong += not check(layout, "load1", WithSplit(layout, LoadSplit(1.0, ce_path="batch", copy_streams=streams)),
+                                   auto[layout])
             timed(layout, "load1", "auto", auto[layout])
             for ctas in (8, 16, 24, 32, 64, 132):
                 engine.num_ctas = ctas
                 timed(layout, "load1", f"batch latent + kernel indexer, {ctas} CTAs", batch_split)
             engine.num_ctas = None
+            for streams in (2, 3):
+                timed(layout, "load1", f"batch latent on {streams} streams + kernel indexer",
+                      WithSplit(layout, LoadSplit(by="components", ce_path="batch", copy_streams=streams)))
+                timed(layout, "load1", f"batch everything on {streams} streams",
+                      WithSplit(layout, LoadSplit(1.0, ce_path="batch", copy_streams=streams)))
             engine.batch_flags = FLAG_PREFER_OVERLAP_WITH_COMPUTE
             timed(layout, "load1", "batch latent + kernel indexer, overlap flag", batch_split)
             engine.batch_flags = 0

@@ -92,6 +92,16 @@ def concat_copy_lists(lists: Sequence[CopyList]) -> CopyList:
     return CopyList(*(np.ascontiguousarray(np.concatenate([getattr(c, f) for c in lists])) for f in ("dsts", "srcs", "sizes")))
 
 
+def split_copy_list(copies: CopyList, parts: int) -> list[CopyList]:
+    """``copies`` in ``parts`` lists of about equal bytes, in order (one per copy stream)."""
+    if parts <= 1 or len(copies) < 2:
+        return [copies] + [CopyList(copies.dsts[:0], copies.srcs[:0], copies.sizes[:0])] * max(0, parts - 1)
+    ends = np.cumsum(copies.sizes)
+    cuts = np.searchsorted(ends, [ends[-1] * k // parts for k in range(1, parts)], side="right")
+    bounds = [0, *cuts.tolist(), len(copies)]
+    return [CopyList(copies.dsts[a:b], copies.srcs[a:b], copies.sizes[a:b]) for a, b in zip(bounds, bounds[1:])]
+
+
 def run_copy_list(copies: CopyList, *, stream: torch.cuda.Stream | None = None, on_gpu: bool, flags: int = 0) -> None:
     """Enqueue ``copies`` as one batch on ``stream`` (GPU), or run them now with memmove (CPU)."""
     if len(copies) == 0:

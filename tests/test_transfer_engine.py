@@ -89,6 +89,7 @@ SPLITS = {
     "pages_blocks": LoadSplit(0.5, layers_per_copy=3, unit_rows=4),
     "components_batch": LoadSplit(by="components", ce_path="batch"),
     "pages_batch": LoadSplit(0.5, ce_path="batch"),
+    "components_batch_streams": LoadSplit(by="components", ce_path="batch", copy_streams=3),
     "whole_slots": LoadSplit(1.0, layers_per_copy=1000),
 }
 

@@ -58,7 +58,8 @@ class LoadSplit:
         component (NSA: the 42 KB latent) through the copy engines and the others (the 8 KB
         indexer) through the kernel, so no copy engine moves small pitched rows (specs with one
         component, or components of one size, fall back to ``"pages"`` with ``ce_fraction``).
-    copy_streams: copy streams the staged half is split over (by rows; see ``StagedCopier``).
+    copy_streams: copy streams the copy-engine half is split over (staged: by rows, see
+        ``StagedCopier``; batch: by copies).
     unit_rows: most rows per staging unit (None: a whole layer), so one layer pipelines.
     staging_ctas: CTAs of the staging scatter (None: the copier's).
     ce_path: how the copy-engine half moves: ``"staged"`` (2-D copies into the staging ring, then
@@ -257,6 +258,9 @@ class TransferEngine:
                 # Join events of ``mixed`` loads, re-recorded per layer (a wait binds to the record
                 # before it, so reuse across layers is safe).
                 self._uva_done = [torch.cuda.Event() for _ in range(4)]
+                # Fork / join of batched copies split over several copy streams (re-recorded per layer).
+                self._batch_fork = torch.cuda.Event()
+                self._batch_join = [torch.cuda.Event() for _ in range(MAX_COPY_STREAMS - 1)]
 
     # --- public ----------------------------------------------------------------------------------
     def backup(self, device_pages: IdsLike, host_slots: IdsLike, *, path: str | None = None,
@@ -367,14 +371,25 @@ class TransferEngine:
 
             groups = [self._load_pairs[layer] for layer in layers]
             if path == "mixed" and split.ce_path == "batch" and len(copy):
-                from .kernels.batch_copy import plan_copy_list, run_copy_list
+                from .kernels.batch_copy import plan_copy_list, run_copy_list, split_copy_list
 
                 slots, pages = staged_part
+                extra = self._load_copy_extra[:split.copy_streams - 1]
                 for index, pairs in enumerate(groups):
-                    # The copy engines' half of this layer goes on load_stream itself, so
+                    # The copy engines' half of this layer goes on load_stream itself (split over
+                    # ``copy_streams`` streams that fork from and join back into it), so
                     # finish_layer's join of the kernel half completes the layer there.
                     copies = plan_copy_list([pairs[ci] for ci in ce_components], slots, pages)
-                    run_copy_list(copies, stream=self.load_stream, on_gpu=True, flags=self.batch_flags)
+                    parts = split_copy_list(copies, 1 + len(extra))
+                    if extra:
+                        self._batch_fork.record(self.load_stream)
+                    for stream, part in zip(extra, parts[1:]):
+                        stream.wait_event(self._batch_fork)
+                        run_copy_list(part, stream=stream, on_gpu=True, flags=self.batch_flags)
+                    run_copy_list(parts[0], stream=self.load_stream, on_gpu=True, flags=self.batch_flags)
+                    for stream, joined in zip(extra, self._batch_join):
+                        joined.record(stream)
+                        self.load_stream.wait_event(joined)
                     finish_layer(index)
             elif path in ("staged", "mixed") and len(copy):
                 slots, pages = (copy.host_slots, copy.device_pages) if path == "staged" else staged_part

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tiered_kv.kernels import StagedCopier, copy_pages_batch, copy_pages_direct, copy_pages_uva, find_runs
-from tiered_kv.kernels.batch_copy import concat_copy_lists, plan_copy_list
+from tiered_kv.kernels.batch_copy import concat_copy_lists, plan_copy_list, split_copy_list
 from tiered_kv.transfer import backup_pairs, load_pairs
 
 from .pools import adjacent_ids, check_copy, make_device_pool, make_host_pool, random_ids, small_specs
@@ -245,3 +245,17 @@ def test_batch_copy_list_rejects_mismatched_ids_and_widths():
         plan_copy_list([(src, src)], torch.tensor([0, 1]), torch.tensor([2]))
     with pytest.raises(ValueError, match="bytes per row"):
         plan_copy_list([(src, torch.zeros(4, 6, dtype=torch.uint8))], torch.tensor([0]), torch.tensor([1]))
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 7])
+def test_batch_copy_list_splits_into_ordered_parts_of_similar_bytes(parts):
+    src = torch.zeros(40, 16, dtype=torch.uint8)
+    dst = torch.zeros(40, 16, dtype=torch.uint8)
+    copies = plan_copy_list([(src[:, :7], dst[:, :7]), (src[:, 8:], dst[:, 8:])], random_ids(13, 0, 40),
+                            random_ids(13, 0, 40))
+    split = split_copy_list(copies, parts)
+    assert len(split) == parts
+    joined = concat_copy_lists(split)
+    assert joined.srcs.tolist() == copies.srcs.tolist() and joined.dsts.tolist() == copies.dsts.tolist()
+    largest = int(copies.sizes.max())
+    assert all(abs(part.nbytes - copies.nbytes / parts) <= largest for part in split)

@@ -174,6 +174,51 @@ def measure_ceilings(b: "Bench", layer_bytes: int, *, layer_d2h: bool = False):
     return h2d, d2h, both, layer_h2d, host_layer  # the 2 GiB buffers go with this frame
 
 
+def random_pools(spec, args) -> tuple:
+    """A device pool shaped like the engine's and a pinned host pool per layout, all random bytes."""
+    device_pool = allocate_engine_like(spec, args.device_pages, "cuda")
+    for ci in range(len(spec.components)):
+        for layer in range(spec.num_layers):
+            view = device_pool.chunk_view(ci, layer)
+            view.copy_(torch.randint(0, 256, view.shape, dtype=torch.uint8, device="cuda"))
+    hosts = {layout: HostPool(spec, args.host_slots, layout) for layout in ("page_first", "layer_first")}
+    for host in hosts.values():
+        fill_random(host.buffer)
+    return device_pool, hosts
+
+
+def id_sets(args, sets: int) -> tuple[list[torch.Tensor], dict[str, list[torch.Tensor]]]:
+    """``sets`` random device page lists and host slot lists, in one run each or scattered."""
+    n = args.pages
+    page_sets = [torch.randperm(args.device_pages - 1)[:n] + 1 for _ in range(sets)]
+    run_starts = [int(torch.randint(0, args.host_slots - n + 1, ()).item()) for _ in range(sets)]
+    return page_sets, {"runs": [torch.arange(s, s + n) for s in run_starts],
+                       "scattered": [torch.randperm(args.host_slots)[:n] for _ in range(sets)]}
+
+
+def backup_sets_beside(args, page_sets, run_slot_sets) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per id set, a backup of other pages into other slots (a run), disjoint from the load's."""
+    n, out = args.pages, []
+    for pages, slots in zip(page_sets, run_slot_sets):
+        pages_b = torch.randperm(args.device_pages - 1)[: 2 * n] + 1
+        pages_b = pages_b[~torch.isin(pages_b, pages)][:n]
+        free = torch.arange(args.host_slots)[~torch.isin(torch.arange(args.host_slots), slots)]
+        start = int(torch.randint(0, free.numel() - pages_b.numel() + 1, ()).item())
+        out.append((pages_b, free[start:start + pages_b.numel()]))
+    return out
+
+
+def print_compare(results: list[dict], group: str, width: int, *, issue: bool = False) -> None:
+    """The rows of one compare group: GB/s, % of the ceiling (both: x one direction), [slowest-fastest]."""
+    for r in results:
+        if r.get("group") == group:
+            extra = f"{r['vs_one_direction']:.2f}x" if r["op"] == "both" else f"{100 * r['frac_of_ceiling']:5.1f}%"
+            where = f"{r['layout']:16s} {r.get('slots', ''):9s}"
+            print(f"{r['op']:6s} {where} {r['split']:{width}s} {r['gbps']:6.2f} {extra}  "
+                  f"[{r['bytes'] / r['ms_max'] / 1e6:5.1f}-{r['bytes'] / r['ms_min'] / 1e6:5.1f}]"
+                  + (f" issue {r['issue_ms']:.2f} ms" if issue else ""))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/benchmarks/transfer_gpu.json")
@@ -208,22 +253,12 @@ def main() -> int:
     ceiling = {"backup": d2h["gbps"], "load61": h2d["gbps"], "load1": h2d["gbps"], "both": both["gbps"]}
 
     # --- pools and engines ---------------------------------------------------------------------
-    device_pool = allocate_engine_like(spec, args.device_pages, "cuda")
-    for ci in range(len(spec.components)):
-        for layer in range(spec.num_layers):
-            view = device_pool.chunk_view(ci, layer)
-            view.copy_(torch.randint(0, 256, view.shape, dtype=torch.uint8, device="cuda"))
-    hosts = {layout: HostPool(spec, args.host_slots, layout) for layout in ("page_first", "layer_first")}
-    for host in hosts.values():
-        fill_random(host.buffer)
+    device_pool, hosts = random_pools(spec, args)
     engines = {(layout, path): TransferEngine(device_pool, host, path=path, timing=True)
                for layout, host in hosts.items() for path in ("kernel", "direct", "batch", "staged", "mixed", "auto", "torch")}
 
     sets = 4
-    page_sets = [torch.randperm(args.device_pages - 1)[:n] + 1 for _ in range(sets)]
-    run_starts = [int(torch.randint(0, args.host_slots - n + 1, ()).item()) for _ in range(sets)]
-    slot_sets = {"runs": [torch.arange(s, s + n) for s in run_starts],
-                 "scattered": [torch.randperm(args.host_slots)[:n] for _ in range(sets)]}
+    page_sets, slot_sets = id_sets(args, sets)
 
     def backup(engine, slots_kind):
         return lambda i: [engine.backup(page_sets[i % sets], slot_sets[slots_kind][i % sets]).event]
@@ -270,7 +305,9 @@ def main() -> int:
         run_ops(layout, "direct", "runs", 2)
 
     save(b, args, ceiling, layer_h2d, naive)
-    if args.no_sweeps:
+
+    def finish() -> int:
+        """Load + backup at once, then the summary (the last sections of every run)."""
         concurrent_section(b, args, engines, hosts, page_sets, slot_sets, sets, transfer_bytes, page_bytes, h2d, d2h, ceiling)
         save(b, args, ceiling, layer_h2d, naive, done=True)
         summarize(b.results, ceiling, layer_h2d["gbps"], naive)
@@ -278,6 +315,9 @@ def main() -> int:
         for host in hosts.values():
             host.close()
         return 0
+
+    if args.no_sweeps:
+        return finish()
 
     # --- mixed loads: share of pages through the copy engines ----------------------------------
     for layout in hosts:
@@ -348,29 +388,13 @@ def main() -> int:
                   op="load61", ctas=ctas, block=block, warps=warps, frac_of_ceiling=transfer_bytes / t["ms"] / 1e6 / ceiling["load61"])
 
     save(b, args, ceiling, layer_h2d, naive)
-
-    concurrent_section(b, args, engines, hosts, page_sets, slot_sets, sets, transfer_bytes, page_bytes, h2d, d2h, ceiling)
-
-    save(b, args, ceiling, layer_h2d, naive, done=True)
-    summarize(b.results, ceiling, layer_h2d["gbps"], naive)
-    print(f"wrote {args.out}")
-    for host in hosts.values():
-        host.close()
-    return 0
+    return finish()
 
 
 def concurrent_section(b, args, engines, hosts, page_sets, slot_sets, sets, transfer_bytes, page_bytes, h2d, d2h,
                        ceiling) -> None:
     """Load (61 layers) and backup (all layers) at the same time on the engine's two streams."""
-    n = args.pages
-    # Backups of other pages into other slots, disjoint from the loads' pages and slots.
-    backup_sets = []
-    for k in range(sets):
-        pages_b = torch.randperm(args.device_pages - 1)[: 2 * n] + 1
-        pages_b = pages_b[~torch.isin(pages_b, page_sets[k])][:n]
-        free_slots = torch.arange(args.host_slots)[~torch.isin(torch.arange(args.host_slots), slot_sets["runs"][k])]
-        start = int(torch.randint(0, free_slots.numel() - pages_b.numel() + 1, ()).item())
-        backup_sets.append((pages_b, free_slots[start:start + pages_b.numel()]))
+    backup_sets = backup_sets_beside(args, page_sets, slot_sets["runs"])
     backup_bytes = statistics.mean(p.numel() for p, _ in backup_sets) * page_bytes
 
     def concurrent(layout, load_path, backup_path, split=None):
@@ -482,27 +506,14 @@ def compare(args) -> int:
     layer_ref("own pinned buffer", lambda: [host_layer])
     ceiling = {"load61": h2d["gbps"], "load1": layer_h2d["gbps"], "both": max(h2d["gbps"], d2h["gbps"])}
 
-    device_pool = allocate_engine_like(spec, args.device_pages, "cuda")
+    device_pool, hosts = random_pools(spec, args)
     views = [[device_pool.chunk_view(ci, layer) for layer in range(spec.num_layers)] for ci in range(len(spec.components))]
-    for row in views:
-        for view in row:
-            view.copy_(torch.randint(0, 256, view.shape, dtype=torch.uint8, device="cuda"))
-    hosts = {layout: HostPool(spec, args.host_slots, layout) for layout in ("page_first", "layer_first")}
-    for host in hosts.values():
-        fill_random(host.buffer)
     engines = {layout: TransferEngine(device_pool, host, path="mixed", timing=True) for layout, host in hosts.items()}
     auto = {layout: TransferEngine(device_pool, host, path="auto", timing=True) for layout, host in hosts.items()}
     sets = 4
-    page_sets = [torch.randperm(args.device_pages - 1)[:n] + 1 for _ in range(sets)]
-    slot_sets = [torch.arange(s, s + n) for s in (int(torch.randint(0, args.host_slots - n + 1, ()).item())
-                                                  for _ in range(sets))]
-    backup_sets = []
-    for k in range(sets):
-        pages_b = torch.randperm(args.device_pages - 1)[: 2 * n] + 1
-        pages_b = pages_b[~torch.isin(pages_b, page_sets[k])][:n]
-        free = torch.arange(args.host_slots)[~torch.isin(torch.arange(args.host_slots), slot_sets[k])]
-        start = int(torch.randint(0, free.numel() - pages_b.numel() + 1, ()).item())
-        backup_sets.append((pages_b, free[start:start + pages_b.numel()]))
+    page_sets, all_slot_sets = id_sets(args, sets)
+    slot_sets = all_slot_sets["runs"]
+    backup_sets = backup_sets_beside(args, page_sets, slot_sets)
     backup_bytes = int(statistics.mean(p.numel() for p, _ in backup_sets) * spec.page_bytes)
     mid = spec.num_layers // 2
     checks: list[dict] = []
@@ -581,11 +592,7 @@ def compare(args) -> int:
         if r.get("group") in ("ceiling", "layer_ref"):
             print(f"{r['name']:78s} {r['gbps']:6.2f}  [{r['bytes'] / r['ms_max'] / 1e6:5.1f}-{r['bytes'] / r['ms_min'] / 1e6:5.1f}]")
     print("\n== compare: GB/s, % of ceiling (load1: of the contiguous layer copy; both: x one direction) ==")
-    for r in b.results:
-        if r.get("group") == "compare":
-            extra = f"{r['vs_one_direction']:.2f}x" if r["op"] == "both" else f"{100 * r['frac_of_ceiling']:5.1f}%"
-            print(f"{r['op']:6s} {r['layout']:11s} {r['split']:42s} {r['gbps']:6.2f} {extra}  "
-                  f"[{r['bytes'] / r['ms_max'] / 1e6:5.1f}-{r['bytes'] / r['ms_min'] / 1e6:5.1f}]")
+    print_compare(b.results, "compare", 42)
     print(f"checks: {len(checks) - wrong} ok, {wrong} wrong")
     for host in hosts.values():
         host.close()
@@ -608,16 +615,10 @@ def compare_batch(args) -> int:
     dev_layer_ref, ref_stream = torch.empty(layer_bytes, dtype=torch.uint8, device="cuda"), torch.cuda.Stream()
     ceiling = {"load61": h2d["gbps"], "load1": layer_h2d["gbps"], "backup": d2h["gbps"],
                "both": max(h2d["gbps"], d2h["gbps"])}
-    device_pool = allocate_engine_like(spec, args.device_pages, "cuda")
+    device_pool, hosts = random_pools(spec, args)
     ncomp = len(spec.components)
     views = [[device_pool.chunk_view(ci, layer) for layer in range(spec.num_layers)] for ci in range(ncomp)]
-    for row in views:
-        for view in row:
-            view.copy_(torch.randint(0, 256, view.shape, dtype=torch.uint8, device="cuda"))
-    layouts = ("page_first", "layer_first")
-    hosts = {layout: HostPool(spec, args.host_slots, layout) for layout in layouts}
-    for host in hosts.values():
-        fill_random(host.buffer)
+    layouts = tuple(hosts)
     mixed = {layout: TransferEngine(device_pool, host, path="mixed", timing=True) for layout, host in hosts.items()}
     engines = {(layout, flags): TransferEngine(device_pool, host, path="batch", timing=True)
                for layout, host in hosts.items() for flags in (0, FLAG_PREFER_OVERLAP_WITH_COMPUTE)}
@@ -625,17 +626,8 @@ def compare_batch(args) -> int:
         engine.batch_flags = flags
     auto = {layout: TransferEngine(device_pool, host, path="auto", timing=True) for layout, host in hosts.items()}
     sets = 4
-    page_sets = [torch.randperm(args.device_pages - 1)[:n] + 1 for _ in range(sets)]
-    slot_sets = {"runs": [torch.arange(s, s + n) for s in (int(torch.randint(0, args.host_slots - n + 1, ()).item())
-                                                           for _ in range(sets))],
-                 "scattered": [torch.randperm(args.host_slots)[:n] for _ in range(sets)]}
-    backup_sets = []
-    for k in range(sets):
-        pages_b = torch.randperm(args.device_pages - 1)[: 2 * n] + 1
-        pages_b = pages_b[~torch.isin(pages_b, page_sets[k])][:n]
-        free = torch.arange(args.host_slots)[~torch.isin(torch.arange(args.host_slots), slot_sets["runs"][k])]
-        start = int(torch.randint(0, free.numel() - pages_b.numel() + 1, ()).item())
-        backup_sets.append((pages_b, free[start:start + pages_b.numel()]))
+    page_sets, slot_sets = id_sets(args, sets)
+    backup_sets = backup_sets_beside(args, page_sets, slot_sets["runs"])
     backup_bytes = int(statistics.mean(p.numel() for p, _ in backup_sets) * spec.page_bytes)
     mid = spec.num_layers // 2
     checks: list[dict] = []
@@ -796,10 +788,7 @@ def compare_batch(args) -> int:
     for r in b.results:
         if r.get("group") == "ceiling":
             print(f"{r['name']:60s} {r['gbps']:6.2f}")
-        if r.get("group") == "compare_batch":
-            extra = f"{r['vs_one_direction']:.2f}x" if r["op"] == "both" else f"{100 * r['frac_of_ceiling']:5.1f}%"
-            print(f"{r['op']:6s} {r['layout']:16s} {r['slots']:9s} {r['split']:36s} {r['gbps']:6.2f} {extra}  "
-                  f"[{r['bytes'] / r['ms_max'] / 1e6:5.1f}-{r['bytes'] / r['ms_min'] / 1e6:5.1f}] issue {r['issue_ms']:.2f} ms")
+    print_compare(b.results, "compare_batch", 36, issue=True)
     print(f"checks: {len(checks) - wrong} ok, {wrong} wrong")
     for host in hosts.values():
         host.close()

@@ -265,93 +265,8 @@ class TransferEngine:
                     self._run_on_cpu(path, self._load_pairs[layer], copy.host_slots, copy.device_pages, to_host=False,
                                      key=("load", layer))
             return LoadHandle(self.device, layers, None, copy, path)
-        kernel_components, ce_components = self._components(split)
-        events: dict[int, torch.cuda.Event] = {}
         with torch.cuda.device(self.device):
-            caller = torch.cuda.current_stream(self.device)
-            for stream in (self.load_stream, self.load_copy_stream, self.load_uva_stream):
-                stream.wait_stream(caller)
-            staged_part = None
-            if len(copy) and path in ("kernel", "mixed"):
-                kernel_part, staged_part = self._parts(copy, path, split)
-                uva_stream = self.load_stream if path == "kernel" else self.load_uva_stream
-                plans = [self._load_plan(layer, kernel_components) for layer in layers]
-                with torch.cuda.stream(uva_stream):
-                    from .kernels.uva_copy import upload
-
-                    uploaded = upload(self.device, [p.table for p in plans] + list(kernel_part))
-                tables, (slots_dev, pages_dev) = uploaded[:-2], uploaded[-2:]
-
-            def finish_layer(index: int) -> None:
-                layer = layers[index]
-                if path in ("kernel", "mixed") and len(copy):
-                    from .kernels.uva_copy import launch_uva
-
-                    with torch.cuda.stream(uva_stream):
-                        launch_uva(plans[index], tables[index], slots_dev, pages_dev, num_ctas=self.num_ctas)
-                    if path == "mixed":
-                        # The layer is complete only once both halves of it have landed.
-                        joined = self._uva_done[index % len(self._uva_done)]
-                        joined.record(uva_stream)
-                        self.load_stream.wait_event(joined)
-                event = torch.cuda.Event(enable_timing=self._timing)
-                event.record(self.load_stream)
-                events[layer] = event
-
-            groups = [self._load_pairs[layer] for layer in layers]
-            if path == "mixed" and split.ce_path == "batch" and len(copy):
-                from .kernels.batch_copy import plan_copy_list, run_copy_list, split_copy_list
-
-                slots, pages = staged_part
-                extra = self._load_copy_extra[:split.copy_streams - 1]
-                for index, pairs in enumerate(groups):
-                    # The copy engines' half of this layer goes on load_stream itself (split over
-                    # ``copy_streams`` streams that fork from and join back into it), so
-                    # finish_layer's join of the kernel half completes the layer there.
-                    copies = plan_copy_list([pairs[ci] for ci in ce_components], slots, pages)
-                    parts = split_copy_list(copies, 1 + len(extra))
-                    if extra:
-                        self._batch_fork.record(self.load_stream)
-                    for stream, part in zip(extra, parts[1:]):
-                        stream.wait_event(self._batch_fork)
-                        run_copy_list(part, stream=stream, on_gpu=True, flags=self.batch_flags)
-                    run_copy_list(parts[0], stream=self.load_stream, on_gpu=True, flags=self.batch_flags)
-                    for stream, joined in zip(extra, self._batch_join):
-                        joined.record(stream)
-                        self.load_stream.wait_event(joined)
-                    finish_layer(index)
-            elif path in ("staged", "mixed") and len(copy):
-                slots, pages = (copy.host_slots, copy.device_pages) if path == "staged" else staged_part
-                blocks = _blocks(len(layers), split)
-                groups = [[groups[i][ci] for i in block for ci in ce_components] for block in blocks]
-                copy_streams = [self.load_copy_stream, *self._load_copy_extra[:split.copy_streams - 1]]
-
-                def finish_block(b: int) -> None:
-                    for index in blocks[b]:
-                        finish_layer(index)
-
-                # One call for every layer: sorting, runs and the table upload happen once.
-                self.staging_copier("load").to_device_groups(
-                    groups, slots, pages, copy_stream=copy_streams, kernel_stream=self.load_stream,
-                    on_group_done=finish_block, unit_rows=split.unit_rows, num_ctas=split.staging_ctas)
-            else:
-                runs = None
-                for index, pairs in enumerate(groups):
-                    if len(copy) and path == "direct":
-                        from .kernels import copy_pages_direct, find_runs
-
-                        if runs is None:
-                            runs = find_runs(copy.host_slots, copy.device_pages)
-                        copy_pages_direct(pairs, copy.host_slots, copy.device_pages, stream=self.load_stream, runs=runs)
-                    elif len(copy) and path == "batch":
-                        from .kernels.batch_copy import plan_copy_list, run_copy_list
-
-                        copies = plan_copy_list(pairs, copy.host_slots, copy.device_pages)
-                        run_copy_list(copies, stream=self.load_stream, on_gpu=True, flags=self.batch_flags)
-                    elif len(copy) and path == "torch":
-                        with torch.cuda.stream(self.load_stream):
-                            copy_pages_reference(pairs, copy.host_slots, copy.device_pages)
-                    finish_layer(index)
+            events = _GpuLoad(self, layers, copy, path, split).enqueue()
         return LoadHandle(self.device, layers, events, copy, path)
 
     def _load_split(self, num_layers: int) -> LoadSplit:
@@ -516,6 +431,135 @@ class TransferEngine:
             copy_pages_batch(pairs, src_ids, dst_ids)
         else:
             copy_pages_reference(pairs, src_ids, dst_ids)
+
+
+class _GpuLoad:
+    """Enqueues one load on a GPU: per layer, the UVA kernel's half and the copy engines' half
+    (whichever the path uses), then the layer's event once every component has landed.
+
+    One object per ``TransferEngine.load`` call; it borrows the engine's streams, events, plans
+    and staging ring, and is dropped when the call returns. Runs under the pool's device.
+    """
+
+    def __init__(self, engine: "TransferEngine", layers: list[int], copy: PageCopy, path: str, split: LoadSplit) -> None:
+        self.engine, self.layers, self.copy, self.path, self.split = engine, layers, copy, path, split
+        self.kernel_components, self.ce_components = engine._components(split)
+        self.events: dict[int, torch.cuda.Event] = {}
+        self.ce_ids = (copy.host_slots, copy.device_pages)  # the copy engines' pages (all of them unless split)
+        self.uva = None  # (stream, plans, tables, slots on the device, pages on the device)
+
+    def enqueue(self) -> dict[int, torch.cuda.Event]:
+        engine, path = self.engine, self.path
+        caller = torch.cuda.current_stream(engine.device)
+        for stream in (engine.load_stream, engine.load_copy_stream, engine.load_uva_stream):
+            stream.wait_stream(caller)
+        if not len(self.copy):
+            for index in range(len(self.layers)):
+                self._finish_layer(index)
+        else:
+            if path in ("kernel", "mixed"):
+                self._prepare_kernel_half()
+            if path == "mixed" and self.split.ce_path == "batch":
+                self._batched_copy_engine_half()
+            elif path in ("staged", "mixed"):
+                self._staged_copy_engine_half()
+            else:
+                self._per_layer()
+        return self.events
+
+    def _prepare_kernel_half(self) -> None:
+        """Split the pages (``mixed``) and upload every layer's kernel table and the ids at once."""
+        from .kernels.uva_copy import upload
+
+        engine = self.engine
+        kernel_part, self.ce_ids = engine._parts(self.copy, self.path, self.split)
+        stream = engine.load_stream if self.path == "kernel" else engine.load_uva_stream
+        plans = [engine._load_plan(layer, self.kernel_components) for layer in self.layers]
+        with torch.cuda.stream(stream):
+            uploaded = upload(engine.device, [p.table for p in plans] + list(kernel_part))
+        self.uva = (stream, plans, uploaded[:-2], uploaded[-2], uploaded[-1])
+
+    def _finish_layer(self, index: int) -> None:
+        """Launch the layer's kernel half (if any), join it, and record the layer's event."""
+        engine = self.engine
+        if self.uva is not None:
+            from .kernels.uva_copy import launch_uva
+
+            stream, plans, tables, slots_dev, pages_dev = self.uva
+            with torch.cuda.stream(stream):
+                launch_uva(plans[index], tables[index], slots_dev, pages_dev, num_ctas=engine.num_ctas)
+            if self.path == "mixed":
+                # The layer is complete only once both halves of it have landed.
+                joined = engine._uva_done[index % len(engine._uva_done)]
+                joined.record(stream)
+                engine.load_stream.wait_event(joined)
+        event = torch.cuda.Event(enable_timing=engine._timing)
+        event.record(engine.load_stream)
+        self.events[self.layers[index]] = event
+
+    def _batched_copy_engine_half(self) -> None:
+        """Per layer, one memcpy batch straight into the pages, on load_stream itself (split over
+        ``copy_streams`` streams that fork from and join back into it), so ``_finish_layer``'s
+        join of the kernel half completes the layer there."""
+        from .kernels.batch_copy import plan_copy_list, run_copy_list, split_copy_list
+
+        engine = self.engine
+        slots, pages = self.ce_ids
+        extra = engine._load_copy_extra[:self.split.copy_streams - 1]
+        for index, layer in enumerate(self.layers):
+            pairs = engine._load_pairs[layer]
+            copies = plan_copy_list([pairs[ci] for ci in self.ce_components], slots, pages)
+            parts = split_copy_list(copies, 1 + len(extra))
+            if extra:
+                engine._batch_fork.record(engine.load_stream)
+            for stream, part in zip(extra, parts[1:]):
+                stream.wait_event(engine._batch_fork)
+                run_copy_list(part, stream=stream, on_gpu=True, flags=engine.batch_flags)
+            run_copy_list(parts[0], stream=engine.load_stream, on_gpu=True, flags=engine.batch_flags)
+            for stream, joined in zip(extra, engine._batch_join):
+                joined.record(stream)
+                engine.load_stream.wait_event(joined)
+            self._finish_layer(index)
+
+    def _staged_copy_engine_half(self) -> None:
+        """Copy engines into the staging ring, scattered by its kernel on load_stream; blocks of
+        ``layers_per_copy`` layers, whose events are recorded once the whole block landed."""
+        engine, split = self.engine, self.split
+        blocks = _blocks(len(self.layers), split)
+        groups = [[engine._load_pairs[self.layers[i]][ci] for i in block for ci in self.ce_components]
+                  for block in blocks]
+        copy_streams = [engine.load_copy_stream, *engine._load_copy_extra[:split.copy_streams - 1]]
+
+        def finish_block(b: int) -> None:
+            for index in blocks[b]:
+                self._finish_layer(index)
+
+        # One call for every layer: sorting, runs and the table upload happen once.
+        engine.staging_copier("load").to_device_groups(
+            groups, *self.ce_ids, copy_stream=copy_streams, kernel_stream=engine.load_stream,
+            on_group_done=finish_block, unit_rows=split.unit_rows, num_ctas=split.staging_ctas)
+
+    def _per_layer(self) -> None:
+        """``kernel``, ``direct``, ``batch`` and ``torch``: each layer's copy, then its event."""
+        engine, copy = self.engine, self.copy
+        runs = None
+        for index, layer in enumerate(self.layers):
+            pairs = engine._load_pairs[layer]
+            if self.path == "direct":
+                from .kernels import copy_pages_direct, find_runs
+
+                if runs is None:
+                    runs = find_runs(copy.host_slots, copy.device_pages)
+                copy_pages_direct(pairs, copy.host_slots, copy.device_pages, stream=engine.load_stream, runs=runs)
+            elif self.path == "batch":
+                from .kernels.batch_copy import plan_copy_list, run_copy_list
+
+                copies = plan_copy_list(pairs, copy.host_slots, copy.device_pages)
+                run_copy_list(copies, stream=engine.load_stream, on_gpu=True, flags=engine.batch_flags)
+            elif self.path == "torch":
+                with torch.cuda.stream(engine.load_stream):
+                    copy_pages_reference(pairs, copy.host_slots, copy.device_pages)
+            self._finish_layer(index)
 
 
 def _blocks(num_layers: int, split: LoadSplit) -> list[list[int]]:

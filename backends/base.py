@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -189,14 +190,11 @@ class Backend(ABC):
             first_slot.setdefault(k, s)
         unique = list(first_slot)
         got = await self._guard(self._get(unique, [first_slot[k] for k in unique]))
-        corrupt: list[str] = []
-        # Checksums run on a thread (xxh3 releases the GIL): the event loop stays free and the
-        # next batch's transfer overlaps this one's verification.
-        verified = await asyncio.to_thread(
-            lambda: [hit and self._verify(k, first_slot[k], corrupt) for k, hit in zip(unique, got)])
-        ok = dict(zip(unique, verified))
+        landed = [(k, first_slot[k]) for k, hit in zip(unique, got) if hit]
+        corrupt = await self._verify_all(landed)
+        ok = {k: hit and k not in corrupt for k, hit in zip(unique, got)}
         if corrupt:
-            await self._guard(self._delete(corrupt))
+            await self._guard(self._delete([k for k in unique if k in corrupt]))
         results: list[bool] = []
         for k, s in zip(keys, slots):
             hit = ok[k] and (not results or results[-1])
@@ -209,15 +207,32 @@ class Backend(ABC):
         self.stats.bytes_read += hits * self.pool.record_bytes
         return results
 
-    def _verify(self, key: str, slot: int, corrupt: list[str]) -> bool:
-        try:
-            self.pool.verify_slot(slot, key)
-        except RecordError as exc:
-            log.warning("%s: dropping stored page %s: %s", self.scheme, key[:32], exc)
-            self.stats.corrupt += 1
-            corrupt.append(key)
-            return False
-        return True
+    async def _verify_all(self, landed: list[tuple[str, int]]) -> set[str]:
+        """Verify every landed ``(key, slot)``; returns the keys whose records are corrupt.
+
+        Checksums run on threads (xxh3 releases the GIL), so the event loop stays free and the
+        next batch's transfer overlaps this one's verification; a batch is split over up to one
+        thread per core, so the verification the caller waits for after the last transfer is
+        short on a many-core host.
+        """
+        if not landed:
+            return set()
+        parts = min(len(landed), os.cpu_count() or 1)
+        chunks = [landed[i::parts] for i in range(parts)]
+        found = await asyncio.gather(*(asyncio.to_thread(self._corrupt_in, chunk) for chunk in chunks))
+        corrupt = {key for keys in found for key in keys}
+        self.stats.corrupt += len(corrupt)
+        return corrupt
+
+    def _corrupt_in(self, landed: list[tuple[str, int]]) -> list[str]:
+        corrupt = []
+        for key, slot in landed:
+            try:
+                self.pool.verify_slot(slot, key)
+            except RecordError as exc:
+                log.warning("%s: dropping stored page %s: %s", self.scheme, key[:32], exc)
+                corrupt.append(key)
+        return corrupt
 
     async def put_from(self, keys: Sequence[str], slots: Sequence[int]) -> list[bool]:
         """Store the sealed records in ``slots`` under ``keys``; per key, False if it did not fit."""

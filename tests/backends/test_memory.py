@@ -71,3 +71,24 @@ def test_bad_urls_and_pools():
     with HostPool(SPEC, 2, "layer_first") as pool:
         with pytest.raises(PoolError, match="page_first"):
             MemoryBackend(pool)
+
+
+async def test_every_corrupt_record_of_a_large_batch_is_found_counted_and_deleted():
+    """Verification of one batch is spread over threads: each damaged record is still caught,
+    counted once and deleted, the intact ones before the first damage are hits, and the intact
+    ones after it stay stored."""
+    pages = 12
+    with HostPool(SPEC, 2 * pages) as pool:
+        async with open_backend("memory://", pool) as backend:
+            keys = new_keys(pages)
+            slots = pool.allocate(pages)
+            fill_and_seal(pool, slots, keys)
+            await backend.put_from(keys, slots)
+            damaged = [3, 7, 11]
+            for i in damaged:
+                backend.corrupt_for_tests(keys[i], 5000 + i)
+            got = await backend.get_into(keys, pool.allocate(pages))
+            assert got == [True] * 3 + [False] * (pages - 3)
+            assert backend.stats.corrupt == len(damaged)
+            present = [await backend.contains(k) for k in keys]
+            assert present == [i not in damaged for i in range(pages)]

@@ -82,15 +82,6 @@ def _declare(lib: ctypes.CDLL) -> None:
     size_t, ptr = ctypes.c_size_t, ctypes.c_void_p
     lib.cudaRuntimeGetVersion.argtypes = [ctypes.POINTER(ctypes.c_int)]
     lib.cudaRuntimeGetVersion.restype = ctypes.c_int
-    if hasattr(lib, "cudaMemcpyBatchAsync"):
-        # CUDA 13 dropped the ``failIdx`` out-parameter that 12.8-12.9 have before the stream.
-        version = ctypes.c_int(0)
-        lib.cudaRuntimeGetVersion(ctypes.byref(version))
-        fail_idx = [] if version.value >= 13000 else [ctypes.POINTER(size_t)]
-        lib.cudaMemcpyBatchAsync.argtypes = [ptr, ptr, ptr, size_t, ctypes.POINTER(_MemcpyAttributes), ptr, size_t,
-                                             *fail_idx, ptr]
-        lib.cudaMemcpyBatchAsync.restype = ctypes.c_int
-        lib._batch_has_fail_idx = bool(fail_idx)
     lib.cudaMemcpyAsync.argtypes = [ptr, ptr, size_t, ctypes.c_int, ptr]
     lib.cudaMemcpyAsync.restype = ctypes.c_int
     lib.cudaMemcpy2DAsync.argtypes = [ptr, size_t, ptr, size_t, size_t, size_t, ctypes.c_int, ptr]
@@ -131,13 +122,27 @@ def runtime_version() -> int:
     return version.value
 
 
+@functools.cache
+def _batch_has_fail_idx() -> bool | None:
+    """None where the runtime has no ``cudaMemcpyBatchAsync``; else whether its signature has the
+    ``failIdx`` out-parameter (CUDA 12.8-12.9; 13 dropped it). Declares the call's types."""
+    lib = _runtime()
+    if not hasattr(lib, "cudaMemcpyBatchAsync"):
+        return None
+    size_t, ptr = ctypes.c_size_t, ctypes.c_void_p
+    fail_idx = runtime_version() < 13000
+    lib.cudaMemcpyBatchAsync.argtypes = [ptr, ptr, ptr, size_t, ctypes.POINTER(_MemcpyAttributes), ptr, size_t,
+                                         *([ctypes.POINTER(size_t)] if fail_idx else []), ptr]
+    lib.cudaMemcpyBatchAsync.restype = ctypes.c_int
+    return fail_idx
+
+
 def has_memcpy_batch() -> bool:
     """Whether this runtime has ``cudaMemcpyBatchAsync`` (CUDA 12.8 and later)."""
     try:
-        lib = _runtime()
+        return _batch_has_fail_idx() is not None
     except CudaRuntimeError:
         return False
-    return hasattr(lib, "_batch_has_fail_idx")
 
 
 def memcpy_batch_async(dsts, srcs, sizes, stream: int, *, flags: int = 0) -> None:
@@ -149,16 +154,16 @@ def memcpy_batch_async(dsts, srcs, sizes, stream: int, *, flags: int = 0) -> Non
     count = len(sizes)
     if count == 0:
         return
-    lib = _runtime()
-    if not hasattr(lib, "_batch_has_fail_idx"):
+    fail_idx = _batch_has_fail_idx()
+    if fail_idx is None:
         raise CudaRuntimeError(f"cudaMemcpyBatchAsync needs CUDA 12.8 or later; this runtime is {runtime_version()}")
     attrs = _MemcpyAttributes(_ACCESS_ORDER_STREAM, _MemLocation(0, 0), _MemLocation(0, 0), flags)
-    first = (ctypes.c_size_t * 1)(0)
+    first = (ctypes.c_size_t * 1)(0)  # one attribute entry, for copies 0..count-1
     args = [dsts.ctypes.data, srcs.ctypes.data, sizes.ctypes.data, count, ctypes.byref(attrs), ctypes.addressof(first), 1]
     fail = ctypes.c_size_t(0)
-    if lib._batch_has_fail_idx:
+    if fail_idx:
         args.append(ctypes.byref(fail))
-    status = lib.cudaMemcpyBatchAsync(*args, stream)
+    status = _runtime().cudaMemcpyBatchAsync(*args, stream)
     if status != 0:
-        where = f" (copy {fail.value} of {count})" if lib._batch_has_fail_idx else f" ({count} copies)"
+        where = f" (copy {fail.value} of {count})" if fail_idx else f" ({count} copies)"
         _check(status, "cudaMemcpyBatchAsync" + where)

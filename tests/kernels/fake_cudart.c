@@ -1,0 +1,49 @@
+/* A stand-in for the few CUDA runtime calls kernels/cudart.py binds, built by
+ * tests/kernels/test_cudart_binding.py to check the ctypes signatures on machines without CUDA.
+ * Copies run at once on the CPU; the last stream and attributes seen are kept for the test. */
+#include <stddef.h>
+#include <string.h>
+
+typedef struct { int type; int id; } MemLocation;
+typedef struct { int srcAccessOrder; MemLocation srcLocHint; MemLocation dstLocHint; unsigned int flags; } MemcpyAttributes;
+
+void *last_stream = 0;
+int last_access_order = -1;
+unsigned int last_flags = 0xffffffffu;
+size_t last_num_attrs = 0;
+
+int cudaRuntimeGetVersion(int *version) { *version = FAKE_VERSION; return 0; }
+const char *cudaGetErrorString(int status) { return status == 1 ? "invalid argument" : "unknown error"; }
+int cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *stream) {
+    (void)kind; memcpy(dst, src, n); last_stream = stream; return 0;
+}
+int cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                      int kind, void *stream) {
+    (void)kind;
+    for (size_t r = 0; r < height; r++) memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    last_stream = stream; return 0;
+}
+
+static int batch(void **dsts, void **srcs, size_t *sizes, size_t count, MemcpyAttributes *attrs, size_t *idxs,
+                 size_t num_attrs, size_t *fail_idx, void *stream) {
+    last_stream = stream; last_num_attrs = num_attrs;
+    last_access_order = attrs[0].srcAccessOrder; last_flags = attrs[0].flags;
+    if (num_attrs < 1 || idxs[0] != 0) return 1;
+    for (size_t i = 0; i < count; i++) {
+        if (sizes[i] == 0) { if (fail_idx) *fail_idx = i; return 1; }
+        memcpy(dsts[i], srcs[i], sizes[i]);
+    }
+    return 0;
+}
+
+#if FAKE_VERSION >= 13000
+int cudaMemcpyBatchAsync(void **dsts, void **srcs, size_t *sizes, size_t count, MemcpyAttributes *attrs,
+                         size_t *idxs, size_t num_attrs, void *stream) {
+    return batch(dsts, srcs, sizes, count, attrs, idxs, num_attrs, 0, stream);
+}
+#else
+int cudaMemcpyBatchAsync(void **dsts, void **srcs, size_t *sizes, size_t count, MemcpyAttributes *attrs,
+                         size_t *idxs, size_t num_attrs, size_t *fail_idx, void *stream) {
+    return batch(dsts, srcs, sizes, count, attrs, idxs, num_attrs, fail_idx, stream);
+}
+#endif

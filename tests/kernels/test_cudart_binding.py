@@ -1,0 +1,77 @@
+"""The ctypes bindings of kernels/cudart.py against a fake CUDA runtime built here with the C
+compiler: argument order, the ``cudaMemcpyAttributes`` layout and both ``cudaMemcpyBatchAsync``
+signatures (CUDA 12.8-12.9 with ``failIdx``, 13 without) are checked on machines without a GPU.
+Skipped where no C compiler is installed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tiered_kv.kernels import cudart
+
+SOURCE = Path(__file__).with_name("fake_cudart.c")
+COMPILER = shutil.which("cc") or shutil.which("gcc")
+pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C compiler to build the fake CUDA runtime")
+
+
+@pytest.fixture(params=[13000, 12080], ids=["cuda13", "cuda12.8"])
+def fake_runtime(request, tmp_path, monkeypatch):
+    library = tmp_path / f"libfakecudart{request.param}.so"
+    subprocess.run([COMPILER, "-shared", "-fPIC", "-O1", f"-DFAKE_VERSION={request.param}", "-o", str(library),
+                    str(SOURCE)], check=True)
+    lib = ctypes.CDLL(str(library))
+    cudart._declare(lib)
+    monkeypatch.setattr(cudart, "_runtime", lambda: lib)
+    cudart._batch_has_fail_idx.cache_clear()
+    yield request.param, lib
+    cudart._batch_has_fail_idx.cache_clear()
+
+
+def _buffers(sizes):
+    rng = np.random.default_rng(7)
+    sources = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
+    targets = [np.zeros(n, dtype=np.uint8) for n in sizes]
+    return sources, targets
+
+
+def test_batch_copies_every_buffer_in_stream_order(fake_runtime):
+    version, lib = fake_runtime
+    assert cudart.runtime_version() == version and cudart.has_memcpy_batch()
+    sizes = [1, 4096, 41984, 8448, 3]
+    sources, targets = _buffers(sizes)
+    address = np.array([t.ctypes.data for t in targets], dtype=np.uint64)
+    cudart.memcpy_batch_async(address, np.array([s.ctypes.data for s in sources], dtype=np.uint64),
+                              np.array(sizes, dtype=np.uint64), 0xABCDE, flags=cudart.FLAG_PREFER_OVERLAP_WITH_COMPUTE)
+    assert all(np.array_equal(s, t) for s, t in zip(sources, targets))
+    assert ctypes.c_void_p.in_dll(lib, "last_stream").value == 0xABCDE
+    assert ctypes.c_int.in_dll(lib, "last_access_order").value == 1  # sources read in stream order
+    assert ctypes.c_uint.in_dll(lib, "last_flags").value == cudart.FLAG_PREFER_OVERLAP_WITH_COMPUTE
+    assert ctypes.c_size_t.in_dll(lib, "last_num_attrs").value == 1
+
+
+def test_batch_failure_names_the_call_and_where(fake_runtime):
+    version, _ = fake_runtime
+    sizes = [16, 0, 16]  # the fake refuses an empty copy, as an invalid argument
+    sources, targets = _buffers(sizes)
+    where = "copy 1 of 3" if version < 13000 else "3 copies"
+    with pytest.raises(cudart.CudaRuntimeError, match=rf"cudaMemcpyBatchAsync \({where}\) failed: invalid argument"):
+        cudart.memcpy_batch_async(np.array([t.ctypes.data for t in targets], dtype=np.uint64),
+                                  np.array([s.ctypes.data for s in sources], dtype=np.uint64),
+                                  np.array(sizes, dtype=np.uint64), 1)
+
+
+def test_pitched_copy_and_its_dense_shortcut(fake_runtime):
+    source = np.arange(10 * 16, dtype=np.uint8)
+    target = np.zeros(10 * 8, dtype=np.uint8)
+    cudart.memcpy_2d_async(target.ctypes.data, 8, source.ctypes.data, 16, 8, 10, 5)
+    assert np.array_equal(target.reshape(10, 8), source.reshape(10, 16)[:, :8])
+    dense = np.zeros(10 * 16, dtype=np.uint8)
+    cudart.memcpy_2d_async(dense.ctypes.data, 16, source.ctypes.data, 16, 16, 10, 5)  # one 1-D copy
+    assert np.array_equal(dense, source)

@@ -80,8 +80,9 @@ FLAG_PREFER_OVERLAP_WITH_COMPUTE = 1
 
 def _declare(lib: ctypes.CDLL) -> None:
     size_t, ptr = ctypes.c_size_t, ctypes.c_void_p
-    lib.cudaRuntimeGetVersion.argtypes = [ctypes.POINTER(ctypes.c_int)]
-    lib.cudaRuntimeGetVersion.restype = ctypes.c_int
+    for query in (lib.cudaRuntimeGetVersion, lib.cudaDriverGetVersion):
+        query.argtypes = [ctypes.POINTER(ctypes.c_int)]
+        query.restype = ctypes.c_int
     lib.cudaMemcpyAsync.argtypes = [ptr, ptr, size_t, ctypes.c_int, ptr]
     lib.cudaMemcpyAsync.restype = ctypes.c_int
     lib.cudaMemcpy2DAsync.argtypes = [ptr, size_t, ptr, size_t, size_t, size_t, ctypes.c_int, ptr]
@@ -137,10 +138,23 @@ def _batch_has_fail_idx() -> bool | None:
     return fail_idx
 
 
+def driver_version() -> int:
+    """The newest CUDA version the installed driver supports, as an int (12080 = 12.8)."""
+    version = ctypes.c_int(0)
+    _check(_runtime().cudaDriverGetVersion(ctypes.byref(version)), "cudaDriverGetVersion")
+    return version.value
+
+
+#: The first CUDA version with ``cudaMemcpyBatchAsync``.
+BATCH_MIN_VERSION = 12080
+
+
 def has_memcpy_batch() -> bool:
-    """Whether this runtime has ``cudaMemcpyBatchAsync`` (CUDA 12.8 and later)."""
+    """Whether ``cudaMemcpyBatchAsync`` can run here: the runtime has it (12.8 and later) and the
+    driver is new enough for it (a newer runtime on an older driver, which CUDA's minor-version
+    compatibility allows, would fail the call with "requires a newer driver")."""
     try:
-        return _batch_has_fail_idx() is not None
+        return _batch_has_fail_idx() is not None and driver_version() >= BATCH_MIN_VERSION
     except CudaRuntimeError:
         return False
 

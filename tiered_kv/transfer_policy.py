@@ -74,7 +74,7 @@ MIXED_LOADS = {
     (False, True): LoadSplit(0.6, by="components"),
     (False, False): LoadSplit(by="components", ce_path="batch"),
 }
-#: Single-layer splits where the CUDA runtime has no ``cudaMemcpyBatchAsync`` (before 12.8): the
+#: Single-layer splits where ``cudaMemcpyBatchAsync`` cannot run (runtime or driver before 12.8): the
 #: staged split measured best before the batched path existed.
 SINGLE_LAYER_WITHOUT_BATCH = {True: LoadSplit(0.4), False: LoadSplit(0.25)}
 #: ``mixed`` loads while a backup is in flight, by host rows dense: UVA reads from the SMs would cut

@@ -13,6 +13,7 @@ unsigned int last_flags = 0xffffffffu;
 size_t last_num_attrs = 0;
 
 int cudaRuntimeGetVersion(int *version) { *version = FAKE_VERSION; return 0; }
+int cudaDriverGetVersion(int *version) { *version = FAKE_DRIVER; return 0; }
 const char *cudaGetErrorString(int status) { return status == 1 ? "invalid argument" : "unknown error"; }
 int cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *stream) {
     (void)kind; memcpy(dst, src, n); last_stream = stream; return 0;
@@ -36,12 +37,12 @@ static int batch(void **dsts, void **srcs, size_t *sizes, size_t count, MemcpyAt
     return 0;
 }
 
-#if FAKE_VERSION >= 13000
+#if FAKE_VERSION >= 13000  /* CUDA 13: no failIdx */
 int cudaMemcpyBatchAsync(void **dsts, void **srcs, size_t *sizes, size_t count, MemcpyAttributes *attrs,
                          size_t *idxs, size_t num_attrs, void *stream) {
     return batch(dsts, srcs, sizes, count, attrs, idxs, num_attrs, 0, stream);
 }
-#else
+#elif FAKE_VERSION >= 12080  /* CUDA 12.8-12.9; before 12.8 the symbol does not exist */
 int cudaMemcpyBatchAsync(void **dsts, void **srcs, size_t *sizes, size_t count, MemcpyAttributes *attrs,
                          size_t *idxs, size_t num_attrs, size_t *fail_idx, void *stream) {
     return batch(dsts, srcs, sizes, count, attrs, idxs, num_attrs, fail_idx, stream);

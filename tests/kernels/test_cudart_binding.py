@@ -21,17 +21,35 @@ COMPILER = shutil.which("cc") or shutil.which("gcc")
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C compiler to build the fake CUDA runtime")
 
 
-@pytest.fixture(params=[13000, 12080], ids=["cuda13", "cuda12.8"])
-def fake_runtime(request, tmp_path, monkeypatch):
-    library = tmp_path / f"libfakecudart{request.param}.so"
-    subprocess.run([COMPILER, "-shared", "-fPIC", "-O1", f"-DFAKE_VERSION={request.param}", "-o", str(library),
-                    str(SOURCE)], check=True)
+def _build(tmp_path, monkeypatch, runtime: int, driver: int) -> ctypes.CDLL:
+    library = tmp_path / f"libfakecudart{runtime}-{driver}.so"
+    subprocess.run([COMPILER, "-shared", "-fPIC", "-O1", f"-DFAKE_VERSION={runtime}", f"-DFAKE_DRIVER={driver}",
+                    "-o", str(library), str(SOURCE)], check=True)
     lib = ctypes.CDLL(str(library))
     cudart._declare(lib)
     monkeypatch.setattr(cudart, "_runtime", lambda: lib)
     cudart._batch_has_fail_idx.cache_clear()
+    return lib
+
+
+@pytest.fixture(params=[13000, 12080], ids=["cuda13", "cuda12.8"])
+def fake_runtime(request, tmp_path, monkeypatch):
+    lib = _build(tmp_path, monkeypatch, request.param, request.param)
     yield request.param, lib
     cudart._batch_has_fail_idx.cache_clear()
+
+
+@pytest.mark.parametrize(("runtime", "driver", "usable"), [(13000, 13000, True), (12080, 13000, True),
+                                                           (12080, 12040, False), (12060, 12080, False)])
+def test_batch_needs_both_runtime_and_driver_at_12_8(tmp_path, monkeypatch, runtime, driver, usable):
+    """A 12.8 runtime on a 12.4 driver (minor-version compatibility) has the symbol but cannot run
+    it: the engine must then keep to the paths without batched copies."""
+    _build(tmp_path, monkeypatch, runtime, driver)
+    try:
+        assert cudart.driver_version() == driver
+        assert cudart.has_memcpy_batch() is usable
+    finally:
+        cudart._batch_has_fail_idx.cache_clear()
 
 
 def _buffers(sizes):

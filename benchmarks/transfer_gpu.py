@@ -475,17 +475,24 @@ def _candidates(layout: str, op: str, which: str) -> dict[str, LoadSplit]:
     return out
 
 
+def compare_start(args, seed: int, label: str, *, layer_d2h: bool = False):
+    """What every ``--compare`` run starts with: a seeded ``Bench``, the byte counts of one layer
+    and of a whole transfer, and the ceilings (``measure_ceilings``)."""
+    torch.manual_seed(seed)
+    b = Bench(args)
+    layer_bytes = args.pages * sum(c.bytes_per_layer for c in b.spec.components)
+    transfer_bytes = args.pages * b.spec.page_bytes
+    print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__} | {label}", flush=True)
+    ceilings = measure_ceilings(b, layer_bytes, layer_d2h=layer_d2h)
+    torch.cuda.empty_cache()
+    return b, layer_bytes, transfer_bytes, ceilings
+
+
 def compare(args) -> int:
     """Ceilings, then per (layout, op) the old ``auto`` split and each candidate: checked byte for
     byte against the torch reference, then timed (median of ``--reps``), the old one twice."""
-    torch.manual_seed(1)
-    b = Bench(args)
+    b, layer_bytes, transfer_bytes, (h2d, d2h, both, layer_h2d, host_layer) = compare_start(args, 1, "compare")
     spec, n = b.spec, args.pages
-    layer_bytes = n * sum(c.bytes_per_layer for c in spec.components)
-    transfer_bytes = n * spec.page_bytes
-    print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__} | compare", flush=True)
-    h2d, d2h, both, layer_h2d, host_layer = measure_ceilings(b, layer_bytes)
-    torch.cuda.empty_cache()
     # The single-layer reference moved between runs (54.6 GB/s, then 44.9): measure it several ways.
     s1 = torch.cuda.Stream()
     dev_layer = torch.empty(layer_bytes, dtype=torch.uint8, device="cuda")
@@ -604,14 +611,9 @@ def compare_batch(args) -> int:
     one run: every op checked byte for byte against the torch reference, then timed."""
     from tiered_kv.kernels.cudart import FLAG_PREFER_OVERLAP_WITH_COMPUTE, runtime_version
 
-    torch.manual_seed(2)
-    b = Bench(args)
+    b, layer_bytes, transfer_bytes, (h2d, d2h, both, layer_h2d, host_layer_ref) = compare_start(
+        args, 2, f"cudart {runtime_version()} | compare {args.compare}", layer_d2h=True)
     spec, n = b.spec, args.pages
-    layer_bytes = n * sum(c.bytes_per_layer for c in spec.components)
-    transfer_bytes = n * spec.page_bytes
-    print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | cudart {runtime_version()} | compare batch", flush=True)
-    h2d, d2h, both, layer_h2d, host_layer_ref = measure_ceilings(b, layer_bytes, layer_d2h=True)
-    torch.cuda.empty_cache()
     dev_layer_ref, ref_stream = torch.empty(layer_bytes, dtype=torch.uint8, device="cuda"), torch.cuda.Stream()
     ceiling = {"load61": h2d["gbps"], "load1": layer_h2d["gbps"], "backup": d2h["gbps"],
                "both": max(h2d["gbps"], d2h["gbps"])}

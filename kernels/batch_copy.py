@@ -84,14 +84,6 @@ def plan_copy_list(pairs: Sequence[ChunkPair], src_ids: torch.Tensor, dst_ids: t
     return CopyList(np.ascontiguousarray(dsts_a), np.ascontiguousarray(srcs_a), np.ascontiguousarray(sizes_a))
 
 
-def concat_copy_lists(lists: Sequence[CopyList]) -> CopyList:
-    """One list with the copies of all ``lists`` (one batch call for several layers)."""
-    if not lists:
-        empty = np.zeros(0, dtype=np.uint64)
-        return CopyList(empty, empty, empty)
-    return CopyList(*(np.ascontiguousarray(np.concatenate([getattr(c, f) for c in lists])) for f in ("dsts", "srcs", "sizes")))
-
-
 def split_copy_list(copies: CopyList, parts: int) -> list[CopyList]:
     """``copies`` in ``parts`` lists of about equal bytes, in order (one per copy stream)."""
     if parts <= 1 or len(copies) < 2:

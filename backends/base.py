@@ -31,7 +31,7 @@ import concurrent.futures
 import logging
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -78,6 +78,27 @@ def check_keys(keys: Sequence[str]) -> list[str]:
     return out
 
 
+async def all_or_nothing(calls: Iterable[Awaitable[T]]) -> list[T]:
+    """Run ``calls`` concurrently; on the first failure (or our cancellation) cancel the rest.
+
+    Unlike ``asyncio.gather``, no call keeps running after this returns or raises: a caller that
+    frees its slots after an error can be sure no request of this batch still writes into them.
+    """
+    tasks = [asyncio.ensure_future(c) for c in calls]
+    if not tasks:
+        return []
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for t in tasks:
+        if not t.cancelled() and t.exception() is not None:
+            raise t.exception()  # type: ignore[misc]
+    return [t.result() for t in tasks]
+
+
 class Backend(ABC):
     """Base class of every L3 backend. One instance serves one page_first ``HostPool``."""
 
@@ -100,8 +121,10 @@ class Backend(ABC):
         """Parse ``url`` (and keyword options) into a typed config and open the backend."""
 
     @classmethod
-    def measure_raw_ceiling(cls, url: str, *, page_bytes: int, pages: int) -> dict[str, float] | None:
-        """The medium's own put/get throughput for ``pages`` values of ``page_bytes`` (blocking).
+    def measure_raw_ceiling(cls, url: str, *, page_bytes: int, pages: int, batch: int | None = None) -> dict[str, float] | None:
+        """The medium's own put/get throughput for ``pages`` values of ``page_bytes`` (blocking);
+        ``batch``: pages per call where the medium's own calls take batches (the benchmark passes
+        its own batch size, so both sides move the same pages per call).
 
         For benchmarks: returns ``{"raw_put_gbps", "raw_get_gbps", "raw_method"}`` measured the way the
         backend's docs name (direct I/O for files, redis-benchmark, Mooncake's own zero-copy calls),

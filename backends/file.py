@@ -256,7 +256,7 @@ class FileBackend(Backend):
 
     # --- benchmarks --------------------------------------------------------------------------
     @classmethod
-    def measure_raw_ceiling(cls, url: str, *, page_bytes: int, pages: int) -> dict[str, float] | None:
+    def measure_raw_ceiling(cls, url: str, *, page_bytes: int, pages: int, batch: int | None = None) -> dict[str, float] | None:
         """Direct-I/O sequential write (fsynced) and cold read of ``pages * page_bytes`` in the same
         directory, 8 MiB requests, by one stream and by as many streams as the backend has workers
         (each on its own stretch of the file). ``raw_*`` is the faster of the two: the medium's

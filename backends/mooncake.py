@@ -347,7 +347,7 @@ class MooncakeBackend(Backend):
 
     # --- benchmarks --------------------------------------------------------------------------
     @classmethod
-    def measure_raw_ceiling(cls, url: str, *, page_bytes: int, pages: int) -> dict[str, float] | None:
+    def measure_raw_ceiling(cls, url: str, *, page_bytes: int, pages: int, batch: int | None = None) -> dict[str, float] | None:
         """Mooncake's own calls on ``pages`` values of ``page_bytes``, store memory in a second process.
 
         The ceiling is its zero-copy ``batch_put_from`` / ``batch_get_into`` from and into one
@@ -357,21 +357,21 @@ class MooncakeBackend(Backend):
         segment and destinations never touched, to set beside a benchmark's own first pass. This
         process is a pure client, as the backend under test should be.
         """
-        return measure_raw(MooncakeOptions.from_url(url), page_bytes=page_bytes, pages=pages)
+        return measure_raw(MooncakeOptions.from_url(url), page_bytes=page_bytes, pages=pages, batch=batch or RAW_BATCH)
 
 
-RAW_BATCH = 16  # pages per call in measure_raw
+RAW_BATCH = 16  # pages per call in measure_raw, unless the caller names its own batch
 RAW_ROUNDS = 3
 
 
-def measure_raw(options: MooncakeOptions, *, page_bytes: int, pages: int) -> dict[str, Any]:
-    if page_bytes <= 0 or pages <= 0:
-        raise ConfigError(f"measure_raw: page_bytes and pages must be > 0, got {page_bytes}, {pages}")
+def measure_raw(options: MooncakeOptions, *, page_bytes: int, pages: int, batch: int = RAW_BATCH) -> dict[str, Any]:
+    if page_bytes <= 0 or pages <= 0 or batch <= 0:
+        raise ConfigError(f"measure_raw: page_bytes, pages and batch must be > 0, got {page_bytes}, {pages}, {batch}")
     total = page_bytes * pages
     # Room for every page twice over (the store evicts above 95% full), whatever the allocator rounds.
     donor = dataclasses.replace(options, contribute_segment=True, global_segment_bytes=2 * total + (64 << 20))
     client = dataclasses.replace(options, contribute_segment=False, global_segment_bytes=None,
-                                 local_buffer_bytes=max(options.local_buffer_bytes, RAW_BATCH * page_bytes + (16 << 20)))
+                                 local_buffer_bytes=max(options.local_buffer_bytes, batch * page_bytes + (16 << 20)))
     # A pure-client URL means segments are already contributed (the deployment's own holder): the
     # ceiling then runs against that same store memory, as the backend under test does. Otherwise
     # a fresh second process contributes it.
@@ -380,20 +380,20 @@ def measure_raw(options: MooncakeOptions, *, page_bytes: int, pages: int) -> dic
         store = open_store(client)
         buffer = mmap.mmap(-1, 2 * total)  # sources, then the destinations of the gets
         try:
-            return _measure(store, buffer, page_bytes, pages)
+            return _measure(store, buffer, page_bytes, pages, batch)
         finally:
             store.close()
             buffer.close()
 
 
-def _measure(store: Any, buffer: mmap.mmap, page_bytes: int, pages: int) -> dict[str, Any]:
+def _measure(store: Any, buffer: mmap.mmap, page_bytes: int, pages: int, batch_pages: int) -> dict[str, Any]:
     import numpy as np
 
     total = page_bytes * pages
     np.frombuffer(buffer, dtype=np.uint8)[:total] = np.random.default_rng().integers(0, 256, total, dtype=np.uint8)
     address = _buffer_address(buffer)
     _check(store.register_buffer(address, len(buffer)), "register_buffer")
-    batches = [range(i, min(i + RAW_BATCH, pages)) for i in range(0, pages, RAW_BATCH)]
+    batches = [range(i, min(i + batch_pages, pages)) for i in range(0, pages, batch_pages)]
     view = memoryview(buffer)
 
     def timed(fn: Any) -> float:
@@ -443,7 +443,7 @@ def _measure(store: Any, buffer: mmap.mmap, page_bytes: int, pages: int) -> dict
                               for name in rounds[0]}
     result["raw_put_cold_gbps"] = gigabytes / cold["raw_put"]
     result["raw_get_cold_gbps"] = gigabytes / cold["raw_get"]
-    result["raw_method"] = (f"mooncake batch_put_from / batch_get_into ({RAW_BATCH} pages per call; naive_*: "
+    result["raw_method"] = (f"mooncake batch_put_from / batch_get_into ({batch_pages} pages per call; naive_*: "
                             f"put_batch / get_batch of bytes), store memory in a second process, "
                             f"median of {RAW_ROUNDS} rounds after a warm-up (raw_*_cold: the warm-up, "
                             f"into a fresh segment and untouched destinations)")

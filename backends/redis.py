@@ -63,14 +63,14 @@ Server settings it needs:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
 from ..errors import BackendError, BackendTimeoutError, BackendUnavailableError, ConfigError
 from ..host_pool import HostPool
 from ..record import HEADER_BYTES
-from .base import Backend, Capabilities
+from .base import Backend, Capabilities, all_or_nothing
 from .redis_options import RedisOptions, parse_redis_url
 from .resp import RespConnection, RespError, encode_command
 
@@ -85,27 +85,6 @@ def _config_problem(message: str) -> bool:
 
 def _is_oom(message: str) -> bool:
     return message.startswith("OOM")
-
-
-async def _all_or_nothing(calls: Iterable[Awaitable[T]]) -> list[T]:
-    """Run ``calls`` concurrently; on the first failure (or our cancellation) cancel the rest.
-
-    Unlike ``asyncio.gather``, no call keeps running after this returns or raises: a caller that
-    frees its slots after an error can be sure no request of this batch still writes into them.
-    """
-    tasks = [asyncio.ensure_future(c) for c in calls]
-    if not tasks:
-        return []
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    for t in tasks:
-        if not t.cancelled() and t.exception() is not None:
-            raise t.exception()  # type: ignore[misc]
-    return [t.result() for t in tasks]
 
 
 class RedisBackend(Backend):
@@ -152,7 +131,7 @@ class RedisBackend(Backend):
         return cls(pool, parse_redis_url(url, options))
 
     @classmethod
-    def measure_raw_ceiling(cls, url: str, *, page_bytes: int, pages: int) -> dict[str, float] | None:
+    def measure_raw_ceiling(cls, url: str, *, page_bytes: int, pages: int, batch: int | None = None) -> dict[str, float] | None:
         """``redis-benchmark`` SET then GET of ``pages`` values of ``page_bytes`` on the same server,
         with as many connections as this backend uses (``max_in_flight``), no pipelining."""
         import shutil
@@ -300,11 +279,11 @@ class RedisBackend(Backend):
 
     async def _get(self, keys: list[str], slots: list[int]) -> list[bool]:
         fetch = self._get_zero_copy if self.options.zero_copy else self._get_copying
-        return await _all_or_nothing(fetch(k, s) for k, s in zip(keys, slots))
+        return await all_or_nothing(fetch(k, s) for k, s in zip(keys, slots))
 
     async def _put(self, keys: list[str], slots: list[int]) -> list[bool]:
         store = self._put_zero_copy if self.options.zero_copy else self._put_copying
-        return await _all_or_nothing(store(k, s) for k, s in zip(keys, slots))
+        return await all_or_nothing(store(k, s) for k, s in zip(keys, slots))
 
     def _poison(self, slot: int) -> bool:
         """A value of the wrong length: make the slot fail verification, so the base class counts

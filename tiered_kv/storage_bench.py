@@ -51,8 +51,9 @@ async def _in_batches(fn, keys: list[str], slots: list[int], batch: int, concurr
 
 
 async def measure(url: str, *, pages: int, batch: int, concurrency: int, raw: bool, repeat: int = 1, warmup: int = 0) -> dict:
-    """``repeat`` rounds of our put/get then the raw ceiling, interleaved so that a medium whose
-    speed drifts (virtual disks do) is compared with itself; each figure is the median.
+    """``repeat`` rounds of our put/get and the raw ceiling, interleaved (in alternating order) so
+    that a medium whose speed drifts (virtual disks do) is compared with itself; each figure is the
+    median. The ceiling moves ``batch`` pages per call where its calls take batches.
 
     One pool and one backend serve every round, as one serves an engine for its lifetime (a fresh
     client per round would time connection set-up); ``warmup`` untimed rounds come first, as the
@@ -64,17 +65,25 @@ async def measure(url: str, *, pages: int, batch: int, concurrency: int, raw: bo
         async with open_backend(url, pool) as backend:
             for _ in range(warmup):
                 await _one_round(backend, pool, pages=pages, batch=batch, concurrency=concurrency)
+            backend_cls = backend_class(urlsplit(url).scheme)
+
+            def measure_ceiling() -> dict | None:
+                return backend_cls.measure_raw_ceiling(url, page_bytes=pool.record_bytes, pages=pages, batch=batch)
+
             rounds = []
-            for _ in range(repeat):
+            for index in range(repeat):
+                # Ours first in even rounds, the ceiling first in odd ones: whatever the medium
+                # carries from one measurement into the next falls on both sides alike.
+                ceiling = measure_ceiling() if raw and index % 2 else None
                 result = await _one_round(backend, pool, pages=pages, batch=batch, concurrency=concurrency)
-                if raw:
-                    ceiling = backend_class(urlsplit(url).scheme).measure_raw_ceiling(url, page_bytes=pool.record_bytes, pages=pages)
-                    if ceiling:
-                        result.update(ceiling)
-                        result["put_vs_raw"] = result["put_gbps"] / ceiling["raw_put_gbps"]
-                        result["get_vs_raw"] = result["get_gbps"] / ceiling["raw_get_gbps"]
-                        if "raw_put_distinct_keys_gbps" in ceiling:
-                            result["put_vs_raw_distinct_keys"] = result["put_gbps"] / ceiling["raw_put_distinct_keys_gbps"]
+                if raw and not index % 2:
+                    ceiling = measure_ceiling()
+                if ceiling:
+                    result.update(ceiling)
+                    result["put_vs_raw"] = result["put_gbps"] / ceiling["raw_put_gbps"]
+                    result["get_vs_raw"] = result["get_gbps"] / ceiling["raw_get_gbps"]
+                    if "raw_put_distinct_keys_gbps" in ceiling:
+                        result["put_vs_raw_distinct_keys"] = result["put_gbps"] / ceiling["raw_put_distinct_keys_gbps"]
                 rounds.append(result)
         record_bytes = pool.record_bytes
     result = dict(rounds[0])

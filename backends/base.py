@@ -132,6 +132,13 @@ class Backend(ABC):
         """
         return None
 
+    async def measure_raw_round(self, src_slots: list[int], dst_slots: list[int], *, batch: int) -> dict[str, float] | None:
+        """For benchmarks: the medium's own calls moving the pages in ``src_slots`` out and back
+        into ``dst_slots`` through this backend's client, ``batch`` pages per call, no records
+        involved; ``{"raw_put_s", "raw_get_s"}``, or None where the medium has no such calls.
+        Lets a benchmark set its rounds beside the medium on the very same pages and client."""
+        return None
+
     async def __aenter__(self) -> "Backend":
         return self
 

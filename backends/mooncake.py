@@ -321,6 +321,32 @@ class MooncakeBackend(Backend):
                 raise mooncake_error(code, f"batch_put_from of key {key[:64]!r}")
         return stored
 
+    async def measure_raw_round(self, src_slots: list[int], dst_slots: list[int], *, batch: int) -> dict[str, float] | None:
+        """``batch_put_from`` / ``batch_get_into`` of the slots' bytes on this backend's own store
+        client and registered pool: the ceiling on the same pages, with nothing of ours around it."""
+        return await self.run_blocking(self._raw_round, src_slots, dst_slots, batch, hold_slots=dst_slots)
+
+    def _raw_round(self, src_slots: list[int], dst_slots: list[int], batch: int) -> dict[str, float]:
+        size = self.pool.record_bytes
+        keys = [f"tkv-raw-{secrets.token_hex(6)}-{i}" for i in range(len(src_slots))]
+        steps = range(0, len(keys), batch)
+
+        def run(call: Any, slots: list[int]) -> float:
+            start = time.perf_counter()
+            for i in steps:
+                codes = call(keys[i:i + batch], [self.pool.slot_address(s) for s in slots[i:i + batch]],
+                             [size] * len(keys[i:i + batch]))
+                for code in codes:
+                    _check(code if code < 0 else OK, call.__name__)
+            return time.perf_counter() - start
+
+        with self._transfer_slots:
+            try:
+                return {"raw_put_s": run(self._store.batch_put_from, src_slots),
+                        "raw_get_s": run(self._store.batch_get_into, dst_slots)}
+            finally:
+                self._store.batch_remove(keys, True)
+
     def _transfer(self, call: Any, *args: Any) -> list[int]:
         """Run a batch transfer in this worker thread, at most ``transfers_in_flight`` at once."""
         with self._transfer_slots:

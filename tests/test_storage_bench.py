@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -34,3 +35,34 @@ def test_bench_storage_table(tmp_path, capsys):
 def test_bench_storage_bad_url_exits_2(capsys):
     assert main(["bench", "storage", "--backend", "nosuch://x", "--pages", "1", "--repeat", "1"]) == 2
     assert "unknown backend scheme" in capsys.readouterr().err
+
+
+def test_same_pages_ceiling_is_used_and_alternates_with_ours(monkeypatch, capsys):
+    """A backend that can run the medium's own calls on the round's slots: the ratios use that
+    ceiling, and rounds alternate which side goes first."""
+    from tiered_kv.backends.memory import MemoryBackend
+
+    events: list[str] = []
+    real_put = MemoryBackend.put_from
+
+    async def put_from(self, keys, slots):
+        events.append("ours")
+        return await real_put(self, keys, slots)
+
+    async def raw_round(self, src_slots, dst_slots, *, batch):
+        assert len(src_slots) == len(dst_slots) == 4 and batch == 2
+        events.append("raw")
+        return {"raw_put_s": 0.5, "raw_get_s": 0.25}
+
+    monkeypatch.setattr(MemoryBackend, "put_from", put_from)
+    monkeypatch.setattr(MemoryBackend, "measure_raw_round", raw_round)
+    assert main(["bench", "storage", "--backend", "memory://?capacity_bytes=256MiB", "--pages", "4", "--batch", "2",
+                 "--repeat", "2", "--warmup", "0", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    total = 4 * result["record_bytes"]
+    assert result["raw_put_gbps"] == pytest.approx(total / 0.5 / 1e9)
+    assert result["raw_get_gbps"] == pytest.approx(total / 0.25 / 1e9)
+    assert result["put_vs_raw"] == pytest.approx(statistics.median(r["put_gbps"] for r in result["rounds"]) / result["raw_put_gbps"])
+    assert "own client" in result["raw_method"]
+    # Round 0: ours (two batches of 2) then raw; round 1: raw first.
+    assert events == ["ours", "ours", "raw", "raw", "ours", "ours"]

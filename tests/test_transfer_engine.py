@@ -90,6 +90,7 @@ SPLITS = {
     "components_batch": LoadSplit(by="components", ce_path="batch"),
     "pages_batch": LoadSplit(0.5, ce_path="batch"),
     "components_batch_streams": LoadSplit(by="components", ce_path="batch", copy_streams=3),
+    "all_batch": LoadSplit(1.0, ce_path="batch"),
     "whole_slots": LoadSplit(1.0, layers_per_copy=1000),
 }
 

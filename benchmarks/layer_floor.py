@@ -2,6 +2,7 @@
 come to one contiguous copy of the same bytes?  Raw copy patterns on the GPU (written for the H200).
 
     python benchmarks/layer_floor.py --reps 10 --out docs/benchmarks/transfer_gpu_layer_floor.json
+    python benchmarks/layer_floor.py --ab 30 --out ab.json    # interleaved A/B of single-layer splits
 
 One layer of DeepSeek-V3.2 NSA (512 pages: 21.5 MB latent + 4.3 MB indexer), host slots in one run,
 random device pages. In one run, each timed like ``transfer_gpu.py`` (GPU sleep, CUDA events,
@@ -19,8 +20,11 @@ median of ``--reps``):
   the pages by a device kernel as soon as it has landed (the best a staged design can do: the
   scatter of the last unit is the only part not hidden behind a copy).
 
-Every pattern that writes the pages is checked byte for byte first. Never imported by the library
-or the tests.
+Every pattern that writes the pages is checked byte for byte first. With ``--ab N`` only the
+single-layer load splits are timed instead, interleaved: each of N rounds times every candidate
+once, in rotating order, so drift of the machine falls on all of them alike.
+
+Never imported by the library or the tests.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from transfer_gpu import compare_start, measure, random_pools, side_copy, _save_
 from tiered_kv.kernels import copy_pages_uva
 from tiered_kv.kernels.batch_copy import plan_copy_list, run_copy_list
 from tiered_kv.kernels.cudart import memcpy_2d_async, memcpy_async, memcpy_batch_async
-from tiered_kv.transfer_engine import TransferEngine
+from tiered_kv.transfer_engine import LoadSplit, TransferEngine
 
 
 def main() -> int:
@@ -46,6 +50,8 @@ def main() -> int:
     parser.add_argument("--pages", type=int, default=512)
     parser.add_argument("--device-pages", type=int, default=2048)
     parser.add_argument("--host-slots", type=int, default=2048)
+    parser.add_argument("--ab", type=int, default=0, metavar="N",
+                        help="only an interleaved A/B of single-layer load splits, N rounds")
     args = parser.parse_args()
     b, layer_bytes, _, (h2d, _, _, layer_h2d, host_layer) = compare_start(args, 3, "layer floor")
     spec, n = b.spec, args.pages
@@ -170,6 +176,10 @@ def main() -> int:
         print(f"   {100 * row['frac_of_ceiling']:5.1f}% of the contiguous layer copy  "
               f"[{layer_bytes / row['ms_max'] / 1e6:5.1f}-{layer_bytes / row['ms_min'] / 1e6:5.1f}]", flush=True)
 
+    if args.ab:
+        return ab_splits(args, b, ceiling, hosts, device_pool, slots, pages, mid, checks, check, layer_bytes,
+                         side_copy_issue=lambda i: [side_copy(dev_layer, host_layer, copy_s)])
+
     units = (512, 128, 64, 32, 16)
     wrong = 0
     for layout in hosts:
@@ -200,6 +210,58 @@ def main() -> int:
             timed(f"staged units {r} rows + index_copy scatter", staged(layout, r), layout)
         timed("auto (again)", engine_auto(layout), layout)
     timed("contiguous, 1 copy (again)", lambda i: [side_copy(dev_layer, host_layer, copy_s)])
+    _save_compare(args, b, ceiling, checks)
+    print(f"checks: {len(checks) - wrong} ok, {wrong} wrong")
+    for host in hosts.values():
+        host.close()
+    return 1 if wrong else 0
+
+
+AB_SPLITS = {
+    "batch, whole layer": LoadSplit(1.0, ce_path="batch"),
+    "batch latent + kernel indexer": LoadSplit(by="components", ce_path="batch"),
+}
+
+
+def ab_splits(args, b, ceiling, hosts, device_pool, slots, pages, mid, checks, check, layer_bytes, side_copy_issue) -> int:
+    """Interleaved A/B: per round, every (layout, candidate) and the contiguous copy timed once."""
+    candidates = {}
+    for layout, host in hosts.items():
+        auto = TransferEngine(device_pool, host, path="auto", timing=True)
+        candidates[(layout, "auto")] = auto
+        for name, split in AB_SPLITS.items():
+            engine = TransferEngine(device_pool, host, path="mixed", timing=True)
+            engine.load_split = split
+            candidates[(layout, name)] = engine
+
+    def issue_of(engine):
+        def issue(i):
+            handle = engine.load(slots, pages, layers=[mid])
+            return [handle.event(mid)]
+        return issue
+
+    wrong = 0
+    for (layout, name), engine in candidates.items():
+        wrong += not check(name, layout, issue_of(engine))
+    issues = {("-", "contiguous, 1 copy"): side_copy_issue, **{key: issue_of(e) for key, e in candidates.items()}}
+    keys = list(issues)
+    for key in keys:  # warm-up
+        measure(issues[key], 2, warmup=0)
+    samples: dict = {key: [] for key in keys}
+    for r in range(args.ab):
+        shift = r % len(keys)
+        for key in keys[shift:] + keys[:shift]:
+            samples[key].append(measure(issues[key], 1, warmup=0)["ms"])
+    contiguous = sorted(samples[("-", "contiguous, 1 copy")])
+    for key in keys:
+        ms = sorted(samples[key])
+        med = ms[len(ms) // 2]
+        row = {"name": f"ab {key[0]} {key[1]}", "group": "ab", "layout": key[0], "split": key[1], "op": "load1",
+               "bytes": layer_bytes, "gbps": layer_bytes / med / 1e6, "ms": med, "ms_min": ms[0], "ms_max": ms[-1],
+               "samples_ms": samples[key]}
+        b.results.append(row)
+        print(f"{key[0]:11s} {key[1]:32s} {row['gbps']:6.2f} GB/s, median {med:.4f} ms [{ms[0]:.4f}-{ms[-1]:.4f}] "
+              f"= {100 * contiguous[len(contiguous) // 2] / med:5.1f}% of the contiguous copy's median", flush=True)
     _save_compare(args, b, ceiling, checks)
     print(f"checks: {len(checks) - wrong} ok, {wrong} wrong")
     for host in hosts.values():

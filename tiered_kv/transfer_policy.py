@@ -67,10 +67,14 @@ class LoadSplit:
 #: without a smaller component keep the 0.6 page share). A single layer is too short to hide a
 #: staging hop: the copy engines take the latent rows straight into the device pages in one
 #: ``cudaMemcpyBatchAsync`` while the kernel takes the indexer rows (52.2-53.4 GB/s, 96-101% of a
-#: contiguous copy of the same bytes, against 48-50.5 for the best staged split).
+#: contiguous copy of the same bytes, against 48-50.5 for the best staged split). With dense host
+#: rows (layer_first) the batch alone moves the indexer rows as fast (same runs: 52.9-53.1 against
+#: 52.4-53.2 for the split, with a narrower spread) and leaves every SM to the model, so it takes
+#: the whole layer there; pitched page_first rows keep the kernel half (51.5-52.2 batch alone
+#: against 51.9-53.2).
 MIXED_LOADS = {
     (True, True): LoadSplit(1.0),
-    (True, False): LoadSplit(by="components", ce_path="batch"),
+    (True, False): LoadSplit(1.0, ce_path="batch"),
     (False, True): LoadSplit(0.6, by="components"),
     (False, False): LoadSplit(by="components", ce_path="batch"),
 }

@@ -172,3 +172,25 @@ class BackendContract:
         assert backend.stats.hits - before[0] == 1
         assert backend.stats.misses - before[1] == 1
         assert backend.stats.bytes_written - before[2] == pool.record_bytes
+
+    @pytest.fixture
+    def same_medium(self):
+        """``pool -> async context manager``: another backend on this backend's medium, serving
+        ``pool`` (as a second process would). None where the medium is not shared (memory)."""
+        return None
+
+    @pytest.mark.parametrize("layers", [1, 3])
+    async def test_records_for_slots_of_another_size_are_counted_misses(self, backend, pool, same_medium, layers):
+        """A reader whose pool has another page size (another spec) gets misses for records
+        written with this one, each counted as corrupt: never a slot filled with a wrong page."""
+        if same_medium is None:
+            pytest.skip("this medium is not shared between backends")
+        keys = new_keys(2)
+        slots = pool.allocate(2)
+        fill_and_seal(pool, slots, keys)
+        assert await backend.put_from(keys, slots) == [True, True]
+        with HostPool(nsa_spec(num_layers=layers), 4) as other:
+            assert other.record_bytes != pool.record_bytes
+            async with same_medium(other) as reader:
+                assert await reader.get_into(keys, other.allocate(2)) == [False, False]
+                assert reader.stats.corrupt == 2 and reader.stats.hits == 0

@@ -35,6 +35,10 @@ class TestFileContract(BackendContract):
         async with open_backend(url, pool) as backend:
             yield backend
 
+    @pytest.fixture
+    def same_medium(self, tmp_path):
+        return lambda pool: open_backend(f"file://{tmp_path}/store?fsync=false", pool)
+
 
 @pytest.fixture
 def pool():

@@ -82,6 +82,10 @@ class TestMooncakeContract(BackendContract):
     def backend(self, shared_backend):
         return shared_backend
 
+    @pytest.fixture
+    def same_medium(self, master):
+        return lambda pool: open_backend(master.url(contribute_segment=False, timeout_s=10), pool)
+
 
 async def test_capabilities(master):
     with HostPool(SPEC, 2) as pool:

@@ -61,6 +61,10 @@ class TestRedisContract(BackendContract):
         async with open_backend(url, pool, prefix=prefix, zero_copy=request.param != "redis_py") as backend:
             yield backend
 
+    @pytest.fixture
+    def same_medium(self, server, prefix):
+        return lambda pool: open_backend(server.url, pool, prefix=prefix)
+
 
 async def test_capabilities_and_paths(server):
     with HostPool(SPEC, 2) as pool:

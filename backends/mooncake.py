@@ -329,21 +329,12 @@ class MooncakeBackend(Backend):
     def _raw_round(self, src_slots: list[int], dst_slots: list[int], batch: int) -> dict[str, float]:
         size = self.pool.record_bytes
         keys = [f"tkv-raw-{secrets.token_hex(6)}-{i}" for i in range(len(src_slots))]
-        steps = range(0, len(keys), batch)
-
-        def run(call: Any, slots: list[int]) -> float:
-            start = time.perf_counter()
-            for i in steps:
-                codes = call(keys[i:i + batch], [self.pool.slot_address(s) for s in slots[i:i + batch]],
-                             [size] * len(keys[i:i + batch]))
-                for code in codes:
-                    _check(code if code < 0 else OK, call.__name__)
-            return time.perf_counter() - start
-
         with self._transfer_slots:
             try:
-                return {"raw_put_s": run(self._store.batch_put_from, src_slots),
-                        "raw_get_s": run(self._store.batch_get_into, dst_slots)}
+                return {"raw_put_s": _zero_copy_pass(self._store.batch_put_from, keys,
+                                                     [self.pool.slot_address(s) for s in src_slots], size, batch),
+                        "raw_get_s": _zero_copy_pass(self._store.batch_get_into, keys,
+                                                     [self.pool.slot_address(s) for s in dst_slots], size, batch)}
             finally:
                 self._store.batch_remove(keys, True)
 
@@ -421,6 +412,7 @@ def _measure(store: Any, buffer: mmap.mmap, page_bytes: int, pages: int, batch_p
     _check(store.register_buffer(address, len(buffer)), "register_buffer")
     batches = [range(i, min(i + batch_pages, pages)) for i in range(0, pages, batch_pages)]
     view = memoryview(buffer)
+    offsets = [i * page_bytes for i in range(pages)]
 
     def timed(fn: Any) -> float:
         start = time.perf_counter()
@@ -429,13 +421,7 @@ def _measure(store: Any, buffer: mmap.mmap, page_bytes: int, pages: int, batch_p
 
     def one_round() -> dict[str, float]:
         prefix = f"tkv-raw-{secrets.token_hex(6)}"
-
-        def zero_copy(call: Any, base: int) -> None:
-            for batch in batches:
-                codes = call([f"{prefix}-{i}" for i in batch], [base + i * page_bytes for i in batch],
-                             [page_bytes] * len(batch))
-                for code in codes:
-                    _check(code if code < 0 else OK, call.__name__)
+        keys = [f"{prefix}-{i}" for i in range(pages)]
 
         def put_bytes() -> None:
             for batch in batches:
@@ -448,9 +434,10 @@ def _measure(store: Any, buffer: mmap.mmap, page_bytes: int, pages: int, batch_p
                 if [len(v) for v in values] != [page_bytes] * len(batch):
                     raise BackendError("mooncake: get_batch returned values of the wrong length")
 
-        out = {"raw_put": timed(lambda: zero_copy(store.batch_put_from, address)),
-               "raw_get": timed(lambda: zero_copy(store.batch_get_into, address + total))}
-        store.batch_remove([f"{prefix}-{i}" for i in range(pages)], True)
+        out = {"raw_put": _zero_copy_pass(store.batch_put_from, keys, [address + o for o in offsets], page_bytes, batch_pages),
+               "raw_get": _zero_copy_pass(store.batch_get_into, keys, [address + total + o for o in offsets], page_bytes,
+                                          batch_pages)}
+        store.batch_remove(keys, True)
         out["naive_put"] = timed(put_bytes)
         out["naive_get"] = timed(get_bytes)
         store.batch_remove([f"{prefix}-b-{i}" for i in range(pages)], True)
@@ -474,6 +461,17 @@ def _measure(store: Any, buffer: mmap.mmap, page_bytes: int, pages: int, batch_p
                             f"median of {RAW_ROUNDS} rounds after a warm-up (raw_*_cold: the warm-up, "
                             f"into a fresh segment and untouched destinations)")
     return result
+
+
+def _zero_copy_pass(call: Any, keys: list[str], addresses: list[int], size: int, batch: int) -> float:
+    """Seconds for ``call`` (``batch_put_from`` / ``batch_get_into``) to move every key from or
+    into its address, ``batch`` keys per call; a failed key raises."""
+    start = time.perf_counter()
+    for i in range(0, len(keys), batch):
+        codes = call(keys[i:i + batch], addresses[i:i + batch], [size] * len(keys[i:i + batch]))
+        for code in codes:
+            _check(code if code < 0 else OK, call.__name__)
+    return time.perf_counter() - start
 
 
 def _buffer_address(buffer: mmap.mmap) -> int:

@@ -5,6 +5,7 @@
     ├── SpecError                a spec, or tensors that do not match a spec
     │   └── SpecMismatchError    two pools / a record written for another spec
     ├── IndexValidationError     page or token indices rejected before any byte moved
+    ├── PageKeyError             a page key that is not 1..512 printable ASCII characters
     ├── PoolError
     │   ├── PoolExhaustedError   not enough free host slots
     │   ├── DoubleFreeError      a slot freed twice
@@ -41,6 +42,10 @@ class SpecMismatchError(SpecError):
 
 class IndexValidationError(TieredKVError, ValueError):
     """Page ids or token indices were rejected before anything was moved."""
+
+
+class PageKeyError(TieredKVError, ValueError):
+    """A page key is not a str of 1..512 printable ASCII characters (see ``tiered_kv.keys``)."""
 
 
 class PoolError(TieredKVError):

@@ -1,0 +1,217 @@
+"""Page keys: what names a page on L2 and L3, and the one validator every key passes.
+
+``page_keys(namespace, token_ids, extra=None)`` gives one key per *full* page of a prompt (the
+incomplete tail gets none). Keys are chained: page ``i``'s key hashes page ``i-1``'s key, the page's
+token ids as fixed-width (4-byte) little-endian integers, and the page's optional extra keys (image
+hashes, for example). So the keys of a prefix are a prefix of the keys of every extension, and a key
+names the whole prefix up to its page, not only the page's own tokens (SGLang's chain, namespaced).
+
+The chain's root is the digest of a frozen ``Namespace``: model and weights revision, the spec's
+fingerprint, the KV quantisation, the layer range, LoRA id, tenant salt and, only for head-sharded
+MHA, ``(tp_size, tp_rank)``. Changing any field changes every key, so pages of a bf16 run can never
+be read by an fp8 run (SGLang 33268), nor one tenant's by another.
+
+Keys are 128-bit blake2b digests as 32 lowercase hex characters: the same in every process, machine
+and Python run (no ``hash()``, no pickles). ``check_key`` is the one validator used by records,
+backends and the index: a key is a str of 1..512 printable ASCII characters.
+
+Pure Python + numpy; no torch, so the scheduler side can compute keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import ConfigError, IndexValidationError, PageKeyError
+
+MAX_KEY_BYTES = 512
+KEY_DIGEST_BYTES = 16  # 128 bits
+_TOKEN_DTYPE = np.dtype("<u4")  # fixed-width little-endian, as SGLang's chain
+_TOKEN_MAX = 2**32 - 1
+
+
+def check_key(key: object, what: str = "page key") -> str:
+    """Return ``key`` if it is a str of 1..512 printable ASCII characters, else raise PageKeyError.
+
+    Printable excludes NUL, newlines and other control characters, which file names, Redis
+    commands and record headers cannot all carry.
+    """
+    if not isinstance(key, str):
+        raise PageKeyError(f"{what} must be str, got {type(key).__name__}")
+    if not key or len(key) > MAX_KEY_BYTES or not key.isascii() or not key.isprintable():
+        raise PageKeyError(f"{what} must be 1..{MAX_KEY_BYTES} printable ASCII characters, got {key[:80]!r}")
+    return key
+
+
+def check_keys(keys: object, what: str = "keys") -> list[str]:
+    """A list of valid keys from a sequence of str; a single str or bytes is refused."""
+    if isinstance(keys, (str, bytes, bytearray)):
+        raise PageKeyError(f"{what} must be a sequence of str, not a single {type(keys).__name__}")
+    try:
+        out = list(keys)  # type: ignore[call-overload]
+    except TypeError:
+        raise PageKeyError(f"{what} must be a sequence of str, got {type(keys).__name__}") from None
+    for i, k in enumerate(out):
+        check_key(k, f"{what}[{i}]")
+    return out
+
+
+@dataclass(frozen=True)
+class Namespace:
+    """Everything that must differ between two caches whose pages may not be exchanged.
+
+    ``tp`` is ``(tp_size, tp_rank)`` and only for head-sharded MHA caches; replicated MLA / NSA
+    caches leave it ``None`` (every rank reads the same pages, one rank writes them).
+    """
+
+    model: str
+    spec_fingerprint: str
+    page_size: int
+    revision: str = ""
+    kv_quant: str = ""
+    layer_range: tuple[int, int] = (0, 0)
+    lora_id: str = ""
+    tenant_salt: str = ""
+    tp: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("model", "spec_fingerprint", "revision", "kv_quant", "lora_id", "tenant_salt"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"Namespace.{name} must be str, got {type(getattr(self, name)).__name__}")
+        if not self.model:
+            raise ConfigError("Namespace.model must not be empty")
+        if isinstance(self.page_size, bool) or not isinstance(self.page_size, int) or self.page_size <= 0:
+            raise ConfigError(f"Namespace.page_size must be an int > 0, got {self.page_size!r}")
+        start, end = self.layer_range
+        if not (isinstance(start, int) and isinstance(end, int) and 0 <= start <= end):
+            raise ConfigError(f"Namespace.layer_range must be (start, end) with 0 <= start <= end, got {self.layer_range!r}")
+        if self.tp is not None:
+            size, rank = self.tp
+            if not (isinstance(size, int) and isinstance(rank, int) and size >= 1 and 0 <= rank < size):
+                raise ConfigError(f"Namespace.tp must be (tp_size, tp_rank) with 0 <= rank < size, got {self.tp!r}")
+
+    @classmethod
+    def for_spec(cls, spec: Any, model: str, **fields: Any) -> "Namespace":
+        """The namespace of ``spec`` (a ``KVSpec``): fingerprint, page size, layer range, KV dtype and,
+        for MHA, the tensor-parallel shard are taken from it; the rest from ``fields``."""
+        dims = dict(spec.dims)
+        derived: dict[str, Any] = {
+            "spec_fingerprint": spec.fingerprint,
+            "page_size": spec.page_size,
+            "layer_range": (spec.layer_start, spec.layer_end),
+            "kv_quant": dims.get("latent_dtype", dims.get("dtype", "")),
+        }
+        if spec.kind == "mha" and "tp" in dims:
+            rank, size = (int(x) for x in dims["tp"].split("/"))
+            derived["tp"] = (size, rank)
+        derived.update(fields)
+        return cls(model=model, **derived)
+
+    @property
+    def root(self) -> bytes:
+        """The chain's seed: a digest of every field, canonical JSON so it is stable everywhere."""
+        cached = self.__dict__.get("_root")
+        if cached is None:
+            canonical = json.dumps({"tiered_kv_namespace": 1, **asdict(self)}, sort_keys=True, separators=(",", ":"))
+            cached = hashlib.blake2b(canonical.encode(), digest_size=KEY_DIGEST_BYTES).digest()
+            object.__setattr__(self, "_root", cached)  # frozen: cache without changing identity
+        return cached
+
+
+def _token_array(token_ids: Any) -> np.ndarray:
+    """Token ids as a 1-D little-endian uint32 array; IndexValidationError names a bad one."""
+    if hasattr(token_ids, "detach") and hasattr(token_ids, "cpu"):  # a torch tensor, without importing torch
+        token_ids = token_ids.detach().cpu().numpy()
+    if isinstance(token_ids, np.ndarray):
+        arr = token_ids
+    else:
+        if isinstance(token_ids, (str, bytes)):
+            raise IndexValidationError("token_ids must be a sequence of ints, not a str/bytes")
+        try:
+            arr = np.fromiter(token_ids, dtype=np.int64)
+        except (TypeError, ValueError, OverflowError):
+            arr = None
+        if arr is None:
+            for i, t in enumerate(token_ids):
+                if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t <= _TOKEN_MAX:
+                    raise IndexValidationError(f"token_ids[{i}] must be an int in 0..{_TOKEN_MAX}, got {t!r}")
+            raise IndexValidationError("token_ids must be a sequence of ints")
+    if arr.ndim != 1:
+        raise IndexValidationError(f"token_ids must be 1-D, got shape {tuple(arr.shape)}")
+    if arr.dtype.kind == "b" or arr.dtype.kind not in "iu":
+        raise IndexValidationError(f"token_ids must be integers, got dtype {arr.dtype}")
+    if arr.size:
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi > _TOKEN_MAX:
+            bad = int(np.flatnonzero((arr < 0) | (arr > _TOKEN_MAX))[0])
+            raise IndexValidationError(f"token_ids[{bad}] must be in 0..{_TOKEN_MAX}, got {int(arr[bad])}")
+    return arr.astype(_TOKEN_DTYPE, copy=False)
+
+
+def _extra_bytes(extra: object, page: int) -> bytes:
+    """Length-prefixed encoding of one page's extra keys (so ``["ab", "c"]`` != ``["a", "bc"]``)."""
+    if extra is None:
+        return b""
+    items = [extra] if isinstance(extra, (str, bytes)) else extra
+    out = bytearray(b"\x01")
+    try:
+        for item in items:  # type: ignore[union-attr]
+            raw = item.encode() if isinstance(item, str) else bytes(item)
+            out += len(raw).to_bytes(4, "little") + raw
+    except TypeError:
+        raise IndexValidationError(f"extra[{page}] must be str, bytes or a list of them, got {extra!r:.80}") from None
+    return bytes(out)
+
+
+def _parent_digest(parent: object) -> bytes:
+    key = check_key(parent, "parent")
+    try:
+        digest = bytes.fromhex(key)
+    except ValueError:
+        digest = b""
+    if len(digest) != KEY_DIGEST_BYTES:
+        raise PageKeyError(f"parent must be a key made by page_keys ({2 * KEY_DIGEST_BYTES} hex characters), got {key[:80]!r}")
+    return digest
+
+
+def page_keys(namespace: Namespace, token_ids: Any, extra: Sequence[object] | None = None, *,
+              parent: str | None = None) -> list[str]:
+    """One key per full page of ``token_ids`` (list, numpy array or tensor of ints).
+
+    ``extra[i]``: optional extra keys of page ``i`` (str / bytes, or a list of them; None for none),
+    such as the hashes of images whose tokens the page holds. ``parent``: the key of the page before
+    ``token_ids[0]``, to continue a chain; None starts at the namespace's root.
+    """
+    if not isinstance(namespace, Namespace):
+        raise ConfigError(f"page_keys needs a Namespace, got {type(namespace).__name__}")
+    tokens = _token_array(token_ids)
+    page_size = namespace.page_size
+    num_pages = tokens.size // page_size
+    if extra is not None:
+        if isinstance(extra, (str, bytes)):
+            raise IndexValidationError("extra must be a sequence with one entry per page, not a single str/bytes")
+        extra = list(extra)
+        if len(extra) > num_pages:
+            raise IndexValidationError(f"extra has {len(extra)} entries but token_ids hold only {num_pages} full pages")
+    prev = namespace.root if parent is None else _parent_digest(parent)
+    raw = tokens[: num_pages * page_size].tobytes()
+    step = page_size * _TOKEN_DTYPE.itemsize
+    keys: list[str] = []
+    blake2b = hashlib.blake2b
+    for i in range(num_pages):
+        h = blake2b(prev, digest_size=KEY_DIGEST_BYTES)
+        h.update(raw[i * step:(i + 1) * step])
+        if extra is not None and i < len(extra) and extra[i] is not None:
+            h.update(_extra_bytes(extra[i], i))
+        prev = h.digest()
+        keys.append(prev.hex())
+    return keys
+
+
+__all__ = ["MAX_KEY_BYTES", "Namespace", "check_key", "check_keys", "page_keys"]

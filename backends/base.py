@@ -11,17 +11,24 @@ Public, async, batch-first (single-key helpers are built on these):
 Shared semantics, implemented here once so backends cannot drift:
 - a miss is ``False``; a failure raises a ``BackendError`` (mapped with ``raise ... from``);
 - a get counts only the leading run of hits: once a key misses, later ones are reported False;
-- a slot counts as filled only after its record verifies (``HostPool.verify_slot``); a corrupt,
-  truncated or foreign record is counted, deleted from the backend and reported as a miss;
-- only slots sealed for their key are put (``HostPool.is_sealed``), else ValueError;
+- a slot counts as filled only after its record verifies (``record.verify``). A corrupt, truncated
+  or unreadable record is counted (``stats.corrupt``), deleted from the backend and reported as a
+  miss. A *foreign* one (intact, but of another spec, key or page size: another reader's page,
+  e.g. a pool of another model or layer range on the same medium) is counted apart
+  (``stats.foreign``), reported as a miss and left where it is: a reader never deletes a page it
+  merely cannot use;
+- only slots sealed for their key are put (``HostPool.is_sealed``), else UnsealedSlotError;
+- keys are checked by the one validator (``tiered_kv.keys.check_keys``): PageKeyError;
 - duplicate keys in one batch are fetched / stored once;
 - blocking calls run on the backend's own bounded executor (``run_blocking``); when a caller
   is cancelled or times out, the slots of that call stay held in the pool (``HostPool.hold``)
   until the worker thread has returned, so no late write lands in a slot given to someone else;
-- hits, misses, corrupt records, bytes and errors are counted from the start (``stats``).
+- hits, misses, corrupt and foreign records, bytes and errors are counted from the start (``stats``).
 
 A backend subclass implements four primitives on distinct keys: ``_exists``, ``_get``, ``_put``,
-``_delete`` (see their docstrings), a ``scheme``, ``capabilities`` and ``from_url``.
+``_delete`` (see their docstrings), a ``scheme``, ``capabilities`` and ``from_url``. ``_get`` tells
+a stored value of another length than this pool's records (``OtherLength``) and an object that is
+no record at all and not ours to delete (``NotARecord``) apart from a plain hit or miss.
 """
 
 from __future__ import annotations
@@ -35,8 +42,11 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from ..errors import BackendError, BackendTimeoutError, IndexValidationError, PoolError, RecordError
+from .. import record
+from ..errors import (BackendError, BackendTimeoutError, ForeignRecordError, IndexValidationError, PoolError,
+                      RecordError, UnsealedSlotError)
 from ..host_pool import HostPool
+from ..keys import check_keys
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -58,7 +68,8 @@ class BackendStats:
 
     hits: int = 0
     misses: int = 0
-    corrupt: int = 0
+    corrupt: int = 0  # damaged, truncated or unreadable records: deleted
+    foreign: int = 0  # intact records of another spec / key / size, or no record at all: left in place
     puts: int = 0
     put_rejected: int = 0  # put returned False: no room, or the medium refused
     bytes_read: int = 0
@@ -66,16 +77,22 @@ class BackendStats:
     errors: int = 0
 
 
-def check_keys(keys: Sequence[str]) -> list[str]:
-    if isinstance(keys, (str, bytes)):
-        raise TypeError("keys must be a sequence of str, not a single str/bytes")
-    out = list(keys)
-    for i, k in enumerate(out):
-        if not isinstance(k, str):
-            raise TypeError(f"keys[{i}] must be str, got {type(k).__name__}")
-        if not k or not k.isascii() or len(k) > 512 or not k.isprintable():
-            raise ValueError(f"keys[{i}] must be 1..512 printable ASCII characters, got {k[:80]!r}")
-    return out
+@dataclass(frozen=True)
+class OtherLength:
+    """``_get``'s answer for a stored value of ``length`` bytes where this pool's records are
+    stored in ``expected``: the slot's record view holds the value's first bytes (its header,
+    where it has one), and the base decides whether it is someone else's record or a damaged one."""
+
+    length: int
+    expected: int
+
+
+@dataclass(frozen=True)
+class NotARecord:
+    """``_get``'s answer for an object under the key that is no page record and not ours to delete
+    (say, a Redis list): a counted foreign miss, left in place."""
+
+    reason: str
 
 
 async def all_or_nothing(calls: Iterable[Awaitable[T]]) -> list[T]:
@@ -162,10 +179,13 @@ class Backend(ABC):
         """Presence of each key."""
 
     @abstractmethod
-    async def _get(self, keys: list[str], slots: list[int]) -> list[bool]:
+    async def _get(self, keys: list[str], slots: list[int]) -> list["bool | OtherLength | NotARecord"]:
         """Write each present key's stored record into its slot's ``record_view``; False if absent.
 
-        Need not verify: the base verifies every slot reported True before counting it.
+        Need not verify: the base verifies every slot reported True before counting it. A value
+        whose length is not this pool's record size is ``OtherLength`` (its first bytes in the
+        slot); an object that is no record and must stay (another type, say) is ``NotARecord``.
+        Never deletes or overwrites what it finds: the base decides.
         """
 
     @abstractmethod
@@ -220,11 +240,20 @@ class Backend(ABC):
             first_slot.setdefault(k, s)
         unique = list(first_slot)
         got = await self._guard(self._get(unique, [first_slot[k] for k in unique]))
-        landed = [(k, first_slot[k]) for k, hit in zip(unique, got) if hit]
-        corrupt = await self._verify_all(landed)
-        ok = {k: hit and k not in corrupt for k, hit in zip(unique, got)}
+        landed: list[tuple[str, int, OtherLength | None]] = []
+        for k, hit in zip(unique, got):
+            if isinstance(hit, NotARecord):
+                self._count_foreign(k, hit.reason)
+            elif isinstance(hit, OtherLength):
+                landed.append((k, first_slot[k], hit))
+            elif hit:
+                landed.append((k, first_slot[k], None))
+        rejected = await self._verify_all(landed)
+        verified = {k for k, _, other in landed if other is None and k not in rejected}
+        ok = {k: k in verified for k in unique}
+        corrupt = [k for k in unique if rejected.get(k) == "corrupt"]
         if corrupt:
-            await self._guard(self._delete([k for k in unique if k in corrupt]))
+            await self._guard(self._delete(corrupt))
         results: list[bool] = []
         for k, s in zip(keys, slots):
             hit = ok[k] and (not results or results[-1])
@@ -237,8 +266,9 @@ class Backend(ABC):
         self.stats.bytes_read += hits * self.pool.record_bytes
         return results
 
-    async def _verify_all(self, landed: list[tuple[str, int]]) -> set[str]:
-        """Verify every landed ``(key, slot)``; returns the keys whose records are corrupt.
+    async def _verify_all(self, landed: list[tuple[str, int, OtherLength | None]]) -> dict[str, str]:
+        """Verify every landed ``(key, slot, other_length)``; returns ``{key: "corrupt" | "foreign"}``
+        for the records that are no hit.
 
         Checksums run on threads (xxh3 releases the GIL), so the event loop stays free and the
         next batch's transfer overlaps this one's verification; a batch is split over up to one
@@ -246,30 +276,50 @@ class Backend(ABC):
         short on a many-core host.
         """
         if not landed:
-            return set()
+            return {}
         parts = min(len(landed), os.cpu_count() or 1)
         chunks = [landed[i::parts] for i in range(parts)]
-        found = await asyncio.gather(*(asyncio.to_thread(self._corrupt_in, chunk) for chunk in chunks))
-        corrupt = {key for keys in found for key in keys}
-        self.stats.corrupt += len(corrupt)
-        return corrupt
+        found = await asyncio.gather(*(asyncio.to_thread(self._rejected_in, chunk) for chunk in chunks))
+        rejected: dict[str, str] = {}
+        for part in found:
+            for key, exc in part:
+                if isinstance(exc, ForeignRecordError):
+                    rejected[key] = "foreign"
+                    self._count_foreign(key, str(exc))
+                else:
+                    rejected[key] = "corrupt"
+                    self.stats.corrupt += 1
+                    log.warning("%s: dropping stored page %s: %s", self.scheme, key[:32], exc)
+        return rejected
 
-    def _corrupt_in(self, landed: list[tuple[str, int]]) -> list[str]:
-        corrupt = []
-        for key, slot in landed:
+    def _rejected_in(self, landed: list[tuple[str, int, OtherLength | None]]) -> list[tuple[str, RecordError]]:
+        spec = self.pool.spec
+        rejected: list[tuple[str, RecordError]] = []
+        for key, slot, other in landed:
+            view = self.pool.record_view(slot)
             try:
-                self.pool.verify_slot(slot, key)
+                if other is None:
+                    record.verify(view, fingerprint=spec.fingerprint, key=key, payload_len=spec.page_bytes)
+                else:
+                    raise record.other_length_error(view, length=other.length, expected=other.expected,
+                                                    fingerprint=spec.fingerprint, key=key, payload_len=spec.page_bytes)
             except RecordError as exc:
-                log.warning("%s: dropping stored page %s: %s", self.scheme, key[:32], exc)
-                corrupt.append(key)
-        return corrupt
+                rejected.append((key, exc))
+        return rejected
+
+    def _count_foreign(self, key: str, reason: str) -> None:
+        """Count a foreign miss. The first one of a backend is a warning: pages of two specs under
+        the same keys mean two caches share a namespace (see ``tiered_kv.keys.Namespace``)."""
+        self.stats.foreign += 1
+        level = logging.WARNING if self.stats.foreign == 1 else logging.DEBUG
+        log.log(level, "%s: page %s is another reader's, left in place (a miss): %s", self.scheme, key[:32], reason)
 
     async def put_from(self, keys: Sequence[str], slots: Sequence[int]) -> list[bool]:
         """Store the sealed records in ``slots`` under ``keys``; per key, False if it did not fit."""
         keys, slots = self._check_batch(keys, slots)
         for k, s in zip(keys, slots):
             if not self.pool.is_sealed(s, k):
-                raise ValueError(f"put_from: slot {s} is not sealed for key {k[:64]!r}; seal it after its bytes land")
+                raise UnsealedSlotError(f"put_from: slot {s} is not sealed for key {k[:64]!r}; seal it after its bytes land")
         first_slot: dict[str, int] = {}
         for k, s in zip(keys, slots):
             first_slot.setdefault(k, s)

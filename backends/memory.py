@@ -1,7 +1,9 @@
 """``memory://``: a bounded in-process store of page records, for tests and embedded use.
 
 Same semantics as every backend (put-if-absent, verified reads, leading-run gets), bounded by
-``capacity_bytes`` with least-recently-used eviction. Not shared, not persistent.
+``capacity_bytes`` with least-recently-used eviction. Not persistent, not shared across processes;
+``MemoryBackend.on_same_store(pool)`` opens a second backend on the same records for another pool
+of this process (another spec, say), as two processes would share a file or Redis medium.
 URL: ``memory://?capacity_bytes=1GiB``.
 """
 
@@ -9,32 +11,48 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from ..errors import ConfigError
 from ..host_pool import HostPool
-from .base import Backend, Capabilities
-from .url_options import options_from_url
+from ..sizes import MAX_SIZE
+from .base import Backend, Capabilities, OtherLength
+from .url_options import check_fields, options_from_url
 
 
 @dataclass(frozen=True)
 class MemoryOptions:
-    capacity_bytes: int = 1 << 30
+    """Field constraints are pydantic ``Annotated`` metadata (see ``url_options``)."""
+
+    capacity_bytes: Annotated[int, Field(gt=0, le=MAX_SIZE)] = 1 << 30
 
     def __post_init__(self) -> None:
-        if self.capacity_bytes <= 0:
-            raise ConfigError(f"memory backend: capacity_bytes must be > 0, got {self.capacity_bytes}")
+        check_fields(self)
+
+
+class _Store:
+    """Records (key -> bytes, least recent first) and their total size; shared by backends made
+    with ``on_same_store``. Touched only on the event loop, so it needs no lock."""
+
+    def __init__(self) -> None:
+        self.records: OrderedDict[str, bytes] = OrderedDict()
+        self.bytes = 0
 
 
 class MemoryBackend(Backend):
     scheme = "memory"
     capabilities = Capabilities(zero_copy=False, persistent=False, shared_across_processes=False, shared_across_nodes=False)
 
-    def __init__(self, pool: HostPool, options: MemoryOptions = MemoryOptions()) -> None:
+    def __init__(self, pool: HostPool, options: MemoryOptions = MemoryOptions(), *, store: "_Store | None" = None) -> None:
         super().__init__(pool, max_workers=1, timeout_s=None)
         self.options = options
-        self._records: OrderedDict[str, bytes] = OrderedDict()
-        self._bytes = 0
+        self._store = _Store() if store is None else store
+
+    def on_same_store(self, pool: HostPool) -> "MemoryBackend":
+        """Another backend, serving ``pool``, on this one's records and capacity (same options)."""
+        return type(self)(pool, self.options, store=self._store)
 
     @classmethod
     def from_url(cls, url: str, pool: HostPool, **options: Any) -> "MemoryBackend":
@@ -42,12 +60,16 @@ class MemoryBackend(Backend):
 
     @property
     def used_bytes(self) -> int:
-        return self._bytes
+        return self._store.bytes
+
+    @property
+    def _records(self) -> "OrderedDict[str, bytes]":
+        return self._store.records
 
     async def _exists(self, keys: list[str]) -> list[bool]:
         return [k in self._records for k in keys]
 
-    async def _get(self, keys: list[str], slots: list[int]) -> list[bool]:
+    async def _get(self, keys: list[str], slots: list[int]) -> list[bool | OtherLength]:
         found = []
         for key, slot in zip(keys, slots):
             data = self._records.get(key)
@@ -58,7 +80,8 @@ class MemoryBackend(Backend):
             view = self.pool.record_view(slot)
             n = min(len(data), len(view))
             view[:n] = data[:n]
-            found.append(True)
+            # Another length than ours: the base reads its header to tell whose it is.
+            found.append(True if len(data) == len(view) else OtherLength(len(data), len(view)))
         return found
 
     async def _put(self, keys: list[str], slots: list[int]) -> list[bool]:
@@ -71,19 +94,28 @@ class MemoryBackend(Backend):
             if len(data) > self.options.capacity_bytes:
                 stored.append(False)
                 continue
-            while self._bytes + len(data) > self.options.capacity_bytes:
+            while self._store.bytes + len(data) > self.options.capacity_bytes:
                 _, evicted = self._records.popitem(last=False)
-                self._bytes -= len(evicted)
+                self._store.bytes -= len(evicted)
             self._records[key] = data
-            self._bytes += len(data)
+            self._store.bytes += len(data)
             stored.append(True)
         return stored
 
     async def _delete(self, keys: list[str]) -> None:
         for key in keys:
-            data = self._records.pop(key, None)
-            if data is not None:
-                self._bytes -= len(data)
+            self._delete_now(key)
+
+    def store_for_tests(self, key: str, data: bytes) -> None:
+        """Store raw ``data`` under ``key`` as a foreign or broken writer would (for tests)."""
+        self._delete_now(key)
+        self._records[key] = bytes(data)
+        self._store.bytes += len(data)
+
+    def _delete_now(self, key: str) -> None:
+        data = self._records.pop(key, None)
+        if data is not None:
+            self._store.bytes -= len(data)
 
     def corrupt_for_tests(self, key: str, offset: int) -> None:
         """Flip one stored byte (for tests of verification)."""

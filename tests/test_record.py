@@ -9,7 +9,7 @@ import torch
 
 from tiered_kv import HostPool, mha_spec, mla_spec, nsa_spec
 from tiered_kv import record
-from tiered_kv.errors import CorruptRecordError, ForeignRecordError, RecordError, TruncatedRecordError
+from tiered_kv.errors import CorruptRecordError, ForeignRecordError, PageKeyError, RecordError, TruncatedRecordError
 from tiered_kv.spec import Component, KVSpec
 
 PRESETS = {
@@ -110,11 +110,54 @@ def test_failed_decode_leaves_the_slot_untouched():
             assert slot_payload(pool, 1) == before
 
 
-def test_keys_are_validated():
+@pytest.mark.parametrize("bad", [b"bytes", "", "nul\0", "line\nbreak", "\x1b[31m", "ключ", "x" * 513, 7])
+def test_keys_are_validated_by_the_one_validator(bad):
+    """seal (write_header) and encode_record refuse every key a backend refuses, with PageKeyError."""
     with HostPool(TINY, 1) as pool:
-        with pytest.raises(TypeError):
-            pool.encode_record(0, b"bytes")
-        with pytest.raises(ValueError, match="ASCII"):
-            pool.encode_record(0, "ключ")
-        with pytest.raises(ValueError):
-            pool.encode_record(0, "x" * 513)
+        with pytest.raises(PageKeyError):
+            pool.encode_record(0, bad)
+        with pytest.raises(PageKeyError):
+            pool.seal(0, bad)
+        assert not pool.is_sealed(0, "k")
+
+
+def test_longest_key_is_sealed_and_verified():
+    with HostPool(TINY, 1) as pool:
+        key = "k" * 512
+        pool.seal(0, key)
+        pool.verify_slot(0, key)
+
+
+def _tiny_record(key: str = "k", spec: KVSpec = TINY) -> bytes:
+    with HostPool(spec, 1, "layer_first") as pool:
+        randomize(pool, 0)
+        return bytes(pool.encode_record(0, key))
+
+
+@pytest.mark.parametrize("length_delta", [-10, +4096])
+def test_other_length_of_this_very_page_is_damage(length_delta):
+    good = _tiny_record()
+    value = good[:length_delta] if length_delta < 0 else good + bytes(length_delta)
+    exc = record.other_length_error(value, length=len(value), expected=len(good), fingerprint=TINY.fingerprint,
+                                    key="k", payload_len=24)
+    assert isinstance(exc, TruncatedRecordError if length_delta < 0 else CorruptRecordError)
+
+
+def test_other_length_of_another_spec_is_foreign_and_says_larger_than_the_slot():
+    bigger = KVSpec(kind="tiny", page_size=2, layer_start=0, layer_end=4, components=(Component("a", 8), Component("b", 4)))
+    theirs = _tiny_record(spec=bigger)
+    mine = 4096 + 24
+    exc = record.other_length_error(theirs[:mine], length=len(theirs), expected=mine, fingerprint=TINY.fingerprint,
+                                    key="k", payload_len=24)
+    assert isinstance(exc, ForeignRecordError)
+    assert "larger than the slot" in str(exc) and "bad magic" not in str(exc)
+    smaller = record.other_length_error(_tiny_record(key="k"), length=mine, expected=mine + 4096,
+                                        fingerprint=bigger.fingerprint, key="k", payload_len=48)
+    assert isinstance(smaller, ForeignRecordError) and "shorter" in str(smaller)
+
+
+@pytest.mark.parametrize("value", [b"", b"short", bytes(5000), b"\xff" * 9000])
+def test_other_length_that_is_no_record_is_damage(value):
+    exc = record.other_length_error(value, length=len(value), expected=4096 + 24, fingerprint=TINY.fingerprint,
+                                    key="k", payload_len=24)
+    assert isinstance(exc, (TruncatedRecordError, CorruptRecordError)) and not isinstance(exc, ForeignRecordError)

@@ -9,11 +9,12 @@
     ├── PoolError
     │   ├── PoolExhaustedError   not enough free host slots
     │   ├── DoubleFreeError      a slot freed twice
-    │   └── ForeignSlotError     a slot id this pool never handed out
+    │   ├── ForeignSlotError     a slot id this pool never handed out
+    │   └── UnsealedSlotError    a slot put to L3 that is not sealed for its key
     ├── RecordError              a stored page record failed verification: callers treat it as a miss
     │   ├── TruncatedRecordError
     │   ├── CorruptRecordError   bad magic, header or payload checksum
-    │   └── ForeignRecordError   written for another spec fingerprint or another key
+    │   └── ForeignRecordError   intact, but another spec fingerprint, key or size: left in place
     └── BackendError             an L3 backend failed (not a miss)
         ├── BackendUnavailableError   cannot reach the server / medium
         └── BackendTimeoutError
@@ -64,6 +65,13 @@ class ForeignSlotError(PoolError, IndexValidationError):
     """A slot id that this pool never handed out (out of range or not allocated)."""
 
 
+class UnsealedSlotError(PoolError, ValueError):
+    """A slot handed to ``put_from`` is not sealed for its key (``HostPool.seal`` after the bytes land).
+
+    Also a ValueError, which ``put_from`` raised before this class existed.
+    """
+
+
 class RecordError(TieredKVError):
     """A page record failed verification. Callers count it and treat it as a miss."""
 
@@ -77,7 +85,10 @@ class CorruptRecordError(RecordError):
 
 
 class ForeignRecordError(RecordError):
-    """The record is intact but belongs to another spec fingerprint or page key."""
+    """The record is intact but belongs to another spec fingerprint, page key or page size.
+
+    It is someone else's page: a miss for this reader, never deleted by it.
+    """
 
 
 class BackendError(TieredKVError):

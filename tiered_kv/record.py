@@ -29,13 +29,13 @@ from dataclasses import dataclass
 
 import xxhash
 
-from .errors import CorruptRecordError, ForeignRecordError, TruncatedRecordError
+from .errors import CorruptRecordError, ForeignRecordError, RecordError, TruncatedRecordError
+from .keys import MAX_KEY_BYTES, check_key
 from .spec import FORMAT_VERSION
 
 HEADER_BYTES = 4096
 MAGIC = b"TIEREDKV"
 CHECKSUM_XXH3_128 = 1
-MAX_KEY_BYTES = 512
 _FIXED = struct.Struct("<8sHHHH16sQ16s")  # 56 bytes
 _KEY_OFFSET = _FIXED.size
 _HEADER_SUM_OFFSET = HEADER_BYTES - 16
@@ -48,12 +48,8 @@ def payload_checksum(payload) -> bytes:
 
 
 def _key_bytes(key: str) -> bytes:
-    if not isinstance(key, str):
-        raise TypeError(f"page key must be str, got {type(key).__name__}")
-    raw = key.encode("ascii", errors="strict") if key.isascii() else None
-    if raw is None or not raw or len(raw) > MAX_KEY_BYTES:
-        raise ValueError(f"page key must be 1..{MAX_KEY_BYTES} ASCII characters, got {key[:80]!r}")
-    return raw
+    # The one validator (PageKeyError), so a key sealed into a record is one every backend takes.
+    return check_key(key).encode("ascii")
 
 
 @dataclass(frozen=True)
@@ -118,12 +114,7 @@ def verify(record, *, fingerprint: str, key: str, payload_len: int) -> memoryvie
     Raises TruncatedRecordError, CorruptRecordError or ForeignRecordError.
     """
     header = read_header(record)
-    if header.fingerprint != fingerprint:
-        raise ForeignRecordError(f"record written for spec {header.fingerprint}, expected {fingerprint}")
-    if header.key != key:
-        raise ForeignRecordError(f"record holds page {header.key[:64]!r}, expected {key[:64]!r}")
-    if header.payload_len != payload_len:
-        raise ForeignRecordError(f"record payload is {header.payload_len} bytes, this spec's page is {payload_len}")
+    check_owner(header, fingerprint=fingerprint, key=key, payload_len=payload_len)
     view = memoryview(record).cast("B")
     if view.nbytes < HEADER_BYTES + payload_len:
         raise TruncatedRecordError(f"record is {view.nbytes} bytes, header says {HEADER_BYTES + payload_len}")
@@ -131,6 +122,40 @@ def verify(record, *, fingerprint: str, key: str, payload_len: int) -> memoryvie
     if payload_checksum(payload) != header.checksum:
         raise CorruptRecordError(f"payload checksum mismatch for page {key[:64]!r}")
     return payload
+
+
+def check_owner(header: RecordHeader, *, fingerprint: str, key: str, payload_len: int) -> None:
+    """ForeignRecordError unless ``header`` is of spec ``fingerprint``, page ``key`` and ``payload_len``."""
+    if header.fingerprint != fingerprint:
+        raise ForeignRecordError(f"record written for spec {header.fingerprint}, expected {fingerprint}")
+    if header.key != key:
+        raise ForeignRecordError(f"record holds page {header.key[:64]!r}, expected {key[:64]!r}")
+    if header.payload_len != payload_len:
+        raise ForeignRecordError(f"record payload is {header.payload_len} bytes, this spec's page is {payload_len}")
+
+
+def other_length_error(prefix, *, length: int, expected: int, fingerprint: str, key: str, payload_len: int) -> RecordError:
+    """Why a stored value of ``length`` bytes, where this reader's records take ``expected``, is no hit.
+
+    ``prefix`` holds the value's first ``min(length, len(prefix))`` bytes (its header, where the
+    value has one). An intact header of another spec, key or size makes it ForeignRecordError:
+    someone else's page, which the reader must leave alone. A value that is no readable record,
+    or that is this very page at the wrong length, is TruncatedRecordError / CorruptRecordError.
+    """
+    if length > expected:
+        size = f"larger than the slot ({length} B > {expected} B)"
+    else:
+        size = f"shorter than this reader's records ({length} B < {expected} B)"
+    try:
+        header = read_header(memoryview(prefix).cast("B")[:min(length, memoryview(prefix).nbytes)])
+    except RecordError as exc:
+        return type(exc)(f"stored value {size} is no readable record: {exc}")
+    try:
+        check_owner(header, fingerprint=fingerprint, key=key, payload_len=payload_len)
+    except ForeignRecordError as exc:
+        return ForeignRecordError(f"record {size}, another reader's: {exc}")
+    cls = TruncatedRecordError if length < expected else CorruptRecordError
+    return cls(f"record of page {key[:64]!r} is {size}: damaged")
 
 
 def is_sealed_for(record, *, fingerprint: str, key: str) -> bool:

@@ -19,10 +19,22 @@ import secrets
 import pytest
 import torch
 
-from tiered_kv import HostPool, nsa_spec
-from tiered_kv.errors import ForeignSlotError, IndexValidationError
+from tiered_kv import HostPool, mha_spec, mla_spec, nsa_spec
+from tiered_kv.errors import ForeignSlotError, IndexValidationError, PageKeyError, PoolError, UnsealedSlotError
 
 SPEC = nsa_spec(num_layers=2)  # 100,864 B payload: small enough for CI, same shape of record
+
+# Readers of another spec on the same medium, as another engine's pool would be: bigger and
+# smaller pages, and one of exactly this size (another fingerprint only).
+FOREIGN_READERS = {
+    "fewer_layers": nsa_spec(num_layers=1),  # smaller pages: our records are larger than its slot
+    "more_layers": nsa_spec(num_layers=3),  # bigger pages
+    "other_layer_range": nsa_spec(num_layers=61, layer_range=(10, 12)),  # same page size
+    "bf16_latent": nsa_spec(num_layers=2, latent_dtype="bf16"),
+    "other_model_mla": mla_spec(num_layers=2, page_size=64),
+    "other_layout_mha": mha_spec(num_layers=1, page_size=16, num_kv_heads=2, head_dim=64),  # 8 KiB pages
+}
+BAD_KEYS = ["", "nul\0inside", "new\nline", "tab\there", "\x7f", "ключ", "x" * 513]
 
 
 def fill_and_seal(pool: HostPool, slots: list[int], keys: list[str]) -> dict[str, bytes]:
@@ -46,6 +58,13 @@ async def assert_round_trip(backend, pool: HostPool, n: int = 2) -> list[str]:
     assert await backend.get_into(keys, dst) == [True] * n
     assert [bytes(pool.record_view(s)) for s in dst] == [records[k] for k in keys]
     return keys
+
+
+def assert_settled(pool: HostPool, free_before: int) -> None:
+    """The end of an async test: the slots it took are free again, and no task is left pending."""
+    assert pool.free_slots == free_before
+    pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+    assert pending == []
 
 
 def new_keys(n: int) -> list[str]:
@@ -141,26 +160,47 @@ class BackendContract:
             assert bytes(pool.record_view(slot)) == records[key]
 
     async def test_unsealed_slot_is_refused(self, backend, pool):
+        free_before = pool.free_slots
         keys = new_keys(2)
         slots = pool.allocate(2)
         fill_and_seal(pool, slots[:1], keys[:1])
         pool.record_view(slots[1])[:4096] = bytes(4096)
-        with pytest.raises(ValueError, match="not sealed"):
+        with pytest.raises(UnsealedSlotError, match="not sealed") as caught:
             await backend.put_from(keys, slots)
-        with pytest.raises(ValueError, match="not sealed"):  # sealed for another key
+        assert isinstance(caught.value, PoolError) and isinstance(caught.value, ValueError)
+        with pytest.raises(UnsealedSlotError, match="not sealed"):  # sealed for another key
             await backend.put_from([keys[1]], [slots[0]])
         assert await backend.exists(keys[:1]) == 0  # nothing of a refused batch was stored
+        pool.free(slots)
+        assert_settled(pool, free_before)
 
     async def test_bad_arguments(self, backend, pool):
         slots = pool.allocate(2)
-        with pytest.raises(TypeError, match=r"keys\[0\]"):
+        with pytest.raises(PageKeyError, match=r"keys\[0\]"):
             await backend.get_into([b"bytes-key"], slots[:1])
-        with pytest.raises(TypeError):
+        with pytest.raises(PageKeyError):
             await backend.exists("a-single-string")
         with pytest.raises(IndexValidationError, match="2 keys but 1 slots"):
             await backend.get_into(new_keys(2), slots[:1])
         with pytest.raises(ForeignSlotError):
             await backend.get_into(new_keys(1), [pool.num_slots])
+
+    @pytest.mark.parametrize("bad", BAD_KEYS)
+    async def test_bad_keys_are_page_key_errors_everywhere(self, backend, pool, bad):
+        """The one validator (tiered_kv.keys): seal refuses what backends refuse, with PageKeyError."""
+        free_before = pool.free_slots
+        [good] = new_keys(1)
+        slots = pool.allocate(2)
+        fill_and_seal(pool, slots[:1], [good])
+        with pytest.raises(PageKeyError):
+            pool.seal(slots[1], bad)
+        for call in (lambda: backend.exists([good, bad]), lambda: backend.get_into([good, bad], slots),
+                     lambda: backend.put_from([good, bad], [slots[0], slots[0]]), lambda: backend.delete([bad])):
+            with pytest.raises(PageKeyError, match=r"keys\[\d\]"):
+                await call()
+        assert await backend.exists([good]) == 0  # a refused batch stores nothing
+        pool.free(slots)
+        assert_settled(pool, free_before)
 
     async def test_stats_are_counted(self, backend, pool):
         keys = new_keys(2)
@@ -179,18 +219,39 @@ class BackendContract:
         ``pool`` (as a second process would). None where the medium is not shared (memory)."""
         return None
 
-    @pytest.mark.parametrize("layers", [1, 3])
-    async def test_records_for_slots_of_another_size_are_counted_misses(self, backend, pool, same_medium, layers):
-        """A reader whose pool has another page size (another spec) gets misses for records
-        written with this one, each counted as corrupt: never a slot filled with a wrong page."""
+    @pytest.mark.parametrize("reader", FOREIGN_READERS)
+    async def test_a_foreign_reader_misses_and_leaves_the_page(self, backend, pool, same_medium, reader, caplog):
+        """A reader whose pool has another spec (another model, layer range, dtype or layout:
+        bigger, smaller or equal pages) meets our records under its keys: each is a miss counted
+        as foreign (not corrupt), never a slot filled with a wrong page, and left in place, so the
+        writer still reads its page afterwards."""
         if same_medium is None:
             pytest.skip("this medium is not shared between backends")
+        free_before = pool.free_slots
         keys = new_keys(2)
         slots = pool.allocate(2)
-        fill_and_seal(pool, slots, keys)
+        records = fill_and_seal(pool, slots, keys)
         assert await backend.put_from(keys, slots) == [True, True]
-        with HostPool(nsa_spec(num_layers=layers), 4) as other:
-            assert other.record_bytes != pool.record_bytes
-            async with same_medium(other) as reader:
-                assert await reader.get_into(keys, other.allocate(2)) == [False, False]
-                assert reader.stats.corrupt == 2 and reader.stats.hits == 0
+        corrupt_before = backend.stats.corrupt
+        with HostPool(FOREIGN_READERS[reader], 4) as other:
+            assert other.spec.fingerprint != pool.spec.fingerprint
+            async with same_medium(other) as reader_backend:
+                dst = other.allocate(2)
+                with caplog.at_level("DEBUG", logger="tiered_kv.backends.base"):
+                    assert await reader_backend.get_into(keys, dst) == [False, False]
+                assert (reader_backend.stats.foreign, reader_backend.stats.corrupt, reader_backend.stats.hits) == (2, 0, 0)
+                assert reader_backend.stats.misses == 2
+                messages = [r.getMessage() for r in caplog.records if "another reader's" in r.getMessage()]
+                assert len(messages) == 2 and not any("dropping" in r.getMessage() for r in caplog.records)
+                if other.record_bytes < pool.record_bytes:
+                    assert all("larger than the slot" in m and "bad magic" not in m for m in messages)
+                assert await reader_backend.exists(keys) == 2  # still there for the reader too
+                other.free(dst)
+            assert other.free_slots == other.num_slots
+        assert await backend.exists(keys) == 2
+        back = pool.allocate(2)
+        assert await backend.get_into(keys, back) == [True, True]
+        assert [bytes(pool.record_view(s)) for s in back] == [records[k] for k in keys]
+        assert backend.stats.corrupt == corrupt_before
+        pool.free(slots + back)
+        assert_settled(pool, free_before)

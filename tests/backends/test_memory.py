@@ -18,6 +18,10 @@ class TestMemoryContract(BackendContract):
         async with open_backend("memory://?capacity_bytes=64MiB", pool) as backend:
             yield backend
 
+    @pytest.fixture
+    def same_medium(self, backend):
+        return backend.on_same_store
+
 
 async def test_capacity_evicts_least_recently_used():
     with HostPool(SPEC, 8) as pool:

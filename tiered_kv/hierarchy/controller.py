@@ -1,0 +1,446 @@
+"""The L3 controller: one asyncio loop (in a thread of its own) that moves pages L3 <-> L2.
+
+Callers on plain threads (the scheduler) submit work and get ``concurrent.futures.Future``s back at
+once; nothing here blocks them. On the loop:
+
+- reads (``exists``, prefetches L3 -> L2) and writes (backups L2 -> L3) wait in two bounded queues;
+  workers always take a read first, and a write starts only while no read is waiting, so a flood of
+  writes never delays a read a request waits on (SGLang 31398, LMCache 4983);
+- bytes in flight are limited per direction; a job larger than the limit runs alone;
+- a prefetch cancelled before it started is dropped (its future is cancelled); one already reading
+  runs to its end, and the caller frees its slots through the future, so no late write lands in a
+  reused slot;
+- a ``BackendError`` puts the tier in a degraded state: reads answer "miss" at once, writes wait for
+  the tier to return, a health probe with exponential backoff brings it back. Workers never die of
+  it and never hang a request: every future gets an answer. Errors that are not the library's (bugs)
+  are handed to the job's future, not swallowed;
+- ``close()`` drains (or cancels) every job and task, then closes the backend on the loop.
+
+The loop never launches GPU work: it only calls the backend (whose blocking calls run on the
+backend's own executor). The backend may be any object with the backend contract's async methods
+(``exists``, ``get_into``, ``put_from``, ``delete``, ``aclose``): a ``Backend`` over a host pool,
+or the key-only simulated tier of ``--simulate``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import BackendError, ConfigError, TieredKVError
+
+log = logging.getLogger(__name__)
+
+READ = "read"
+WRITE = "write"
+
+
+@dataclass(frozen=True)
+class ControllerLimits:
+    """The controller's bounds. Bytes are record bytes (header + payload) of the pages in flight."""
+
+    read_workers: int = 4
+    write_workers: int = 2
+    queue_depth: int = 4096  # jobs waiting per direction; a write beyond it is refused at once
+    batch_pages: int = 16  # pages per backend call
+    max_read_bytes_in_flight: int = 1 << 30
+    max_write_bytes_in_flight: int = 512 << 20
+    retry_base_s: float = 0.05
+    retry_max_s: float = 2.0
+    write_retries: int = 3  # a write that failed this often while the tier was up is dropped
+    drain_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("read_workers", "write_workers", "queue_depth", "batch_pages",
+                     "max_read_bytes_in_flight", "max_write_bytes_in_flight"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"controller limit {name} must be an int > 0, got {value!r}")
+        for name in ("retry_base_s", "retry_max_s", "drain_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ConfigError(f"controller limit {name} must be a finite number > 0, got {value!r}")
+        if isinstance(self.write_retries, bool) or not isinstance(self.write_retries, int) or self.write_retries < 0:
+            raise ConfigError(f"controller limit write_retries must be an int >= 0, got {self.write_retries!r}")
+
+
+@dataclass
+class ControllerStats:
+    """Counted from the start; read by metrics and the replay."""
+
+    reads_started: int = 0
+    reads_completed: int = 0
+    reads_cancelled: int = 0
+    reads_degraded: int = 0  # answered "miss" because the tier was degraded
+    writes_started: int = 0
+    writes_completed: int = 0
+    writes_refused: int = 0  # queue full, or dropped at close / after retries
+    writes_retried: int = 0
+    backend_errors: int = 0
+    degraded_episodes: int = 0
+    recoveries: int = 0
+    pages_read: int = 0
+    pages_written: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    read_seconds: float = 0.0
+    write_seconds: float = 0.0
+
+
+@dataclass
+class _Job:
+    kind: str  # READ or WRITE
+    op: str  # "exists", "get", "put"
+    keys: list[str]
+    slots: list[int]
+    nbytes: int
+    future: concurrent.futures.Future
+    attempts: int = 0
+    retry_at: float = 0.0
+    cancelled: bool = field(default=False)
+
+
+class L3Controller:
+    """Moves pages between one L3 backend and L2 on a loop of its own.
+
+    Args:
+        open_backend: called on the loop thread to create the backend (so loop-bound clients such
+            as redis.asyncio are created on the loop that uses them); or a backend object.
+        record_bytes: bytes of one stored page (for the in-flight limits and byte counters).
+        probe_key: a valid key the health probe asks ``exists`` for.
+    """
+
+    def __init__(self, open_backend: Callable[[], Any] | Any, *, record_bytes: int,
+                 limits: ControllerLimits = ControllerLimits(), name: str = "l3",
+                 probe_key: str = "tiered-kv-health-probe") -> None:
+        self.limits = limits
+        self.name = name
+        self.record_bytes = record_bytes
+        self.stats = ControllerStats()
+        self.probe_key = probe_key
+        self._degraded = False
+        self._reads: deque[_Job] = deque()
+        self._writes: deque[_Job] = deque()
+        self._bytes_in_flight = {READ: 0, WRITE: 0}
+        self._running = {READ: 0, WRITE: 0}
+        self._closing = False
+        self._closed = False
+        self._left_over = 0  # tasks still alive when the loop stopped (must be 0)
+        self._loop = asyncio.new_event_loop()
+        self._wake: asyncio.Event | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._probe: asyncio.Task | None = None
+        self._thread = threading.Thread(target=self._run_loop, name=f"tkv-{name}-controller", daemon=True)
+        started: concurrent.futures.Future = concurrent.futures.Future()
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(open_backend, started), self._loop)
+        try:
+            started.result(timeout=limits.drain_timeout_s)
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+
+    async def _start(self, open_backend: Callable[[], Any] | Any, started: concurrent.futures.Future) -> None:
+        try:
+            self.backend = open_backend() if callable(open_backend) and not hasattr(open_backend, "exists") else open_backend
+        except BaseException as exc:  # handed to the constructor's caller
+            started.set_exception(exc)
+            return
+        self._wake = asyncio.Event()
+        self._tasks = [asyncio.create_task(self._worker(READ), name=f"{self.name}-read-{i}")
+                       for i in range(self.limits.read_workers)]
+        self._tasks += [asyncio.create_task(self._worker(WRITE), name=f"{self.name}-write-{i}")
+                        for i in range(self.limits.write_workers)]
+        started.set_result(None)
+
+    @property
+    def degraded(self) -> bool:
+        return self._degraded
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def queue_depths(self) -> dict[str, int]:
+        return {READ: len(self._reads), WRITE: len(self._writes)}
+
+    def bytes_in_flight(self) -> dict[str, int]:
+        return dict(self._bytes_in_flight)
+
+    def pending_tasks(self) -> int:
+        """Tasks still alive on the loop (0 after ``close``)."""
+        if self._closed:
+            return self._left_over
+        return self._call(lambda: sum(1 for t in asyncio.all_tasks(self._loop)
+                                     if not t.done() and t is not asyncio.current_task()))
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        async def run() -> Any:
+            return fn()
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result()
+
+    def close(self, *, drain: bool = True) -> None:
+        """Finish (``drain``) or cancel every queued job, stop the workers, close the backend."""
+        if self._closed:
+            return
+        future = asyncio.run_coroutine_threadsafe(self._close(drain), self._loop)
+        try:
+            future.result(timeout=self.limits.drain_timeout_s + 10)
+        finally:
+            self._stop_loop()
+            self._closed = True
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    async def _close(self, drain: bool) -> None:
+        self._closing = True
+        if drain and not self._degraded:
+            deadline = time.monotonic() + self.limits.drain_timeout_s
+            while (self._reads or self._writes or any(self._running.values())) and time.monotonic() < deadline:
+                self._wake_workers()
+                await asyncio.sleep(0.005)
+        for queue in (self._reads, self._writes):
+            while queue:
+                self._refuse(queue.popleft())
+        for task in self._tasks + ([self._probe] if self._probe else []):
+            task.cancel()
+        await asyncio.gather(*self._tasks, *([self._probe] if self._probe else []), return_exceptions=True)
+        close = getattr(self.backend, "aclose", None)
+        if close is not None:
+            try:
+                await close()
+            except TieredKVError as exc:  # the tier is going away anyway; say so once
+                log.warning("%s: closing the backend failed: %s", self.name, exc)
+        me = asyncio.current_task()
+        self._left_over = sum(1 for t in asyncio.all_tasks() if not t.done() and t is not me)
+
+    # --- submission (any thread) -------------------------------------------------------------
+    def exists(self, keys: Sequence[str]) -> concurrent.futures.Future:
+        """Future of the length of the leading run of ``keys`` present on L3 (0 when degraded)."""
+        return self._submit(READ, "exists", list(keys), [], 0)
+
+    def get_into(self, keys: Sequence[str], slots: Sequence[int]) -> concurrent.futures.Future:
+        """Future of per-key booleans (the verified leading run) for a prefetch into ``slots``."""
+        return self._submit(READ, "get", list(keys), list(slots), len(keys) * self.record_bytes)
+
+    def put_from(self, keys: Sequence[str], slots: Sequence[int]) -> concurrent.futures.Future:
+        """Future of per-key booleans for a backup of sealed ``slots``; refused (all False) when the
+        write queue is full or the controller is closing."""
+        return self._submit(WRITE, "put", list(keys), list(slots), len(keys) * self.record_bytes)
+
+    def cancel(self, future: concurrent.futures.Future) -> bool:
+        """Drop a job that has not started; True if it was dropped (its future is cancelled)."""
+        if self._closed:
+            return False
+        return self._call(lambda: self._cancel_queued(future))
+
+    def _submit(self, kind: str, op: str, keys: list[str], slots: list[int], nbytes: int) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        job = _Job(kind, op, keys, slots, nbytes, future)
+        if self._closed or self._closing:
+            self._refuse(job)
+            return future
+        self._loop.call_soon_threadsafe(self._enqueue, job)
+        return future
+
+    # --- on the loop -------------------------------------------------------------------------
+    def _enqueue(self, job: _Job) -> None:
+        if self._closing:
+            self._refuse(job)
+            return
+        if job.kind == READ:
+            if self._degraded:
+                self._answer_degraded(job)
+                return
+            self._reads.append(job)
+        else:
+            if len(self._writes) >= self.limits.queue_depth:
+                self._refuse(job)
+                return
+            self._writes.append(job)
+        self._wake_workers()
+
+    def _wake_workers(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    def _cancel_queued(self, future: concurrent.futures.Future) -> bool:
+        for queue in (self._reads, self._writes):
+            for job in queue:
+                if job.future is future:
+                    queue.remove(job)
+                    future.cancel()
+                    if job.kind == READ:
+                        self.stats.reads_cancelled += 1
+                    return True
+        return False
+
+    def _refuse(self, job: _Job) -> None:
+        if job.future.done():
+            return
+        if job.kind == WRITE:
+            self.stats.writes_refused += 1
+            job.future.set_result([False] * len(job.keys))
+        else:
+            self.stats.reads_cancelled += 1
+            job.future.set_result(0 if job.op == "exists" else [False] * len(job.keys))
+
+    def _answer_degraded(self, job: _Job) -> None:
+        self.stats.reads_degraded += 1
+        job.future.set_result(0 if job.op == "exists" else [False] * len(job.keys))
+
+    def _next_job(self, kind: str) -> _Job | None:
+        """The job a worker of ``kind`` may start now, or None."""
+        limit = self.limits.max_read_bytes_in_flight if kind == READ else self.limits.max_write_bytes_in_flight
+        if kind == READ:
+            queue = self._reads
+        else:
+            # Reads first: a write starts only while no read waits and the tier is up.
+            if self._reads or self._degraded:
+                return None
+            queue = self._writes
+        if not queue:
+            return None
+        job = queue[0]
+        if kind == WRITE and job.retry_at > time.monotonic():
+            return None
+        in_flight = self._bytes_in_flight[kind]
+        if in_flight and in_flight + job.nbytes > limit:
+            return None  # a job larger than the limit still runs alone
+        return queue.popleft()
+
+    async def _worker(self, kind: str) -> None:
+        assert self._wake is not None
+        while True:
+            job = self._next_job(kind)
+            if job is None:
+                self._wake.clear()
+                # Woken by new jobs and finished ones; the timeout covers write retry times.
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=self.limits.retry_base_s)
+                except TimeoutError:
+                    pass
+                continue
+            self._running[kind] += 1
+            self._bytes_in_flight[kind] += job.nbytes
+            try:
+                await self._run(job)
+            finally:
+                self._running[kind] -= 1
+                self._bytes_in_flight[kind] -= job.nbytes
+                self._wake_workers()
+
+    async def _run(self, job: _Job) -> None:
+        if job.future.cancelled():
+            return
+        started = time.perf_counter()
+        try:
+            result = await self._call_backend(job)
+        except BackendError as exc:
+            self.stats.backend_errors += 1
+            self._enter_degraded(exc)
+            if job.kind == WRITE and job.attempts < self.limits.write_retries and not self._closing:
+                job.attempts += 1
+                job.retry_at = time.monotonic() + self.limits.retry_base_s * (2 ** job.attempts)
+                self.stats.writes_retried += 1
+                self._writes.appendleft(job)
+            elif job.kind == WRITE:
+                self._refuse(job)
+            else:
+                self._answer_degraded(job)
+            return
+        except asyncio.CancelledError:
+            self._refuse(job)
+            raise
+        except Exception as exc:  # not the library's: a bug; the caller gets it, the worker goes on
+            job.future.set_exception(exc)
+            return
+        elapsed = time.perf_counter() - started
+        self._count(job, result, elapsed)
+        if not job.future.done():
+            job.future.set_result(result)
+
+    async def _call_backend(self, job: _Job) -> Any:
+        backend = self.backend
+        if job.op == "exists":
+            self.stats.reads_started += 1
+            return await backend.exists(job.keys)
+        step = self.limits.batch_pages
+        out: list[bool] = []
+        if job.op == "get":
+            self.stats.reads_started += 1
+            for i in range(0, len(job.keys), step):
+                got = await backend.get_into(job.keys[i:i + step], job.slots[i:i + step])
+                out.extend(got)
+                if not all(got):  # only the leading run counts: stop reading past a miss
+                    out.extend([False] * (len(job.keys) - len(out)))
+                    break
+            return out
+        self.stats.writes_started += 1
+        for i in range(0, len(job.keys), step):
+            out.extend(await backend.put_from(job.keys[i:i + step], job.slots[i:i + step]))
+        return out
+
+    def _count(self, job: _Job, result: Any, elapsed: float) -> None:
+        s = self.stats
+        if job.op == "exists":
+            s.reads_completed += 1
+            return
+        moved = sum(bool(x) for x in result)
+        if job.kind == READ:
+            s.reads_completed += 1
+            s.pages_read += moved
+            s.bytes_read += moved * self.record_bytes
+            s.read_seconds += elapsed
+        else:
+            s.writes_completed += 1
+            s.pages_written += moved
+            s.bytes_written += moved * self.record_bytes
+            s.write_seconds += elapsed
+
+    # --- degraded tier -----------------------------------------------------------------------
+    def _enter_degraded(self, exc: BaseException) -> None:
+        if self._degraded:
+            return
+        self._degraded = True
+        self.stats.degraded_episodes += 1
+        log.warning("%s: tier degraded (%s); serving goes on from L1/L2, probing for its return", self.name, exc)
+        while self._reads:  # nobody waits on a dead tier
+            self._answer_degraded(self._reads.popleft())
+        if not self._closing:
+            self._probe = asyncio.get_running_loop().create_task(self._probe_until_up(), name=f"{self.name}-probe")
+
+    async def _probe_until_up(self) -> None:
+        delay = self.limits.retry_base_s
+        while not self._closing:
+            await asyncio.sleep(delay)
+            try:
+                await self.backend.exists([self.probe_key])
+            except BackendError:
+                self.stats.backend_errors += 1
+                delay = min(delay * 2, self.limits.retry_max_s)
+                continue
+            self._degraded = False
+            self.stats.recoveries += 1
+            log.warning("%s: tier is back", self.name)
+            self._wake_workers()
+            return
+
+
+__all__ = ["ControllerLimits", "ControllerStats", "L3Controller"]

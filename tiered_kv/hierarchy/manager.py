@@ -1,0 +1,489 @@
+"""The metadata half (scheduler side): page keys in, hit lengths and decisions out.
+
+A two-phase protocol over page keys, as vLLM's offloading manager has it:
+
+    match = manager.lookup(request_id, keys, l1_pages)   # None: L3's answer is not back, ask again
+    manager.start_prefetch(request_id, keys, match)      # locks the L2 hit, L3 -> L2 for the rest
+    manager.prefetch_ready(request_id)                   # may the request be scheduled (policy)?
+    plan = manager.prepare_load(keys, request_id)        # lock the leading resident run: slots out
+    ... the worker loads plan.slots into L1 pages ...
+    manager.complete_load(plan, completion)              # unlocked; slots busy until the copy is done
+
+    plan = manager.on_l1_inserted(keys)                  # write policy: a StorePlan or None
+    ... the worker backs the pages up into plan.slots and seals them ...
+    manager.complete_store(plan, success)                # resident only after a successful store
+
+Rules it keeps (DESIGN.md, "What users of the anchors hit"):
+- lookups are O(pages) and never wait on I/O: an L3 ``exists`` runs on the controller and the
+  lookup says "not yet" (None) until it is back;
+- only pages beyond the engine's own L1 hit are asked for and fetched;
+- no prefetch starts before its hit length is decided, above ``min_hit_tokens`` and agreed by the
+  ranks (``agree`` with a deadline: a rank that does not answer means no L3 hit, never a hang);
+- a page is present on L2 only after its store completed with success and on L3 only after a put
+  returned True; a page gone from L3 between lookup and prefetch shortens the hit;
+- slots are counted exactly: every slot a prefetch, store or resident holds is freed through the
+  allocator, with the completion of the last copy that may touch it.
+
+Needs no CUDA and no host memory: ``slots`` is a ``HostPool`` in one process or a bare
+``SlotAllocator`` where the scheduler lives elsewhere; the L3 side is an ``L3Controller`` (or None).
+One thread owns a manager: the scheduler's.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError, PoolError, TieredKVError
+from ..keys import check_keys
+from .controller import L3Controller
+from .index import Entry, PageIndex, free_slot_count
+from .policies import Policies, WritePolicy
+
+log = logging.getLogger(__name__)
+
+
+class AgreeTimeout(TieredKVError, TimeoutError):
+    """The ranks did not agree on a hit length before the deadline: recompute, never hang."""
+
+
+@dataclass(frozen=True)
+class Match:
+    """Pages of a prompt held by each tier, in order: the first ``l1_pages`` on L1 (the engine's),
+    then ``l2_pages`` on L2, then ``l3_pages`` on L3."""
+
+    l1_pages: int
+    l2_pages: int
+    l3_pages: int
+    page_size: int
+
+    @property
+    def pages(self) -> int:
+        return self.l1_pages + self.l2_pages + self.l3_pages
+
+    def tokens(self, tier: str) -> int:
+        return getattr(self, f"{tier}_pages") * self.page_size
+
+
+@dataclass
+class LoadPlan:
+    """L2 -> L1: ``keys[i]`` is read from ``slots[i]``; the pages stay locked until completed."""
+
+    keys: list[str]
+    slots: list[int]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+@dataclass
+class StorePlan:
+    """L1 -> L2: the page at ``positions[i]`` of the keys the engine passed goes to ``slots[i]``."""
+
+    keys: list[str]
+    slots: list[int]
+    positions: list[int]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+@dataclass
+class _Prefetch:
+    keys: list[str]
+    slots: list[int]
+    future: concurrent.futures.Future | None
+    locked: list[str]  # the L2 hit, locked until the request is scheduled
+    started: float
+    wait_s: float
+
+
+@dataclass
+class ManagerStats:
+    lookups: int = 0
+    lookups_pending: int = 0  # "not yet" answers
+    l2_hit_pages: int = 0
+    l3_hit_pages: int = 0  # as the lookups saw them
+    below_min_hit: int = 0
+    agree_timeouts: int = 0
+    prefetches_started: int = 0
+    prefetches_completed: int = 0
+    prefetches_cancelled: int = 0
+    prefetches_timed_out: int = 0
+    prefetch_pages_landed: int = 0
+    prefetch_pages_missing: int = 0  # gone from L3 between lookup and prefetch
+    stores: int = 0
+    stores_failed: int = 0
+    stores_skipped: int = 0  # no L2 slot free for them
+    l2_evictions: int = 0
+    l3_puts: int = 0
+    l3_puts_failed: int = 0
+    load_pages: int = 0
+    prefetch_seconds: list[float] = field(default_factory=list)
+
+
+class CacheManager:
+    """The metadata half over one L2 (``slots``) and, optionally, one L3 (``l3``).
+
+    Args:
+        slots: the L2 slot allocator (``HostPool`` or ``SlotAllocator``) with ``num_slots``.
+        page_size: tokens per page (for ``min_hit_tokens`` and the timeout policy).
+        policies: write / prefetch / admission policies and their numbers.
+        l3: the controller over the L3 backend; None for a two-tier cache.
+        agree: ``agree(hit_pages) -> int``, settling ranks on one hit length (the minimum) within
+            ``policies.agree_deadline_s``; raises ``AgreeTimeout`` when a rank does not answer.
+        max_prefetch_slots: L2 slots prefetches may hold at once (default: half of L2).
+        clock: ``time.monotonic`` or a test clock.
+    """
+
+    def __init__(self, slots: Any, *, page_size: int, policies: Policies = Policies(),
+                 l3: L3Controller | None = None, agree: Callable[[int], int] | None = None,
+                 max_prefetch_slots: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
+            raise ConfigError(f"page_size must be an int > 0, got {page_size!r}")
+        self.allocator = slots
+        self.num_slots: int = slots.num_slots
+        self.page_size = page_size
+        self.policies = policies
+        self.l3 = l3
+        self.agree = agree
+        self.max_prefetch_slots = self.num_slots // 2 if max_prefetch_slots is None else max_prefetch_slots
+        if not 0 <= self.max_prefetch_slots <= self.num_slots:
+            raise ConfigError(f"max_prefetch_slots must be in 0..{self.num_slots}, got {self.max_prefetch_slots}")
+        self.clock = clock
+        self.index = PageIndex(slots)
+        self.stats = ManagerStats()
+        self._lookups: dict[Any, tuple[tuple[str, ...], concurrent.futures.Future]] = {}
+        self._prefetches: dict[Any, _Prefetch] = {}
+        self._orphans: list[tuple[list[int], concurrent.futures.Future]] = []  # cancelled, reads running
+        self._puts: list[tuple[list[str], concurrent.futures.Future]] = []
+        self._prefetch_slots = 0
+        self._closed = False
+
+    # --- lookups -----------------------------------------------------------------------------
+    def lookup(self, request_id: Any, keys: Sequence[str], l1_pages: int = 0) -> Match | None:
+        """Hit lengths beyond the engine's ``l1_pages``; None while L3's answer is pending."""
+        self._check_open()
+        keys = check_keys(keys)
+        if isinstance(l1_pages, bool) or not isinstance(l1_pages, int) or not 0 <= l1_pages <= len(keys):
+            raise ConfigError(f"l1_pages must be an int in 0..{len(keys)}, got {l1_pages!r}")
+        self.poll()
+        l2 = self.index.l2_run(keys, l1_pages)
+        rest = tuple(keys[l1_pages + l2:])
+        l3 = 0
+        if rest and self.l3 is not None and not self.l3.degraded:
+            pending = self._lookups.get(request_id)
+            if pending is None or pending[0] != rest:
+                self._lookups[request_id] = (rest, self.l3.exists(rest))
+                self.stats.lookups_pending += 1
+                return None
+            future = pending[1]
+            if not future.done():
+                self.stats.lookups_pending += 1
+                return None
+            del self._lookups[request_id]
+            l3 = future.result() if not future.cancelled() else 0
+        self._lookups.pop(request_id, None)
+        self.stats.lookups += 1
+        return self._decide(l1_pages, l2, l3)
+
+    def _decide(self, l1: int, l2: int, l3: int) -> Match:
+        if (l2 + l3) * self.page_size < self.policies.min_hit_tokens:
+            if l2 + l3:
+                self.stats.below_min_hit += 1
+            l2 = l3 = 0
+        if self.agree is not None:
+            try:
+                agreed = self.agree(l2 + l3)
+            except AgreeTimeout:
+                self.stats.agree_timeouts += 1
+                agreed = 0
+            agreed = max(0, min(int(agreed), l2 + l3))
+            l2, l3 = min(l2, agreed), max(0, agreed - l2)
+        self.stats.l2_hit_pages += l2
+        self.stats.l3_hit_pages += l3
+        return Match(l1, l2, l3, self.page_size)
+
+    # --- prefetch L3 -> L2 -------------------------------------------------------------------
+    def start_prefetch(self, request_id: Any, keys: Sequence[str], match: Match) -> int:
+        """Lock the L2 hit and start reading the L3 hit into fresh slots; returns pages asked for."""
+        self._check_open()
+        if request_id in self._prefetches:
+            raise PoolError(f"request {request_id!r} already has a prefetch")
+        keys = check_keys(keys)
+        start = match.l1_pages
+        l2_keys = keys[start:start + match.l2_pages]
+        # Pages may have left L2 since the lookup (another request's allocation): keep the run.
+        l2_keys = l2_keys[:self.index.l2_run(l2_keys)]
+        self.index.lock(l2_keys)
+        l3_keys: list[str] = []
+        if len(l2_keys) == match.l2_pages and match.l3_pages and self.l3 is not None:
+            l3_keys = keys[start + match.l2_pages:start + match.l2_pages + match.l3_pages]
+            l3_keys = [k for k in l3_keys[:self._prefetch_budget()]]
+            # A page that became resident meanwhile (another request's prefetch) ends the run:
+            # the rest would not be contiguous with it on L2 anyway.
+            for i, k in enumerate(l3_keys):
+                if self.index.entry(k) is not None and self.index.entry(k).state is not None:
+                    l3_keys = l3_keys[:i]
+                    break
+        slots = self._allocate(len(l3_keys), protect=l2_keys) if l3_keys else []
+        l3_keys = l3_keys[:len(slots)]
+        future = None
+        if l3_keys:
+            future = self.l3.get_into(l3_keys, slots)  # type: ignore[union-attr]
+            self._prefetch_slots += len(slots)
+            self.stats.prefetches_started += 1
+        tokens = (match.l2_pages + len(l3_keys)) * self.page_size
+        self._prefetches[request_id] = _Prefetch(l3_keys, slots, future, l2_keys, self.clock(),
+                                                 self.policies.prefetch_wait_s(tokens))
+        return len(l3_keys)
+
+    def _prefetch_budget(self) -> int:
+        return max(0, self.max_prefetch_slots - self._prefetch_slots)
+
+    def prefetch_ready(self, request_id: Any) -> bool:
+        """Whether the request may be scheduled now under the prefetch policy."""
+        p = self._prefetches.get(request_id)
+        if p is None or p.future is None or p.future.done():
+            return True
+        if p.wait_s == 0.0:
+            return True
+        return not math.isinf(p.wait_s) and self.clock() - p.started >= p.wait_s
+
+    def prefetch_done(self, request_id: Any) -> bool:
+        p = self._prefetches.get(request_id)
+        return p is None or p.future is None or p.future.done()
+
+    def _finish_prefetch(self, request_id: Any) -> None:
+        """Make the landed leading run resident; cancel or orphan the rest; unlock the L2 hit."""
+        p = self._prefetches.pop(request_id, None)
+        if p is None:
+            return
+        self.index.unlock(p.locked)
+        if p.future is None:
+            return
+        self._prefetch_slots -= len(p.slots)
+        if not p.future.done() and self.l3 is not None and self.l3.cancel(p.future):
+            self.stats.prefetches_cancelled += 1
+            self.allocator.free(p.slots)
+            return
+        if not p.future.done():
+            # Its reads are running: the slots come back once they have returned.
+            self.stats.prefetches_timed_out += 1
+            self._orphans.append((p.slots, p.future))
+            self.allocator.free(p.slots, completion=p.future)
+            return
+        landed = self._landed(p.future, len(p.keys))
+        self.stats.prefetches_completed += 1
+        self.stats.prefetch_seconds.append(self.clock() - p.started)
+        self.stats.prefetch_pages_landed += landed
+        self.stats.prefetch_pages_missing += len(p.keys) - landed
+        for k, s in zip(p.keys[:landed], p.slots[:landed]):
+            if self.index.entry(k) is not None and self.index.entry(k).state is not None:
+                self.allocator.free([s])  # resident meanwhile through another request
+            else:
+                self.index.add_resident(k, s, on_l3=True)
+        if landed < len(p.keys):
+            self.allocator.free(p.slots[landed:])
+            self.index.mark_l3_missing(p.keys[landed:landed + 1])
+
+    @staticmethod
+    def _landed(future: concurrent.futures.Future, n: int) -> int:
+        if future.cancelled() or future.exception() is not None:
+            return 0
+        run = 0
+        for ok in future.result():
+            if not ok:
+                break
+            run += 1
+        return min(run, n)
+
+    def abort(self, request_id: Any) -> None:
+        """The request went away: drop its lookup and prefetch, free what they held."""
+        self._lookups.pop(request_id, None)
+        p = self._prefetches.get(request_id)
+        if p is not None:
+            self._finish_prefetch(request_id)
+
+    # --- loads L2 -> L1 ----------------------------------------------------------------------
+    def prepare_load(self, keys: Sequence[str], request_id: Any = None) -> LoadPlan:
+        """Lock the leading run of ``keys`` resident on L2 (after the request's prefetch) and
+        return their slots for the worker; shorter than ``keys`` when pages went missing."""
+        self._check_open()
+        keys = check_keys(keys)
+        if request_id is not None:
+            self._finish_prefetch(request_id)
+        run = keys[:self.index.l2_run(keys)]
+        self.index.lock(run)
+        self.index.touch(run)
+        self.index.record_hits(run)
+        self.stats.load_pages += len(run)
+        return LoadPlan(run, self.index.slots_of(run))
+
+    def complete_load(self, plan: LoadPlan, completion: object = None) -> None:
+        """The worker's load was issued: unlock; the slots are reused only once ``completion``."""
+        self.index.unlock(plan.keys, completion)
+
+    # --- stores L1 -> L2 ---------------------------------------------------------------------
+    def prepare_store(self, keys: Sequence[str], protect: Sequence[str] = ()) -> StorePlan:
+        """Reserve slots for those ``keys`` not yet on L2 (as many as L2 can make room for)."""
+        self._check_open()
+        keys = check_keys(keys)
+        wanted: list[tuple[int, str]] = []
+        seen: set[str] = set()
+        for i, k in enumerate(keys):
+            entry = self.index.entry(k)
+            if k not in seen and (entry is None or entry.state is None):
+                wanted.append((i, k))
+            seen.add(k)
+        if not wanted:
+            return StorePlan([], [], [])
+        slots = self._allocate(len(wanted), protect=protect)
+        if len(slots) < len(wanted):
+            self.stats.stores_skipped += len(wanted) - len(slots)
+            wanted = wanted[:len(slots)]
+        for (_, k), s in zip(wanted, slots):
+            self.index.begin_store(k, s)
+        return StorePlan([k for _, k in wanted], slots, [i for i, _ in wanted])
+
+    def complete_store(self, plan: StorePlan, success: bool | Sequence[bool] = True, completion: object = None) -> None:
+        """End a store: successful pages become resident (and go on to L3 per policy); the slots
+        of failed ones are freed once ``completion`` (the copy that may still write) is done."""
+        flags = [success] * len(plan) if isinstance(success, bool) else list(success)
+        if len(flags) != len(plan):
+            raise ConfigError(f"complete_store: {len(flags)} success flags for {len(plan)} pages")
+        to_l3 = []
+        for k, ok in zip(plan.keys, flags):
+            slot = self.index.finish_store(k, bool(ok), completion)
+            if slot is not None:
+                self.stats.stores_failed += 1
+                self.allocator.free([slot], completion=completion)
+                continue
+            self.stats.stores += 1
+            entry = self.index.entry(k)
+            if self.policies.l3_on_seal and self._wants_l3(entry):
+                to_l3.append(k)
+        self._put_l3(to_l3)
+
+    # --- L1 events from the engine -----------------------------------------------------------
+    def on_l1_inserted(self, keys: Sequence[str]) -> StorePlan | None:
+        """The engine inserted pages on L1 (prefill done). ``write_through`` stores them now."""
+        if self.policies.write is WritePolicy.WRITE_THROUGH:
+            plan = self.prepare_store(keys)
+            return plan if len(plan) else None
+        return None
+
+    def on_l1_hit(self, keys: Sequence[str]) -> StorePlan | None:
+        """The engine reused pages from its L1. Counts hits; ``write_through_selective`` stores a
+        page once it reached ``selective_hits``; pages now admitted go on to L3."""
+        keys = check_keys(keys)
+        counts = self.index.record_hits(keys)
+        late_l3 = [k for k in keys if self.index.is_resident(k) and self._wants_l3(self.index.entry(k))
+                   and self.policies.l3_on_seal]
+        self._put_l3(late_l3)
+        if self.policies.write is WritePolicy.WRITE_THROUGH_SELECTIVE:
+            hot = [k for k, n in zip(keys, counts) if n >= self.policies.selective_hits]
+            plan = self.prepare_store(hot)
+            if len(plan):
+                # positions refer to the keys the engine passed, not to the hot subset
+                where = {k: i for i, k in enumerate(keys)}
+                plan.positions = [where[k] for k in plan.keys]
+                return plan
+        return None
+
+    def on_l1_evicting(self, keys: Sequence[str]) -> StorePlan | None:
+        """The engine is about to free these L1 pages. ``write_back`` stores them now; the engine
+        frees its pages only once the worker's copy completed."""
+        if self.policies.write is WritePolicy.WRITE_BACK:
+            plan = self.prepare_store(keys)
+            return plan if len(plan) else None
+        return None
+
+    # --- L2 -> L3 ----------------------------------------------------------------------------
+    def _wants_l3(self, entry: Entry | None) -> bool:
+        return (entry is not None and self.l3 is not None and not entry.on_l3 and not entry.l3_put_in_flight
+                and self.policies.admitted_to_l3(entry.hits))
+
+    def _put_l3(self, keys: list[str]) -> None:
+        if not keys or self.l3 is None:
+            return
+        self.index.begin_l3_put(keys)
+        self._puts.append((keys, self.l3.put_from(keys, self.index.slots_of(keys))))
+
+    def _allocate(self, count: int, protect: Sequence[str] = ()) -> list[int]:
+        """Up to ``count`` free slots, evicting unlocked L2 pages least recently used first."""
+        if count <= 0:
+            return []
+        copy_down = self._wants_l3 if self.policies.write is WritePolicy.WRITE_BACK else None
+        protected = [k for k in dict.fromkeys(protect) if self.index.is_resident(k)]
+        self.index.lock(protected)  # the request's own L2 hit must not make room for its prefetch
+        try:
+            eviction = self.index.evict(count, copy_down_allowed=copy_down)
+        finally:
+            self.index.unlock(protected)
+        self.stats.l2_evictions += eviction.freed
+        self._put_l3(eviction.copy_down)
+        free = free_slot_count(self.allocator)
+        return self.allocator.allocate(min(count, free)) if free else []
+
+    # --- progress ----------------------------------------------------------------------------
+    def poll(self) -> None:
+        """Take in finished L3 puts and cancelled reads; cheap, called by every entry point."""
+        if self._puts:
+            still = []
+            for keys, future in self._puts:
+                if not future.done():
+                    still.append((keys, future))
+                    continue
+                stored = [False] * len(keys) if future.cancelled() or future.exception() else future.result()
+                self.stats.l3_puts += sum(bool(x) for x in stored)
+                self.stats.l3_puts_failed += sum(not x for x in stored)
+                self.index.finish_l3_put(keys, stored)
+            self._puts = still
+        if self._orphans:
+            self._orphans = [(s, f) for s, f in self._orphans if not f.done()]
+        self.allocator.reap()
+
+    def busy(self) -> bool:
+        """Work in flight: lookups, prefetches, L3 puts or reads of cancelled prefetches."""
+        self.poll()
+        return bool(self._lookups or self._puts or self._orphans
+                    or any(p.future is not None and not p.future.done() for p in self._prefetches.values()))
+
+    def wait_idle(self, timeout_s: float = 30.0, step_s: float = 0.001) -> bool:
+        """Block until no L3 work is in flight (tests, the replay's end, ``close``)."""
+        deadline = time.monotonic() + timeout_s
+        while self.busy():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(step_s)
+        return True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PoolError("the cache manager is closed")
+
+    def close(self, *, drain: bool = True) -> None:
+        """Drop every prefetch, finish (``drain``) or refuse L3 work, close the controller, and
+        free every slot this manager holds (each once the copies that may touch it returned)."""
+        if self._closed:
+            return
+        for request_id in list(self._prefetches):
+            self._finish_prefetch(request_id)
+        self._lookups.clear()
+        if drain and self.l3 is not None and not self.l3.degraded:
+            self.wait_idle()
+        if self.l3 is not None:
+            self.l3.close(drain=drain)  # every future of it is answered after this
+        self.poll()
+        self.index.clear()
+        self.allocator.reap()
+        self._closed = True
+
+
+__all__ = ["AgreeTimeout", "CacheManager", "LoadPlan", "Match", "StorePlan"]

@@ -7,31 +7,47 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from typing import Annotated, Any
+from urllib.parse import parse_qsl, unquote
+
+from pydantic import AfterValidator, Field
 
 from ..errors import ConfigError
-from .url_options import options_from_url
+from .url_options import MAX_TTL_S, MAX_WORKERS, HostName, TimeoutSeconds, check_fields, options_from_url, split_url, url_port
 
 _SSL_CERT_REQS = ("none", "optional", "required")  # redis-py's names for ssl.CERT_*
+_MAX_DB = 2**31 - 1  # the server's `databases` setting is an int
+
+
+def _check_socket_path(path: str) -> str:
+    if "\0" in path:
+        raise ValueError("a socket path cannot hold a NUL byte")
+    return path
+
+
+SocketPath = Annotated[str, AfterValidator(_check_socket_path)]
 
 
 @dataclass(frozen=True)
 class RedisOptions:
-    """Where the server is and how to talk to it. Built by ``RedisBackend.from_url``."""
+    """Where the server is and how to talk to it. Built by ``RedisBackend.from_url``.
 
-    host: str = "127.0.0.1"
-    port: int = 6379
-    path: str = ""  # unix socket path; set for unix:// URLs
-    db: int = 0
+    Field constraints are pydantic ``Annotated`` metadata (see ``url_options``): a TTL of nan, inf
+    or a century is refused here, not at the first put.
+    """
+
+    host: HostName = "127.0.0.1"
+    port: Annotated[int, Field(ge=1, le=65535)] = 6379
+    path: SocketPath = ""  # unix socket path; set for unix:// URLs
+    db: Annotated[int, Field(ge=0, le=_MAX_DB)] = 0
     tls: bool = False
     username: str = ""
     password: str = ""
     prefix: str = "tkv:"
-    ttl_s: float = 0.0
-    max_in_flight: int = 8
-    socket_timeout_s: float = 10.0
-    connect_timeout_s: float = 5.0
+    ttl_s: Annotated[float, Field(ge=0, le=MAX_TTL_S, allow_inf_nan=False)] = 0.0  # 0 = no TTL
+    max_in_flight: Annotated[int, Field(ge=1, le=MAX_WORKERS)] = 8
+    socket_timeout_s: TimeoutSeconds = 10.0
+    connect_timeout_s: TimeoutSeconds = 5.0
     zero_copy: bool = True
     ssl_ca_certs: str = ""
     ssl_certfile: str = ""
@@ -39,16 +55,7 @@ class RedisOptions:
     ssl_cert_reqs: str = "required"
 
     def __post_init__(self) -> None:
-        if not 0 < self.port < 65536:
-            raise ConfigError(f"redis backend: port must be 1..65535, got {self.port}")
-        if self.db < 0:
-            raise ConfigError(f"redis backend: db must be >= 0, got {self.db}")
-        if self.ttl_s < 0:
-            raise ConfigError(f"redis backend: ttl_s must be >= 0 (0 = no TTL), got {self.ttl_s}")
-        if self.max_in_flight < 1:
-            raise ConfigError(f"redis backend: max_in_flight must be >= 1, got {self.max_in_flight}")
-        if self.socket_timeout_s <= 0 or self.connect_timeout_s <= 0:
-            raise ConfigError("redis backend: socket_timeout_s and connect_timeout_s must be > 0")
+        check_fields(self)
         if self.ssl_cert_reqs not in _SSL_CERT_REQS:
             raise ConfigError(f"redis backend: ssl_cert_reqs must be one of {', '.join(_SSL_CERT_REQS)}, got {self.ssl_cert_reqs!r}")
 
@@ -71,14 +78,11 @@ class RedisOptions:
 
 def parse_redis_url(url: str, overrides: dict[str, Any]) -> RedisOptions:
     """``RedisOptions`` from a redis / rediss / unix URL; ConfigError naming what is wrong."""
-    parts = urlsplit(url)
+    parts = split_url(url)
     scheme = parts.scheme.lower()
     if scheme not in ("redis", "rediss", "unix"):
         raise ConfigError(f"{url}: the redis backend serves redis://, rediss:// and unix://, not {scheme}://")
-    try:
-        port = parts.port
-    except ValueError:
-        raise ConfigError(f"{url}: bad port {parts.netloc.rpartition(':')[2]!r}; expected 1..65535") from None
+    port = url_port(parts, url)
     fixed: dict[str, Any] = {"tls": scheme == "rediss"}
     if parts.username:
         fixed["username"] = unquote(parts.username)
@@ -97,7 +101,7 @@ def parse_redis_url(url: str, overrides: dict[str, Any]) -> RedisOptions:
             fixed["port"] = port
         db_text = parts.path.strip("/")
         if db_text:
-            if not db_text.isdigit():
+            if not (db_text.isascii() and db_text.isdigit() and len(db_text) <= 10):
                 raise ConfigError(f"{url}: bad db {db_text!r} in the path; expected a number such as /0")
             if "db" in query_keys or "db" in overrides:
                 raise ConfigError(f"{url}: db given both in the path and as an option")

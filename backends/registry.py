@@ -10,11 +10,11 @@ from __future__ import annotations
 import importlib
 from importlib.metadata import entry_points
 from typing import Any
-from urllib.parse import urlsplit
 
 from ..errors import ConfigError
 from ..host_pool import HostPool
 from .base import Backend
+from .url_options import split_url
 
 ENTRY_POINT_GROUP = "tiered_kv.backends"
 
@@ -54,4 +54,4 @@ def open_backend(url: str, pool: HostPool, **options: Any) -> Backend:
     """Open the backend named by ``url`` for ``pool`` (page_first). Options override URL query values."""
     if not isinstance(url, str) or "://" not in url:
         raise ConfigError(f"backend URL must look like scheme://..., got {url!r}")
-    return backend_class(urlsplit(url).scheme.lower()).from_url(url, pool, **options)
+    return backend_class(split_url(url).scheme.lower()).from_url(url, pool, **options)

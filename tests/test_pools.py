@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from tiered_kv import DeviceBuffer, DevicePool, HostPool, allocate_engine_like, mha_spec, nsa_spec
-from tiered_kv.errors import ForeignSlotError, PoolError, PoolExhaustedError, SpecError
+from tiered_kv import DeviceBuffer, DevicePool, HostPool, allocate_engine_like, mha_spec, nsa_spec, torch_backup, torch_load_layer
+from tiered_kv.errors import ForeignSlotError, IndexValidationError, PoolError, PoolExhaustedError, SpecError
 
 NSA = nsa_spec(num_layers=3, page_size=64)
 
@@ -111,3 +112,81 @@ def test_allocate_engine_like_matches_spec():
     pool = allocate_engine_like(NSA, 6)
     assert pool.num_pages == 6 and pool.reserved_pages == {0}
     assert pool.chunk_view(0, 0).stride(0) == 41_984
+
+
+# --- ids: one rule for slot and page ids (issue 9) ----------------------------------------------
+def test_host_pool_takes_numpy_and_tensor_ids_and_refuses_bools():
+    with HostPool(NSA, 3) as pool:
+        slots = pool.allocate(2)
+        assert pool.check_slot(np.int64(1)) == 1 and pool.check_slot(torch.tensor(2)) == 2
+        for bad in (True, np.True_, 1.0, np.float32(1), "1", None, torch.tensor(1.0), torch.tensor([1])):
+            with pytest.raises(ForeignSlotError, match="not a slot id"):
+                pool.check_slot(bad)
+        with pytest.raises(ForeignSlotError, match="not a slot id"):
+            pool.free([True])  # would free slot 1
+        assert pool.is_allocated(1)
+        pool.free(np.array(slots))
+        assert pool.free_slots == 3
+
+
+def test_seal_refuses_a_slot_that_is_not_handed_out():
+    with HostPool(NSA, 2) as pool:
+        with pytest.raises(ForeignSlotError, match="seal of slot 0, which is not allocated"):
+            pool.seal(0, "k")  # never handed out
+        [slot] = pool.allocate(1)
+        pool.seal(slot, "k")
+        assert pool.is_sealed(slot, "k")
+        pool.free([slot])
+        with pytest.raises(ForeignSlotError, match="not allocated"):
+            pool.seal(slot, "k")  # handed out before, free now
+        assert pool.free_slots == 2
+    with HostPool(NSA, 2, own_slots=False) as worker:  # slots come from a scheduler elsewhere
+        worker.seal(1, "k")
+        assert worker.is_sealed(1, "k")
+
+
+@pytest.mark.parametrize("pages, message", [
+    ([1, True], "device pages: index 1 is True, not an int"),
+    ([1.0, 2], "device pages: index 0 is 1.0, not an int"),
+    (np.array([1.5, 2.5]), "expected integer indices, got float64"),
+    (np.array([True, False]), "expected integer indices, got bool"),
+    (torch.tensor([True, True]), "expected integer indices, got torch.bool"),
+    ([1, 2**70], "index 1 is 1180591620717411303424, outside int64"),
+    ([1, "2"], "index 1 is '2', not an int"),
+    ("12", "expected a sequence of ints, got str"),
+])
+def test_device_page_ids_refuse_bools_and_floats(pages, message):
+    device = allocate_engine_like(NSA, 4)
+    with HostPool(NSA, 2) as host:
+        with pytest.raises(IndexValidationError, match=message):
+            torch_backup(device, host, pages, [0, 1])
+
+
+@pytest.mark.parametrize("pages", [
+    [np.int64(1), np.int32(2)], np.array([1, 2]), np.array([1, 2], dtype=np.uint8), torch.tensor([1, 2]),
+    [torch.tensor(1), torch.tensor(2)],
+], ids=["numpy-ints", "numpy-array", "uint8-array", "tensor", "0-d-tensors"])
+def test_device_page_ids_take_numpy_and_tensors(pages):
+    device = allocate_engine_like(NSA, 4)
+    for layer in range(NSA.num_layers):
+        device.chunk_view(0, layer).copy_(torch.randint(0, 256, device.chunk_view(0, layer).shape, dtype=torch.uint8))
+    with HostPool(NSA, 2) as host:
+        copy = torch_backup(device, host, pages, np.array([1, 0]))
+        assert copy.device_pages.tolist() == [1, 2] and copy.host_slots.tolist() == [1, 0]
+        assert torch.equal(host.chunk_view(0, 1)[1], device.chunk_view(0, 1)[1])
+        assert torch.equal(host.chunk_view(0, 1)[0], device.chunk_view(0, 1)[2])
+
+
+def test_layer_and_reserved_page_ids_refuse_bools_and_floats():
+    device = allocate_engine_like(NSA, 4)
+    with HostPool(NSA, 2) as host:
+        for layer in (True, 1.0, "1", -1, 3):
+            with pytest.raises(IndexValidationError, match="layer"):
+                torch_load_layer(host, device, [0], [1], layer)
+    latent, indexer = sglang_nsa_tensors(4)
+    buffers = {"latent": DeviceBuffer.token_indexed(latent, 64), "indexer": DeviceBuffer.page_indexed(indexer)}
+    for reserved, message in (([True], "index 0 is True"), ([0, 1.5], "index 1 is 1.5")):
+        with pytest.raises(SpecError, match=message):
+            DevicePool(NSA, buffers, reserved_pages=reserved)
+    assert DevicePool(NSA, buffers, reserved_pages=np.array([0, 3])).reserved_pages == {0, 3}
+    assert DevicePool(NSA, buffers, reserved_pages=torch.tensor([1])).reserved_pages == {1}

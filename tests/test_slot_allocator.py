@@ -5,7 +5,9 @@ from __future__ import annotations
 import random
 from concurrent.futures import Future
 
+import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -70,12 +72,67 @@ def test_double_free_and_foreign_ids():
         alloc.free([8])
     with pytest.raises(ForeignSlotError, match="slot -1"):
         alloc.free([-1])
-    with pytest.raises(DoubleFreeError):
+    with pytest.raises(ForeignSlotError, match="slot 7 was never handed out"):
         alloc.free([7])  # in range but never handed out
     # The failed calls freed nothing.
     assert alloc.free_count == 7
     alloc.free(slots[1:])
     assert alloc.free_count == 8
+
+
+def test_never_handed_out_is_foreign_and_freed_again_is_a_double_free():
+    alloc = SlotAllocator(4)
+    [slot] = alloc.allocate(1)
+    alloc.free([slot])
+    with pytest.raises(DoubleFreeError, match=f"slot {slot} is already free"):
+        alloc.free([slot])  # handed out once, free again
+    with pytest.raises(ForeignSlotError, match="slot 3 was never handed out"):
+        alloc.free([3])
+    assert alloc.free_count == 4
+
+
+@pytest.mark.parametrize("ids", [
+    [np.int64(0), np.int32(1)],
+    np.array([0, 1], dtype=np.uint16),
+    torch.tensor([0, 1]),
+    torch.tensor([0, 1], dtype=torch.int32),
+    (i for i in (0, 1)),
+    [torch.tensor(0), np.array(1)],
+], ids=["numpy-ints", "numpy-array", "tensor", "int32-tensor", "generator", "0-d"])
+def test_integer_ids_of_every_kind_are_freed(ids):
+    alloc = SlotAllocator(3)
+    assert alloc.allocate(2) == [0, 1]
+    alloc.free(ids)
+    assert alloc.free_count == 3
+    assert alloc.runs() == [(0, 3)]
+
+
+@pytest.mark.parametrize("ids, message", [
+    ([True], "slot True \\(index 0\\) is not a slot id"),
+    ([np.True_], "not a slot id"),
+    ([1.0], "slot 1.0 \\(index 0\\) is not a slot id"),
+    ([np.float64(1)], "not a slot id"),
+    (np.array([True, False]), "expected integers, got bool"),
+    (np.array([1.0]), "expected integers, got float64"),
+    (torch.tensor([True]), "expected integers, got torch.bool"),
+    (torch.tensor([1.0]), "expected integers, got torch.float32"),
+    (torch.tensor([[1]]), "1-D"),
+    ([0, None], "None \\(index 1\\)"),
+    ("01", "iterable of ints, got str"),
+    (1, "iterable of ints, got int"),
+    ([0, 2**70], "outside|not a slot of this pool"),
+])
+def test_bools_floats_and_non_ids_are_refused_and_free_nothing(ids, message):
+    alloc = SlotAllocator(3)
+    alloc.allocate(2)  # 0 and 1 handed out: a bool True would name slot 1
+    with pytest.raises(ForeignSlotError, match=message):
+        alloc.free(ids)
+    assert alloc.free_count == 1
+    with pytest.raises(ForeignSlotError, match="not a slot id"):
+        alloc.hold([True], None)
+    with pytest.raises(ForeignSlotError, match="not a slot id"):
+        alloc.is_allocated(True)
+    assert alloc.is_allocated(np.int64(1)) and alloc.is_allocated(torch.tensor(1))
 
 
 def test_free_waits_for_event_completion():

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .errors import SpecError
@@ -67,6 +68,27 @@ def _chunk_view(t: torch.Tensor, rows_per_page: int, what: str) -> torch.Tensor:
     )
 
 
+def _page_ids(pages: Iterable[int], what: str) -> list[int]:
+    """Python ints from ints, numpy integers or an integer array / tensor; bools and floats (which
+    ``int()`` would turn into page ids) are refused, naming the index."""
+    if isinstance(pages, (torch.Tensor, np.ndarray)):
+        pages = pages.reshape(-1).tolist() if _integer_array(pages) else [pages]
+    out = []
+    for i, p in enumerate(pages):
+        if isinstance(p, (torch.Tensor, np.ndarray)) and p.ndim == 0 and _integer_array(p):
+            p = p.item()
+        if isinstance(p, (bool, np.bool_)) or not isinstance(p, (int, np.integer)):
+            raise SpecError(f"{what}: index {i} is {repr(p)[:40]}, not an int page id ({type(p).__name__})")
+        out.append(int(p))
+    return out
+
+
+def _integer_array(array: torch.Tensor | np.ndarray) -> bool:
+    if isinstance(array, np.ndarray):
+        return array.dtype.kind in "iu"
+    return not (array.dtype.is_floating_point or array.dtype.is_complex or array.dtype == torch.bool)
+
+
 class DevicePool:
     """The engine's L1 pool seen as pages of ``spec``; wraps tensors, allocates nothing.
 
@@ -105,7 +127,7 @@ class DevicePool:
         # Components may have a different page count (SGLang's indexer has spare pages): the pool
         # exposes the pages every component has.
         self.num_pages = min(v.shape[0] for views in self._views for v in views)
-        reserved = frozenset(int(p) for p in reserved_pages)
+        reserved = frozenset(_page_ids(reserved_pages, "reserved pages"))
         bad = [p for p in reserved if not 0 <= p < self.num_pages]
         if bad:
             raise SpecError(f"reserved pages {sorted(bad)} outside 0..{self.num_pages - 1}")

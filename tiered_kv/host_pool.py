@@ -22,7 +22,7 @@ from . import record
 from .errors import ForeignSlotError, PoolError, RecordError
 from .host_layouts import LAYOUTS
 from .host_memory import HostMemory
-from .slot_allocator import SlotAllocator
+from .slot_allocator import SlotAllocator, slot_id
 from .spec import KVSpec
 
 
@@ -35,10 +35,16 @@ class HostPool:
         layout: ``"page_first"`` (what L3 wants) or ``"layer_first"``.
         pin: register with CUDA; default: when CUDA is available.
         numa_node: NUMA node for the memory; default: the current CUDA device's node, when pinned.
+        own_slots: True: this pool's ``allocate`` hands the slots out, and ``seal`` refuses a slot
+            it has not handed out. False: an allocator elsewhere does (a scheduler's
+            ``SlotAllocator`` in another process), so the pool cannot tell a free slot from a used one.
+
+    Slot ids are what ``slot_allocator.slot_id`` takes: ints, numpy integers, 0-d integer arrays or
+    tensors; bools and floats are refused with ForeignSlotError.
     """
 
     def __init__(self, spec: KVSpec, num_slots: int, layout: str = "page_first", *, pin: bool | None = None,
-                 numa_node: int | None = None) -> None:
+                 numa_node: int | None = None, own_slots: bool = True) -> None:
         try:
             layout_cls = LAYOUTS[layout]
         except KeyError:
@@ -54,6 +60,7 @@ class HostPool:
         self._array = self.buffer.numpy()
         self._views = self._layout.chunk_views(self.buffer)
         self._allocator = SlotAllocator(num_slots)
+        self.own_slots = own_slots
         self._lock = threading.Lock()
         self.record_bytes = record.HEADER_BYTES + spec.page_bytes
 
@@ -77,9 +84,8 @@ class HostPool:
         return self._views[component_index][layer]
 
     def check_slot(self, slot: int) -> int:
-        if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) or not 0 <= slot < self.num_slots:
-            raise ForeignSlotError(f"slot {slot!r} is not a slot of this pool (0..{self.num_slots - 1})")
-        return int(slot)
+        """``slot`` as a Python int in range; ForeignSlotError for a bool, float, non-id or out of range."""
+        return slot_id(slot, self.num_slots)
 
     def _require_records(self, what: str) -> None:
         if not self.holds_records:
@@ -104,8 +110,14 @@ class HostPool:
 
     # --- records -----------------------------------------------------------------------------
     def seal(self, slot: int, key: str) -> None:
-        """Write the record header of a page_first slot whose payload has landed."""
+        """Write the record header of a page_first slot whose payload has landed.
+
+        Raises ForeignSlotError for a slot that is not handed out (free, or waiting to be freed)
+        when the pool owns its slots: a sealed free slot would be a record nobody holds.
+        """
         view = self.record_view(slot)
+        if self.own_slots and not self.is_allocated(slot):
+            raise ForeignSlotError(f"seal of slot {self.check_slot(slot)}, which is not allocated (free or being freed)")
         record.write_header(view[:record.HEADER_BYTES], fingerprint=self.spec.fingerprint, key=key,
                             payload=view[record.HEADER_BYTES:])
 

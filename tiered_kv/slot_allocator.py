@@ -5,16 +5,65 @@ Slots are integers ``0 .. num_slots-1``. ``allocate(n)`` prefers one run of ``n`
 ``free(slots, completion)`` returns slots only once ``completion.done()``: a slot is never handed to
 a second user while a copy into or out of it may still run.
 
-Not thread-safe by itself: the host pool (or the controller's loop) owns it.
+Slot ids are read by ``slot_id`` / ``slot_ids`` everywhere ids come in (here and in the host
+pool): Python and numpy integers, integer numpy arrays and torch tensors are ids; bools (``True``
+is not slot 1), floats and anything else are refused with ForeignSlotError naming the index.
+Freeing a slot this allocator never handed out is a ForeignSlotError; freeing one that was handed
+out and is free again (or already waiting to be freed) is a DoubleFreeError.
+
+Not thread-safe by itself: the host pool (or the controller's loop) owns it. Needs no torch.
 """
 
 from __future__ import annotations
 
 import bisect
+import sys
 from collections.abc import Iterable, Sequence
+
+import numpy as np
 
 from .completion import AllOf, Completion, as_completion
 from .errors import DoubleFreeError, ForeignSlotError, PoolExhaustedError
+
+
+def _torch_tensor(value: object) -> bool:
+    torch = sys.modules.get("torch")  # a tensor can only exist once torch is imported
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def slot_id(value: object, num_slots: int, where: str = "") -> int:
+    """``value`` as a slot id in ``0..num_slots-1``: a Python or numpy integer, or a 0-d integer
+    array / tensor. Raises ForeignSlotError (``where`` says which position) for anything else."""
+    if _torch_tensor(value) or isinstance(value, np.ndarray):
+        if value.ndim == 0 and _integer_dtype(value):
+            value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ForeignSlotError(f"slot {repr(value)[:80]}{where} is not a slot id: expected an int, got {type(value).__name__}")
+    if not 0 <= value < num_slots:
+        raise ForeignSlotError(f"slot {value!r}{where} is not a slot of this pool (0..{num_slots - 1})")
+    return int(value)
+
+
+def _integer_dtype(array: object) -> bool:
+    """True for integer numpy arrays and torch tensors (bool, float and complex are not ids)."""
+    dtype = array.dtype  # type: ignore[attr-defined]
+    if isinstance(array, np.ndarray):
+        return dtype.kind in "iu"
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == sys.modules["torch"].bool)
+
+
+def slot_ids(slots: object, num_slots: int) -> list[int]:
+    """``slots`` (an iterable of ids, or a 1-D integer numpy array / torch tensor) as a list of
+    Python ints in ``0..num_slots-1``; ForeignSlotError naming the first bad position."""
+    if _torch_tensor(slots) or isinstance(slots, np.ndarray):
+        if slots.ndim != 1:  # type: ignore[attr-defined]
+            raise ForeignSlotError(f"slot ids: expected a 1-D array, got shape {tuple(slots.shape)}")  # type: ignore[attr-defined]
+        if not _integer_dtype(slots):
+            raise ForeignSlotError(f"slot ids: expected integers, got {slots.dtype}")  # type: ignore[attr-defined]
+        slots = slots.tolist()  # type: ignore[attr-defined]
+    elif isinstance(slots, (str, bytes, bytearray)) or not isinstance(slots, Iterable):
+        raise ForeignSlotError(f"slot ids: expected an iterable of ints, got {type(slots).__name__}")
+    return [slot_id(s, num_slots, f" (index {i})") for i, s in enumerate(slots)]
 
 
 class SlotAllocator:
@@ -27,6 +76,7 @@ class SlotAllocator:
         self._starts: list[int] = [0]
         self._ends: list[int] = [num_slots]
         self._allocated = bytearray(num_slots)  # 1 = handed out (including pending frees)
+        self._handed_out = bytearray(num_slots)  # 1 = handed out at least once: a free of it is no foreign id
         self._pending: list[tuple[Completion, list[int]]] = []
         self._pending_slots: set[int] = set()
         self._holds: dict[int, Completion] = {}  # slot -> work that may still write into it
@@ -43,6 +93,8 @@ class SlotAllocator:
         return len(self._pending_slots)
 
     def is_allocated(self, slot: int) -> bool:
+        """True while ``slot`` is handed out and not waiting to be freed."""
+        slot = slot_id(slot, self.num_slots)
         return bool(self._allocated[slot]) and slot not in self._pending_slots
 
     def runs(self) -> list[tuple[int, int]]:
@@ -79,6 +131,7 @@ class SlotAllocator:
                 slots.extend(self._take(i, count - len(slots)))
         for s in slots:
             self._allocated[s] = 1
+            self._handed_out[s] = 1
         self._free_count -= count
         return slots
 
@@ -93,12 +146,14 @@ class SlotAllocator:
 
     # --- freeing -----------------------------------------------------------------------------
     def free(self, slots: Iterable[int], completion: object = None) -> None:
-        """Give ``slots`` back once ``completion`` (event, future or None) is done.
+        """Give ``slots`` (ids as ``slot_ids`` takes them) back once ``completion`` (event, future
+        or None) is done.
 
-        Raises ForeignSlotError for ids outside the pool or never allocated, DoubleFreeError for a
-        slot already free or already waiting to be freed; on error nothing is freed.
+        Raises ForeignSlotError for what is no id, ids outside the pool or never handed out,
+        DoubleFreeError for a slot handed out before and free again, or already waiting to be
+        freed; on error nothing is freed.
         """
-        slot_list = list(slots)
+        slot_list = slot_ids(slots, self.num_slots)
         self._check_freeable(slot_list)
         done = as_completion(completion)
         plain: list[int] = []
@@ -120,11 +175,11 @@ class SlotAllocator:
     def _check_freeable(self, slots: Sequence[int]) -> None:
         seen: set[int] = set()
         for s in slots:
-            if not isinstance(s, int) or not 0 <= s < self.num_slots:
-                raise ForeignSlotError(f"slot {s!r} is not a slot of this pool (0..{self.num_slots - 1})")
             if s in seen or s in self._pending_slots:
                 raise DoubleFreeError(f"slot {s} freed twice")
             if not self._allocated[s]:
+                if not self._handed_out[s]:
+                    raise ForeignSlotError(f"slot {s} was never handed out by this pool")
                 raise DoubleFreeError(f"slot {s} is already free")
             seen.add(s)
 
@@ -135,9 +190,7 @@ class SlotAllocator:
         slots until its worker thread has returned. Slots not allocated here are ignored.
         """
         done = as_completion(completion)
-        for s in slots:
-            if not isinstance(s, int) or not 0 <= s < self.num_slots:
-                raise ForeignSlotError(f"slot {s!r} is not a slot of this pool (0..{self.num_slots - 1})")
+        for s in slot_ids(slots, self.num_slots):
             if not self._allocated[s]:
                 continue  # managed outside this allocator: nothing here could hand it out
             previous = self._holds.get(s)

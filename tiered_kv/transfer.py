@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .device_pool import DevicePool
@@ -22,10 +23,22 @@ from .errors import IndexValidationError, SpecMismatchError
 from .host_pool import HostPool
 from .kernels import copy_pages_reference
 
-IdsLike = Sequence[int] | torch.Tensor
+IdsLike = Sequence[int] | torch.Tensor | np.ndarray
+
+
+_INT64 = (-(2**63), 2**63 - 1)
 
 
 def _as_cpu_ids(ids: IdsLike, what: str) -> torch.Tensor:
+    """``ids`` as a CPU int64 tensor: a 1-D integer tensor or numpy array, or a sequence of Python /
+    numpy integers (0-d integer tensors too). Bools (``True`` is not page 1) and floats (``1.5`` is
+    not page 1) are refused, naming the index."""
+    if isinstance(ids, np.ndarray):
+        if ids.ndim == 1 and ids.dtype.kind in "iu":
+            return torch.from_numpy(ids.astype(np.int64, copy=True))
+        if ids.ndim != 1:
+            raise IndexValidationError(f"{what}: expected a 1-D index array, got shape {ids.shape}")
+        raise IndexValidationError(f"{what}: expected integer indices, got {ids.dtype}")
     if isinstance(ids, torch.Tensor):
         if ids.dim() != 1:
             raise IndexValidationError(f"{what}: expected a 1-D index tensor, got shape {tuple(ids.shape)}")
@@ -33,10 +46,28 @@ def _as_cpu_ids(ids: IdsLike, what: str) -> torch.Tensor:
             raise IndexValidationError(f"{what}: expected integer indices, got {ids.dtype}")
         # One copy to the CPU; callers pass CPU tensors to avoid even that.
         return ids.to("cpu", torch.int64)
+    if isinstance(ids, (str, bytes, bytearray)):
+        raise IndexValidationError(f"{what}: expected a sequence of ints, got {type(ids).__name__}")
     try:
-        return torch.as_tensor(list(ids), dtype=torch.int64)
-    except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
-        raise IndexValidationError(f"{what}: expected a sequence of ints") from exc
+        items = list(ids)
+    except TypeError:
+        raise IndexValidationError(f"{what}: expected a sequence of ints, got {type(ids).__name__}") from None
+    values = []
+    for i, v in enumerate(items):
+        if isinstance(v, (torch.Tensor, np.ndarray)) and v.ndim == 0:
+            v = v.item()  # a 0-d tensor of a bool or float item is refused below
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise IndexValidationError(f"{what}: index {i} is {repr(v)[:40]}, not an int ({type(v).__name__})")
+        if not _INT64[0] <= v <= _INT64[1]:
+            raise IndexValidationError(f"{what}: index {i} is {v}, outside int64")
+        values.append(int(v))
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def _check_layer(layer: object, num_layers: int) -> int:
+    if isinstance(layer, (bool, np.bool_)) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < num_layers:
+        raise IndexValidationError(f"layer {layer!r} is not a layer index in 0..{num_layers - 1}")
+    return int(layer)
 
 
 def pages_from_token_indices(token_indices: IdsLike, page_size: int) -> torch.Tensor:
@@ -145,8 +176,7 @@ def torch_backup(device_pool: DevicePool, host_pool: HostPool, device_pages: Ids
 def torch_load_layer(host_pool: HostPool, device_pool: DevicePool, host_slots: IdsLike, device_pages: IdsLike,
                      layer: int, *, token_indices: bool = False) -> PageCopy:
     """Copy one layer (every component) of ``host_slots`` into ``device_pages`` (reference path)."""
-    if not 0 <= layer < device_pool.spec.num_layers:
-        raise IndexValidationError(f"layer {layer} outside 0..{device_pool.spec.num_layers - 1}")
+    layer = _check_layer(layer, device_pool.spec.num_layers)
     copy = validate(device_pool, host_pool, device_pages, host_slots, to_host=False, token_indices=token_indices)
     copy_pages_reference(load_pairs(host_pool, device_pool, layer), copy.host_slots, copy.device_pages)
     return copy

@@ -81,7 +81,7 @@ def test_url_options_are_typed():
 
     got = options_from_url(Options, "x://h?workers=3&ratio=0.5&limit=7&fast=yes&cache_bytes=2KiB&name=n")
     assert got == Options(workers=3, ratio=0.5, limit=7, fast=True, cache_bytes=2048, name="n")
-    with pytest.raises(ConfigError, match="limit='seven' is not a valid int"):
+    with pytest.raises(ConfigError, match="option limit='seven': not a valid int"):
         options_from_url(Options, "x://h?limit=seven")
     with pytest.raises(ConfigError, match="fast='maybe'"):
         options_from_url(Options, "x://h?fast=maybe")

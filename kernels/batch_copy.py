@@ -75,8 +75,14 @@ def plan_copy_list(pairs: Sequence[ChunkPair], src_ids: torch.Tensor, dst_ids: t
         dsts.append(np.uint64(dst_view.data_ptr()) + dst * np.uint64(dst_view.stride(0)))
         sizes.append(np.full(src.size, width, dtype=np.uint64))
     # Pair-major: a pair's rows stay together, so runs of dense rows merge.
-    srcs_a, dsts_a, sizes_a = np.concatenate(srcs), np.concatenate(dsts), np.concatenate(sizes)
-    if merge and len(sizes_a) > 1:
+    copies = CopyList(np.concatenate(dsts), np.concatenate(srcs), np.concatenate(sizes))
+    return merge_copy_list(copies) if merge else copies
+
+
+def merge_copy_list(copies: CopyList) -> CopyList:
+    """``copies`` with each copy that continues the one before it on both sides merged into it."""
+    dsts_a, srcs_a, sizes_a = copies.dsts, copies.srcs, copies.sizes
+    if len(sizes_a) > 1:
         joins = (srcs_a[:-1] + sizes_a[:-1] == srcs_a[1:]) & (dsts_a[:-1] + sizes_a[:-1] == dsts_a[1:])
         starts = np.flatnonzero(np.concatenate(([True], ~joins)))
         srcs_a, dsts_a = srcs_a[starts], dsts_a[starts]

@@ -19,6 +19,12 @@ piece moves them: for all layers that is the whole slot payload, for a block of 
 one latent and one indexer piece; wide rows, which copy engines stream at full rate (also while
 the other direction is busy), instead of one 42 KB and one 8 KB row per slot and layer.
 
+Host copies of short runs (scattered slots: one row per slot and piece) go to the copy engines as
+one ``cudaMemcpyBatchAsync`` per unit and copy stream instead of one ``cudaMemcpy2DAsync`` each:
+about 1 us of CPU per row against 5-13 us per call (H200, docs/benchmarks.md "Serving
+conditions"). ``host_batch`` (per copier) forces it on or off; on CPU the same copy list runs
+through ``memmove``, so CI checks its addresses.
+
 Two knobs per call: ``copy_stream`` may be several streams, and each unit's copy-engine copies are
 then split by rows across them (the first stream forks the others and joins them again, so every
 event above stays on it); copy engines working side by side hide the per-row cost of pitched
@@ -54,6 +60,11 @@ _REGION_ALIGN = 256  # staging regions start 256-B aligned, so the kernel keeps 
 #: keeps 64 KiB in flight per step (4x the UVA default) to do its share with few CTAs.
 STAGING_BLOCK = 16384
 STAGING_NUM_WARPS = 16
+#: A unit's host copies go out as one memcpy batch (when ``host_batch`` is None) from this many
+#: copies of at most ``BATCH_MAX_MEAN_ROWS`` rows on average: short runs, where one call per copy
+#: costs more CPU than the copy engines need to move it.
+BATCH_MIN_COPIES = 16
+BATCH_MAX_MEAN_ROWS = 2
 
 CopyStreams = torch.cuda.Stream | Sequence[torch.cuda.Stream] | None
 
@@ -111,12 +122,16 @@ class StagedCopier:
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
         num_buffers: int = DEFAULT_NUM_BUFFERS,
         num_ctas: int = DEFAULT_CTAS_ON_DEVICE,
+        host_batch: bool | None = None,
     ) -> None:
         if buffer_bytes <= 0 or num_buffers <= 0:
             raise ValueError(f"staging needs buffer_bytes > 0 and num_buffers > 0, got {buffer_bytes}, {num_buffers}")
         self.device = torch.device(device)
         self.buffer_bytes = _round(buffer_bytes) if buffer_bytes >= _REGION_ALIGN else buffer_bytes
         self.num_ctas = num_ctas
+        #: Host copies as one memcpy batch per unit: True, False, or None (short runs on a GPU
+        #: whose runtime has batched copies, see ``BATCH_MIN_COPIES``).
+        self.host_batch = host_batch
         self.block, self.num_warps = STAGING_BLOCK, STAGING_NUM_WARPS
         self._on_gpu = self.device.type == "cuda"
         self._storage = torch.empty(self.buffer_bytes * num_buffers, dtype=torch.uint8, device=self.device)
@@ -357,7 +372,35 @@ class StagedCopier:
             on_group_done(done_groups)
             done_groups += 1
 
+    def _batched(self, copies) -> bool:
+        """Whether ``copies`` (one unit's share) go out as one memcpy batch (see ``host_batch``)."""
+        if self.host_batch is not None:
+            return self.host_batch
+        if not self._on_gpu or len(copies) < BATCH_MIN_COPIES:
+            return False
+        rows = sum(c[5] for c in copies)
+        return rows <= BATCH_MAX_MEAN_ROWS * len(copies) and _batch_available()
+
+    @staticmethod
+    def _copy_list(copies, buffer_addr: int, to_device: bool):
+        """The unit's 2-D host copies as 1-D row copies (rows adjacent on both sides merged)."""
+        from .batch_copy import CopyList, merge_copy_list
+
+        host, stage, sizes = [], [], []
+        for host_addr, host_pitch, offset, stage_pitch, width, height, _ in copies:
+            rows = np.arange(height, dtype=np.uint64)
+            host.append(np.uint64(host_addr) + rows * np.uint64(host_pitch))
+            stage.append(np.uint64(buffer_addr + offset) + rows * np.uint64(stage_pitch))
+            sizes.append(np.full(height, width, dtype=np.uint64))
+        host_a, stage_a, sizes_a = np.concatenate(host), np.concatenate(stage), np.concatenate(sizes)
+        dsts, srcs = (stage_a, host_a) if to_device else (host_a, stage_a)
+        return merge_copy_list(CopyList(dsts, srcs, sizes_a))
+
     def _engine_copies(self, unit: _Unit, buffer_addr: int, to_device: bool, streams) -> None:
+        shares = [list(_share(unit.host_copies, k, len(streams))) for k in range(len(streams))]
+        if any(shares) and self._batched(unit.host_copies):
+            self._batch_copies(shares, buffer_addr, to_device, streams)
+            return
         if self._on_gpu:
             primary, extra = streams[0], streams[1:]
             if extra:  # the extra streams start after everything the primary waited for
@@ -388,6 +431,28 @@ class StagedCopier:
             else:
                 host.copy_(stage)
 
+    def _batch_copies(self, shares, buffer_addr: int, to_device: bool, streams) -> None:
+        """Each copy stream's share of a unit as one memcpy batch (memmove on CPU: the CPU
+        storage's address stands in for the device buffer's)."""
+        from .batch_copy import run_copy_list
+
+        if not self._on_gpu:
+            for share in shares:
+                if share:
+                    run_copy_list(self._copy_list(share, buffer_addr, to_device), on_gpu=False)
+            return
+        primary, extra = streams[0], streams[1:]
+        if extra:
+            self._fork.record(primary)
+            for stream in extra:
+                stream.wait_event(self._fork)
+        for stream, share in zip(streams, shares):
+            if share:
+                run_copy_list(self._copy_list(share, buffer_addr, to_device), stream=stream, on_gpu=True)
+        for stream, joined in zip(extra, self._join):
+            joined.record(stream)
+            primary.wait_event(joined)
+
     def _kernel(self, plan, table, src_ids, dst_ids, stream, num_ctas=None) -> None:
         with torch.cuda.stream(stream) if self._on_gpu else nullcontext():
             launch_uva(plan, table, src_ids, dst_ids, num_ctas=num_ctas or self.num_ctas, block=self.block,
@@ -397,6 +462,12 @@ class StagedCopier:
         if self._on_gpu:
             self._ready[slot].record(producer)
             consumer.wait_event(self._ready[slot])
+
+
+def _batch_available() -> bool:
+    from .batch_copy import available
+
+    return available()
 
 
 def _share(copies, k: int, parts: int):

@@ -31,13 +31,13 @@ def _direct(pairs, src, dst):
     copy_pages_direct(pairs, src, dst)
 
 
-def _staged(pairs, src, dst, *, to_device, roomy=False, split=False):
+def _staged(pairs, src, dst, *, to_device, roomy=False, split=False, host_batch=None):
     # A tiny ring forces several units per call and several pair groups per unit; a roomy one
     # takes two whole page_first slots per unit (the span layout of all-layer backups). ``split``:
     # copies split by rows over three copy streams, at most two rows per unit.
     biggest = max(p[0].shape[1] for p in pairs)
     size = 2 * sum(p[0].shape[1] for p in pairs) + 300 if roomy or split else 3 * biggest + 7
-    copier = StagedCopier("cpu", buffer_bytes=size, num_buffers=2)
+    copier = StagedCopier("cpu", buffer_bytes=size, num_buffers=2, host_batch=host_batch)
     options = {"copy_stream": [None] * 3, "unit_rows": 2} if split else {}
     if to_device:
         copier.to_device(pairs, src, dst, **options)
@@ -45,7 +45,8 @@ def _staged(pairs, src, dst, *, to_device, roomy=False, split=False):
         copier.to_host(pairs, src, dst, **options)
 
 
-PATHS = ["uva", "direct", "batch", "staged", "staged_roomy", "staged_split"]
+# ``_batch``: the staging ring's host copies as one memcpy batch per unit (memmove on CPU).
+PATHS = ["uva", "direct", "batch", "staged", "staged_roomy", "staged_split", "staged_batch", "staged_split_batch"]
 
 
 def _runner(path: str, to_device: bool):
@@ -55,7 +56,8 @@ def _runner(path: str, to_device: bool):
         return _direct
     if path == "batch":  # on CPU the same copy list runs through memmove
         return copy_pages_batch
-    return functools.partial(_staged, to_device=to_device, roomy=path == "staged_roomy", split=path == "staged_split")
+    return functools.partial(_staged, to_device=to_device, roomy=path == "staged_roomy", split="split" in path,
+                             host_batch=True if path.endswith("_batch") else None)
 
 
 def _ids(count: int, kind: str, low: int, high: int) -> torch.Tensor:

@@ -59,13 +59,16 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
-from urllib.parse import urlsplit
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from ..errors import BackendError, BackendUnavailableError, ConfigError
 from ..host_pool import HostPool
+from ..sizes import MAX_SIZE
 from .base import Backend, Capabilities
-from .url_options import options_from_url
+from .url_options import (MAX_WORKERS, ByteSize, HostName, TimeoutSeconds, Workers, check_host, check_fields,
+                          options_from_url, split_url, url_port)
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +108,7 @@ _NO_ROOM = {NO_AVAILABLE_HANDLE, BUFFER_OVERFLOW, SEGMENT_NOT_FOUND}
 DEFAULT_SEGMENT_BYTES = 1 << 30
 _PROTOCOLS = ("tcp", "rdma")
 _MIN_SEGMENT_BYTES = 1024  # the store refuses anything smaller but 0
+_MAX_REPLICAS = 64  # copies of each object across segments; more is a typo
 
 
 def code_name(code: int) -> str:
@@ -134,17 +138,20 @@ class MooncakeOptions:
     master: str
     metadata_server: str = ""  # default: the master's own HTTP metadata server, port 8080
     protocol: str = "tcp"
-    local_hostname: str = "127.0.0.1"  # the address other clients reach this one's segment at
+    local_hostname: HostName = "127.0.0.1"  # the address other clients reach this one's segment at
     contribute_segment: bool = True
-    global_segment_bytes: int | None = None  # default: 1 GiB when contributing, else 0
-    local_buffer_bytes: int = 16 << 20  # staging for non-registered buffers; zero-copy needs little
-    replica_num: int = 1
+    global_segment_bytes: ByteSize | None = None  # default: 1 GiB when contributing, else 0
+    # staging for non-registered buffers; zero-copy needs little
+    local_buffer_bytes: Annotated[int, Field(ge=_MIN_SEGMENT_BYTES, le=MAX_SIZE)] = 16 << 20
+    replica_num: Annotated[int, Field(ge=1, le=_MAX_REPLICAS)] = 1
     device_name: str = ""  # RDMA devices, comma separated ("" = all / not rdma)
-    workers: int = 4
-    transfers_in_flight: int = 1  # batch puts / gets running at once; more only thrash small hosts
-    timeout_s: float = 30.0
+    workers: Workers = 4
+    # batch puts / gets running at once; more only thrash small hosts
+    transfers_in_flight: Annotated[int, Field(ge=1, le=MAX_WORKERS)] = 1
+    timeout_s: TimeoutSeconds = 30.0
 
     def __post_init__(self) -> None:
+        check_fields(self)  # each field against its annotation; what follows spans fields
         host, _, port = self.master.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ConfigError(f"mooncake: the URL must name the master as host:port, got {self.master!r}")
@@ -163,30 +170,22 @@ class MooncakeOptions:
         if segment and not self.contribute_segment:
             raise ConfigError(f"mooncake: contribute_segment=false but global_segment_bytes={segment}; "
                               "a pure client contributes no memory (leave global_segment_bytes out or 0)")
-        if self.local_buffer_bytes < _MIN_SEGMENT_BYTES:
-            raise ConfigError(f"mooncake: local_buffer_bytes must be >= {_MIN_SEGMENT_BYTES}, "
-                              f"got {self.local_buffer_bytes}")
-        if self.replica_num < 1:
-            raise ConfigError(f"mooncake: replica_num must be >= 1, got {self.replica_num}")
-        if self.workers < 1:
-            raise ConfigError(f"mooncake: workers must be >= 1, got {self.workers}")
-        if not 1 <= self.transfers_in_flight <= self.workers:
+        if self.transfers_in_flight > self.workers:
             raise ConfigError(f"mooncake: transfers_in_flight must be in 1..workers ({self.workers}), "
                               f"got {self.transfers_in_flight}")
-        if not self.timeout_s > 0:
-            raise ConfigError(f"mooncake: timeout_s must be > 0, got {self.timeout_s}")
 
     @classmethod
     def from_url(cls, url: str, overrides: dict[str, Any] | None = None) -> "MooncakeOptions":
-        parts = urlsplit(url)
+        parts = split_url(url)
         if parts.scheme != "mooncake":
             raise ConfigError(f"not a mooncake:// URL: {url!r}")
-        try:
-            port = parts.port
-        except ValueError:
-            raise ConfigError(f"{url}: the master's port is not a number in 1..65535") from None
+        port = url_port(parts, url)
         if not parts.hostname or port is None:
             raise ConfigError(f"{url}: the URL must name the master as mooncake://host:port")
+        try:
+            check_host(parts.hostname)
+        except ValueError as exc:
+            raise ConfigError(f"{url}: master host {parts.hostname!r}: {exc}") from None
         return options_from_url(cls, url, overrides, master=f"{parts.hostname}:{port}")
 
     @property

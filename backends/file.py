@@ -12,8 +12,15 @@ URL: ``file:///mnt/nvme/kv?capacity_bytes=2TiB&o_direct=true&fsync=true&workers=
   slot, which is 4 KiB aligned in address and length). Where the filesystem refuses O_DIRECT
   (tmpfs) the backend falls back to buffered I/O and says so in ``direct_io``.
 - Capacity in bytes with least-recently-used eviction; the index is rebuilt from the directory
-  (mtime order) on open, so pages survive a restart of the process. Other processes may share the
-  directory: they find each other's pages on disk; each evicts only within its own budget.
+  (mtime order) on open, so pages survive a restart of the process (and trimmed to the capacity).
+  Under any concurrency of this backend's workers, the bytes of page and temp files stay within
+  the capacity, every page file is in the index and every indexed page is on disk: a write first
+  reserves its bytes (evicting least recently used pages, file and entry together), and its name
+  enters the index only once its file is linked; with no room left (the rest reserved by writes in
+  flight) the put reports False. Other processes may share the directory: they find each other's
+  pages on disk; each evicts only within its own budget.
+- A file of another length than this pool's (another spec's page) is read only as far as this
+  pool's slot reaches and handed to the base as such, which leaves another reader's page alone.
 - Batches are split across the backend's executor threads; many reads and writes are in flight.
 
 Stale temp files (from a crash) older than ``stale_temp_s`` are removed on open.
@@ -27,6 +34,7 @@ import hashlib
 import mmap
 import os
 import secrets
+import stat
 import threading
 from concurrent.futures import ThreadPoolExecutor
 import time
@@ -38,12 +46,14 @@ from urllib.parse import unquote, urlsplit
 
 from ..errors import BackendError, BackendUnavailableError, ConfigError
 from ..host_pool import HostPool
-from .base import Backend, Capabilities
+from .base import Backend, Capabilities, NotARecord, OtherLength
 from .url_options import options_from_url
 
 SUFFIX = ".page"
 TEMP_PREFIX = ".tmp-"
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+# mkdir of the store's directory failed because of the path itself, not the medium.
+_BAD_PATH = (errno.EEXIST, errno.ENOTDIR, errno.ENAMETOOLONG, errno.ELOOP, errno.EINVAL)
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,17 @@ class FileOptions:
             raise ConfigError(f"file backend: capacity_bytes >= 0, workers > 0, timeout_s > 0 required, got {self}")
 
 
+def _checked_root(path: str) -> Path:
+    """The store's directory as a Path; ConfigError for what no filesystem call takes."""
+    if "\0" in path:
+        raise ConfigError(f"file backend: path {path!r} contains a NUL byte")
+    try:
+        os.fsencode(path)
+    except UnicodeError as exc:
+        raise ConfigError(f"file backend: path {path!r} cannot be encoded for this filesystem: {exc}") from None
+    return Path(path)
+
+
 def page_name(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
@@ -74,14 +95,21 @@ class FileBackend(Backend):
     def __init__(self, pool: HostPool, options: FileOptions) -> None:
         super().__init__(pool, max_workers=options.workers, timeout_s=options.timeout_s)
         self.options = options
-        self.root = Path(options.path)
+        self.root = _checked_root(options.path)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
+            if exc.errno in _BAD_PATH:
+                raise ConfigError(f"file backend: {self.root} cannot be the store's directory: {exc}") from exc
             raise BackendUnavailableError(f"file backend: cannot create {self.root}: {exc}") from exc
         self.file_bytes = pool.slot_bytes  # whole padded slots, so direct I/O works both ways
-        self._index: OrderedDict[str, int] = OrderedDict()  # name -> bytes, least recent first
+        # The capacity account, all under _lock: _index holds linked page files only (name ->
+        # bytes, least recent first), _used is their sum, _in_flight the bytes reserved by writes
+        # whose files are not linked yet, and _used + _in_flight <= capacity. A page file and its
+        # entry are only added (link) or removed (evict, delete) together under the lock.
+        self._index: OrderedDict[str, int] = OrderedDict()
         self._used = 0
+        self._in_flight = 0
         self._lock = threading.Lock()
         self.direct_io = options.o_direct and self._probe_direct_io()
         self._scan()
@@ -102,28 +130,42 @@ class FileBackend(Backend):
     def used_bytes(self) -> int:
         return self._used
 
+    def indexed(self) -> dict[str, int]:
+        """A snapshot of the LRU index: page file name -> bytes, least recently used first."""
+        with self._lock:
+            return dict(self._index)
+
     def _probe_direct_io(self) -> bool:
         return self._direct_ok(self.root)
 
     def _scan(self) -> None:
-        """Rebuild the LRU index from the directory; drop stale temp files."""
+        """Rebuild the LRU index from the directory, trimmed to the capacity; drop stale temp files."""
         found = []
         now = time.time()
-        for sub in self.root.iterdir():
-            if sub.name.startswith(TEMP_PREFIX):
-                self._remove_if_stale(sub, now)
-                continue
-            if not sub.is_dir() or len(sub.name) != 2:
-                continue
-            for entry in os.scandir(sub):
-                if entry.name.startswith(TEMP_PREFIX):
-                    self._remove_if_stale(Path(entry.path), now)
-                elif entry.name.endswith(SUFFIX):
-                    st = entry.stat()
-                    found.append((st.st_mtime, entry.name, st.st_size))
-        for _, name, size in sorted(found):
-            self._index[name] = size
-            self._used += size
+        try:
+            for sub in os.scandir(self.root):
+                if sub.name.startswith(TEMP_PREFIX):
+                    self._remove_if_stale(Path(sub.path), now)
+                    continue
+                if len(sub.name) != 2 or not sub.is_dir():
+                    continue
+                for entry in os.scandir(sub.path):
+                    if entry.name.startswith(TEMP_PREFIX):
+                        self._remove_if_stale(Path(entry.path), now)
+                    elif entry.name.endswith(SUFFIX):
+                        try:
+                            st = entry.stat()
+                        except FileNotFoundError:
+                            continue  # evicted by another process meanwhile
+                        found.append((st.st_mtime, entry.name, st.st_size))
+            for _, name, size in sorted(found):
+                self._index[name] = size
+                self._used += size
+            with self._lock:
+                while self.options.capacity_bytes and self._used > self.options.capacity_bytes:
+                    self._evict_oldest()
+        except OSError as exc:
+            raise BackendUnavailableError(f"file backend: cannot read the store at {self.root}: {exc}") from exc
 
     def _remove_if_stale(self, path: Path, now: float) -> None:
         try:
@@ -136,39 +178,48 @@ class FileBackend(Backend):
     def _open_flags(self) -> int:
         return os.O_DIRECT if self.direct_io else 0
 
-    def _read_one(self, key: str, slot: int) -> bool:
+    def _read_one(self, key: str, slot: int) -> bool | OtherLength | NotARecord:
         path = self.path_of(key)
         try:
             fd = os.open(path, os.O_RDONLY | self._open_flags())
         except FileNotFoundError:
             return False
         try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return NotARecord(f"{path} is not a regular file")
             view = self.pool.slot_view(slot) if self.direct_io else self.pool.record_view(slot)
+            # Never past the slot: a larger file is another spec's page, of which the header
+            # (its first bytes) is all the base needs. One read for a short file, so direct I/O
+            # never reads from an unaligned offset.
+            want = min(st.st_size, len(view))
             got = 0
-            while got < len(view):
+            while got < want:
                 n = os.readv(fd, [view[got:]])
                 if n == 0:
-                    # A short file is damaged. Blank the header so verification rejects it even
-                    # if the slot happened to hold this very record before.
-                    view[:4096] = bytes(4096)
-                    break
+                    break  # the file shrank under us: what landed is all there is
                 got += n
         finally:
             os.close(fd)
         with self._lock:
             if path.name in self._index:
                 self._index.move_to_end(path.name)
-        return True
+        if st.st_size == self.file_bytes and got == want:
+            return True
+        return OtherLength(got if got < want else st.st_size, self.file_bytes)
 
     def _write_one(self, key: str, slot: int) -> bool:
         path = self.path_of(key)
         if path.exists():
             return True
-        if not self._make_room(path.name):
+        size = self.file_bytes
+        if not self._reserve(size):
             return False
-        path.parent.mkdir(exist_ok=True)
-        temp = path.parent / f"{TEMP_PREFIX}{path.name}-{secrets.token_hex(6)}"
+        temp: Path | None = None
+        linked = False
         try:
+            path.parent.mkdir(exist_ok=True)
+            temp = path.parent / f"{TEMP_PREFIX}{path.name}-{secrets.token_hex(6)}"
             fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | self._open_flags(), 0o644)
             try:
                 view = self.pool.slot_view(slot)
@@ -181,47 +232,63 @@ class FileBackend(Backend):
                     os.fdatasync(fd)
             finally:
                 os.close(fd)
-            try:
-                os.link(temp, path)
-            except FileExistsError:
-                pass  # another writer won: records are immutable, so that is success
+            with self._lock:
+                try:
+                    os.link(temp, path)
+                except FileExistsError:
+                    pass  # another writer won: records are immutable, so that is success
+                else:
+                    # The reservation becomes the page's entry, in the same step as its name.
+                    linked = True
+                    self._in_flight -= size
+                    self._index[path.name] = size
+                    self._used += size
         except OSError as exc:
-            self._forget(path.name)
             if exc.errno in _FULL:
                 return False
             raise BackendUnavailableError(f"file backend: writing {path}: {exc}") from exc
         finally:
-            temp.unlink(missing_ok=True)
+            try:
+                if temp is not None:
+                    temp.unlink(missing_ok=True)
+            finally:
+                if not linked:  # only now: the temp file's bytes counted until it was gone
+                    with self._lock:
+                        self._in_flight -= size
         return True
 
-    def _make_room(self, name: str) -> bool:
-        """Reserve ``file_bytes`` in the index, evicting least recently used pages if needed."""
-        size = self.file_bytes
-        victims = []
+    def _reserve(self, size: int) -> bool:
+        """Reserve ``size`` bytes for a write, evicting least recently used pages if needed.
+
+        False when the page cannot fit: larger than the capacity, or the room left is reserved
+        by writes still in flight (only linked pages are ever victims).
+        """
+        capacity = self.options.capacity_bytes
         with self._lock:
-            if self.options.capacity_bytes:
-                if size > self.options.capacity_bytes:
+            if capacity:
+                if size > capacity:
                     return False
-                while self._used + size > self.options.capacity_bytes and self._index:
-                    victim, victim_size = self._index.popitem(last=False)
-                    self._used -= victim_size
-                    victims.append(victim)
-            self._index[name] = size
-            self._used += size
-        for victim in victims:
-            (self.root / victim[:2] / victim).unlink(missing_ok=True)
+                while self._used + self._in_flight + size > capacity and self._index:
+                    self._evict_oldest()
+                if self._used + self._in_flight + size > capacity:
+                    return False
+            self._in_flight += size
         return True
 
-    def _forget(self, name: str) -> None:
-        with self._lock:
-            size = self._index.pop(name, None)
-            if size is not None:
-                self._used -= size
+    def _evict_oldest(self) -> None:
+        """Remove the least recently used page, file and entry together. Caller holds ``_lock``."""
+        name, size = next(iter(self._index.items()))
+        (self.root / name[:2] / name).unlink(missing_ok=True)  # raises: the entry stays, as the file may
+        del self._index[name]
+        self._used -= size
 
     def _delete_one(self, key: str) -> None:
         path = self.path_of(key)
-        self._forget(path.name)
-        path.unlink(missing_ok=True)
+        with self._lock:  # so no put links the name between the unlink and the entry's removal
+            path.unlink(missing_ok=True)
+            size = self._index.pop(path.name, None)
+            if size is not None:
+                self._used -= size
 
     def _batch(self, fn, keys: list[str], slots: list[int]) -> list:
         try:
@@ -243,9 +310,9 @@ class FileBackend(Backend):
 
     # --- primitives --------------------------------------------------------------------------
     async def _exists(self, keys: list[str]) -> list[bool]:
-        return await self.run_blocking(lambda: [self.path_of(k).exists() for k in keys])
+        return await self.run_blocking(self._batch, lambda k, _s: self.path_of(k).exists(), keys, [0] * len(keys))
 
-    async def _get(self, keys: list[str], slots: list[int]) -> list[bool]:
+    async def _get(self, keys: list[str], slots: list[int]) -> list[bool | OtherLength | NotARecord]:
         return await self._spread(self._read_one, keys, slots, hold=True)
 
     async def _put(self, keys: list[str], slots: list[int]) -> list[bool]:

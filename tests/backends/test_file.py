@@ -99,6 +99,61 @@ async def test_capacity_evicts_least_recently_used(pool, tmp_path):
         assert len(page_files(tmp_path)) == 3 and backend.used_bytes == 3 * pool.slot_bytes
 
 
+def assert_index_matches_disk(backend: FileBackend, root: Path, capacity: int) -> None:
+    """The three invariants of a bounded store, walked on disk: bytes within the bound, every page
+    file in the index, every indexed page on disk (and nothing half written left behind)."""
+    on_disk = {p.name: p.stat().st_size for p in page_files(root)}
+    assert sum(on_disk.values()) <= capacity
+    assert set(on_disk) == set(backend.indexed())
+    assert backend.used_bytes == sum(on_disk.values()) == sum(backend.indexed().values())
+    assert temp_files(root) == []
+
+
+@pytest.mark.parametrize("direct", [False, True])
+async def test_capacity_holds_under_concurrent_batches_gets_and_deletes(tmp_path, direct):
+    """Many workers, batched puts over a few pages of room, gets and deletes at once: the bound
+    holds and the index and the directory agree (a name entered the index before its file existed,
+    was evicted by another worker, and the file was linked anyway: stray untracked files)."""
+    pages, rounds = 48, 8
+    with HostPool(SPEC, pages + 3 * 8) as pool:
+        capacity = 3 * pool.slot_bytes
+        root = tmp_path / "store"
+        url = f"file://{root}?fsync=false&o_direct={str(direct).lower()}&workers=8"
+        async with open_backend(url, pool, capacity_bytes=capacity) as backend:
+            keys = new_keys(pages)
+            src = pool.allocate(pages)
+            records = fill_and_seal(pool, src, keys)
+
+            async def writer(i: int) -> None:
+                for r in range(rounds):
+                    picked = [(i * 11 + r * 5 + j) % pages for j in range(16)]
+                    await backend.put_from([keys[p] for p in picked], [src[p] for p in picked])
+
+            async def reader(i: int) -> None:
+                dst = pool.allocate(8)
+                for r in range(rounds):
+                    picked = [keys[(i * 3 + r * 7 + j) % pages] for j in range(8)]
+                    for key, slot, hit in zip(picked, dst, await backend.get_into(picked, dst)):
+                        assert not hit or bytes(pool.record_view(slot)) == records[key]
+                pool.free(dst)
+
+            async def deleter() -> None:
+                for r in range(rounds):
+                    await backend.delete([keys[(r * 13 + j) % pages] for j in range(4)])
+                    await asyncio.sleep(0)
+
+            await asyncio.gather(*(writer(i) for i in range(4)), *(reader(i) for i in range(3)), deleter())
+            assert backend.stats.corrupt == 0
+            assert_index_matches_disk(backend, root, capacity)
+            # And a last batch of 16 on its own, as first seen: 3 pages stay, all tracked.
+            assert sum(await backend.put_from(keys[:16], src[:16])) >= 3
+            assert_index_matches_disk(backend, root, capacity)
+            assert len(page_files(root)) == 3
+        pool.free(src)
+        assert pool.free_slots == pool.num_slots
+        assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()] == []
+
+
 async def test_page_larger_than_capacity_is_refused(pool, tmp_path):
     [key] = new_keys(1)
     slot = pool.allocate(1)
@@ -186,9 +241,13 @@ def block_on_fifo(backend: FileBackend, key: str) -> Path:
 
 
 def release_fifo(path: Path) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
-    os.write(fd, b"late bytes that must never count as a page")
-    os.close(fd)
+    fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # the reader's open returns
+    try:
+        os.write(fd, b"late bytes that must never count as a page")
+    except BrokenPipeError:
+        pass  # the reader saw a FIFO, no regular file, and closed it without reading
+    finally:
+        os.close(fd)
 
 
 async def test_cancelled_get_keeps_its_slots_until_the_worker_returns(tmp_path):
@@ -244,3 +303,54 @@ async def test_timed_out_get_raises_our_error_and_holds_slots(tmp_path):
 def test_bad_urls(pool, url, message):
     with pytest.raises(ConfigError, match=message):
         open_backend(url, pool)
+
+
+@pytest.mark.parametrize("path", ["/tmp/with%00nul", "/tmp/a\0b"])
+def test_nul_byte_in_the_path_is_a_config_error(pool, path):
+    with pytest.raises(ConfigError, match="NUL byte"):
+        open_backend(f"file://{path}", pool)
+
+
+def test_a_path_that_is_a_file_is_a_config_error(pool, tmp_path):
+    (tmp_path / "plain").write_bytes(b"not a directory")
+    with pytest.raises(ConfigError, match="cannot be the store's directory"):
+        open_backend(f"file://{tmp_path}/plain", pool)
+    with pytest.raises(ConfigError, match="cannot be the store's directory"):
+        open_backend(f"file://{tmp_path}/plain/below", pool)
+
+
+async def test_something_else_under_a_page_name_is_a_foreign_miss_left_alone(pool, tmp_path):
+    """A device (not a regular file) under a page's name is nobody's page of ours: a counted
+    foreign miss, not read as zeros and then deleted as corrupt."""
+    free_before = pool.free_slots
+    async with open_backend(f"file://{tmp_path}", pool, o_direct=False) as backend:
+        [key] = new_keys(1)
+        path = backend.path_of(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.symlink_to("/dev/zero")
+        dst = pool.allocate(1)
+        assert await backend.get_into([key], dst) == [False]
+        assert (backend.stats.foreign, backend.stats.corrupt) == (1, 0)
+        assert path.is_symlink()
+        pool.free(dst)
+    assert pool.free_slots == free_before
+
+
+async def test_reopening_with_a_smaller_capacity_trims_to_it(pool, tmp_path):
+    keys = new_keys(4)
+    slots = pool.allocate(4)
+    records = fill_and_seal(pool, slots, keys)
+    async with open_backend(f"file://{tmp_path}", pool) as backend:
+        for key, slot in zip(keys, slots):  # one at a time: mtime order = put order
+            assert await backend.put_from([key], [slot]) == [True]
+            os.utime(backend.path_of(key), (1000 + len(backend.indexed()),) * 2)
+    capacity = 2 * pool.slot_bytes
+    async with open_backend(f"file://{tmp_path}", pool, capacity_bytes=capacity) as backend:
+        assert_index_matches_disk(backend, tmp_path, capacity)
+        assert [await backend.contains(k) for k in keys] == [False, False, True, True]  # the oldest went
+        dst = pool.allocate(2)
+        assert await backend.get_into(keys[2:], dst) == [True, True]
+        assert [bytes(pool.record_view(s)) for s in dst] == [records[k] for k in keys[2:]]
+        pool.free(dst)
+    pool.free(slots)
+    assert pool.free_slots == pool.num_slots

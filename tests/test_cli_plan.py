@@ -51,7 +51,7 @@ def test_plan_tiers_follow_sizes(capsys):
 def test_plan_table_output(capsys):
     assert main(["plan"]) == 0
     text = capsys.readouterr().out
-    assert "48068 B" in text and "3076352 B" in text
+    assert "48,068 B" in text and "page payload 3,076,352 B" in text
 
 
 def test_malformed_size_exits_2():

@@ -1,11 +1,19 @@
 """The ``tiered-kv`` command line.
 
-    tiered-kv plan --model deepseek-v3.2 [--layers N] [--page-size N] [--latent-dtype fp8|bf16]
-                   [--gpu-mem SIZE] [--host-mem SIZE] [--disk SIZE] [--json]
+    tiered-kv [--debug] [--version]
+    tiered-kv plan --model deepseek-v3.2 [--layers N | --layer-range START:END] [--page-size N]
+                   [--latent-dtype fp8|bf16] [--gpu-mem SIZE] [--host-mem SIZE] [--disk SIZE] [--json]
     tiered-kv bench storage --backend URL [--pages N] [--batch N] [--json]
 
-Exit codes: 0 success, 2 bad arguments (argparse's convention, also for malformed sizes and
-unknown models), 1 a failure while running.
+Subcommands are registered from ``COMMANDS`` (name -> a function that adds its parser); a new one
+is one entry there and one small function or module with ``register(subparsers)``.
+
+Exit codes: 0 success; 2 bad usage (argparse's convention) and bad argument values (the library's
+``ConfigError`` / ``SpecError``: malformed sizes, impossible plans, bad URLs); 1 a failure while
+running (backend unreachable, store too small: any other library error), and also an unexpected
+exception, which is a bug; 130 interrupted. ``tiered-kv`` with no command prints the help on
+stderr and exits 2, as any other incomplete command line does. Errors are one line on stderr,
+``tiered-kv: error: ...``; ``--debug`` (before or after the subcommand) adds the traceback.
 """
 
 from __future__ import annotations
@@ -13,21 +21,35 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
+from collections.abc import Callable
 
-from .errors import ConfigError, SpecError
-from .plan import plan_json, plan_tiers
+from . import __version__
+from .errors import ConfigError, SpecError, TieredKVError
+from .plan import describe_page_sizes, plan_json, plan_tiers
 from .sizes import format_size, parse_size
 from .spec import MODEL_PRESETS, model_spec
 
+#: Exit code per error class, looked up along the exception's MRO (the most specific class wins):
+#: wrong argument values are usage errors, every other library error a runtime failure.
+EXIT_CODES: dict[type[BaseException], int] = {
+    ConfigError: 2,
+    SpecError: 2,
+    TieredKVError: 1,
+    KeyboardInterrupt: 130,
+}
+BUG_EXIT_CODE = 1
 
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, with usage errors on one line like every other error (subparsers inherit it)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see '{self.prog} --help')\n")
 
 
-def _positive_int(text: str) -> int:
+# --- argument types ------------------------------------------------------------------------------
+def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -37,63 +59,181 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _add_plan(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("plan", help="bytes per token and page, and what fits in each tier")
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def positive_size(text: str) -> int:
+    """A byte size such as ``64GiB``; zero is refused (a tier of no bytes holds nothing)."""
+    try:
+        value = parse_size(text)
+    except (ConfigError, ValueError, OverflowError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"size must be > 0, got {text!r}")
+    return value
+
+
+def layer_range(text: str) -> tuple[int, int]:
+    """``START:END``, end exclusive (``0:30`` is the first 30 layers)."""
+    start, sep, end = text.partition(":")
+    try:
+        bounds = (int(start), int(end)) if sep else None
+    except ValueError:
+        bounds = None
+    if bounds is None or not 0 <= bounds[0] < bounds[1]:
+        raise argparse.ArgumentTypeError(f"expected START:END with 0 <= START < END, got {text!r}")
+    return bounds
+
+
+# --- plan ----------------------------------------------------------------------------------------
+#: Latent dtypes each model kind can store (the presets' MLA latent is bf16; MHA has no latent).
+LATENT_DTYPES = {"nsa": ("fp8", "bf16"), "mla": ("bf16",), "mha": ()}
+
+
+def register_plan(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("plan", parents=[common], help="bytes per token and page, and what fits in each tier")
     p.add_argument("--model", default="deepseek-v3.2", choices=sorted(MODEL_PRESETS), help="model preset (default deepseek-v3.2)")
-    p.add_argument("--layers", type=_positive_int, default=None, help="layers (default: the model's)")
-    p.add_argument("--page-size", type=_positive_int, default=64, help="tokens per page (default 64)")
-    p.add_argument("--latent-dtype", choices=["fp8", "bf16"], default="fp8", help="NSA latent dtype (default fp8)")
-    p.add_argument("--gpu-mem", type=_size, default=parse_size("64GiB"), metavar="SIZE", help="GPU memory for KV pages (default 64GiB)")
-    p.add_argument("--host-mem", type=_size, default=parse_size("512GiB"), metavar="SIZE", help="pinned host pool (default 512GiB)")
-    p.add_argument("--disk", type=_size, default=parse_size("4TiB"), metavar="SIZE", help="L3 capacity (default 4TiB)")
+    layers = p.add_mutually_exclusive_group()
+    layers.add_argument("--layers", type=positive_int, default=None, help="the model's first N layers (default: all)")
+    layers.add_argument("--layer-range", type=layer_range, default=None, metavar="START:END",
+                        help="the layers this cache holds, end exclusive (a pipeline stage)")
+    p.add_argument("--page-size", type=positive_int, default=64, help="tokens per page (default 64)")
+    p.add_argument("--latent-dtype", choices=["fp8", "bf16"], default=None,
+                   help="latent dtype, for models with a latent (default: fp8 for NSA, bf16 for MLA)")
+    p.add_argument("--gpu-mem", type=positive_size, default=parse_size("64GiB"), metavar="SIZE", help="GPU memory for KV pages (default 64GiB)")
+    p.add_argument("--host-mem", type=positive_size, default=parse_size("512GiB"), metavar="SIZE", help="pinned host pool (default 512GiB)")
+    p.add_argument("--disk", type=positive_size, default=parse_size("4TiB"), metavar="SIZE", help="L3 capacity (default 4TiB)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=_run_plan)
+    p.set_defaults(func=run_plan)
 
 
-def _run_plan(args: argparse.Namespace) -> int:
-    spec = model_spec(args.model, num_layers=args.layers, page_size=args.page_size, latent_dtype=args.latent_dtype)
+def _plan_spec(args: argparse.Namespace):
+    """The spec the arguments describe; ConfigError naming the argument for impossible ones."""
+    kind, model_layers, _ = MODEL_PRESETS[args.model]
+    allowed = LATENT_DTYPES[kind]
+    if args.latent_dtype is not None and args.latent_dtype not in allowed:
+        has = f"stores its latent only as {', '.join(allowed)}" if allowed else "has no latent (separate k and v)"
+        raise ConfigError(f"--latent-dtype {args.latent_dtype}: {args.model} ({kind}) {has}")
+    if args.layers is not None and args.layers > model_layers:
+        raise ConfigError(f"--layers {args.layers}: {args.model} has {model_layers} layers")
+    bounds = args.layer_range or (0, args.layers or model_layers)
+    if bounds[1] > model_layers:
+        raise ConfigError(f"--layer-range {bounds[0]}:{bounds[1]}: {args.model} has layers 0..{model_layers - 1}"
+                          f" (END is exclusive, at most {model_layers})")
+    # Only NSA presets read latent_dtype (MLA's is fixed at bf16, MHA has none): fp8 is NSA's default.
+    return model_spec(args.model, page_size=args.page_size, latent_dtype=args.latent_dtype or "fp8", layer_range=bounds)
+
+
+_TIER_ARGUMENT = {"gpu": "--gpu-mem", "host": "--host-mem", "disk": "--disk"}
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    spec = _plan_spec(args)
     tiers = plan_tiers(spec, gpu_bytes=args.gpu_mem, host_bytes=args.host_mem, disk_bytes=args.disk)
+    for t in tiers:
+        if t.pages == 0:
+            raise ConfigError(f"{_TIER_ARGUMENT[t.name]} {format_size(t.capacity_bytes)}: holds no page of "
+                              f"{t.bytes_per_page:,} B ({args.model}, page size {spec.page_size})")
     if args.json:
         print(json.dumps(plan_json(spec, tiers, args.model)))
         return 0
-    print(f"model         {args.model}: {spec.describe()}")
-    print(f"per token     {spec.bytes_per_token} B")
-    print(f"per page      {spec.page_bytes} B ({format_size(spec.page_bytes)}), stored {tiers[1].bytes_per_page} B")
+    parts = ", ".join(f"{c.name} {c.bytes_per_layer:,} B" for c in spec.components)
+    print(f"model         {args.model}: {spec.kind}, layers [{spec.layer_start}, {spec.layer_end}), "
+          f"{spec.page_size} tokens a page; per layer of a page: {parts}")
+    print(f"per token     {spec.bytes_per_token:,} B")
+    print(f"per page      {describe_page_sizes(spec)}")
     print()
-    print(f"{'tier':<6}{'capacity':>14}{'pages':>14}{'tokens':>16}")
+    print(f"{'tier':<6}{'capacity':>14}{'B per page':>14}{'pages':>14}{'tokens':>16}")
     for t in tiers:
-        print(f"{t.name:<6}{format_size(t.capacity_bytes):>14}{t.pages:>14,}{t.tokens(spec.page_size):>16,}")
+        print(f"{t.name:<6}{format_size(t.capacity_bytes):>14}{t.bytes_per_page:>14,}{t.pages:>14,}{t.tokens(spec.page_size):>16,}")
+    print("(gpu: page payloads; host and disk: padded slots of one stored record each, as the host pool and the file\n"
+          " backend hold them; Redis and Mooncake keep records unpadded, so they fit a few more)")
     return 0
 
 
-def _add_bench(sub: argparse._SubParsersAction) -> None:
-    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
-    storage = bench.add_parser("storage", help="put/get throughput of an L3 backend against its medium's ceiling")
-    try:
-        from . import storage_bench
-    except ImportError:  # the benchmark module is optional until it lands
-        storage.set_defaults(func=lambda args: (print("storage benchmark not available", file=sys.stderr), 1)[1])
-        return
+# --- bench ---------------------------------------------------------------------------------------
+def _register_bench_storage(bench: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    from . import storage_bench
+
+    storage = bench.add_parser("storage", parents=[common],
+                               help="put/get throughput of an L3 backend against its medium's ceiling")
     storage_bench.add_arguments(storage)
     storage.set_defaults(func=storage_bench.run)
 
 
+#: ``tiered-kv bench`` subcommands: name -> function adding its parser.
+BENCHES: dict[str, Callable[[argparse._SubParsersAction, argparse.ArgumentParser], None]] = {
+    "storage": _register_bench_storage,
+}
+
+
+def register_bench(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    bench = sub.add_parser("bench", parents=[common], help="benchmarks").add_subparsers(
+        dest="bench", required=True, metavar="{" + ",".join(BENCHES) + "}")
+    for register in BENCHES.values():
+        register(bench, common)
+
+
+# --- the command line ----------------------------------------------------------------------------
+#: Top-level subcommands: name -> function adding its parser (the name is for readers and tests;
+#: each function names its own parser).
+COMMANDS: dict[str, Callable[[argparse._SubParsersAction, argparse.ArgumentParser], None]] = {
+    "plan": register_plan,
+    "bench": register_bench,
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tiered-kv", description="A three-tier KV cache for LLM serving engines.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    _add_plan(sub)
-    _add_bench(sub)
+    parser = ArgumentParser(prog="tiered-kv", description="A three-tier KV cache for LLM serving engines.",
+                                     epilog="exit codes: 0 ok, 1 failure while running, 2 bad usage or argument values")
+    parser.add_argument("--version", action="version", version=f"tiered-kv {__version__}")
+    parser.add_argument("--debug", action="store_true", help="print the traceback of an error")
+    # Also accepted after the subcommand; SUPPRESS keeps a subparser from resetting the top-level value.
+    common = ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="print the traceback of an error")
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
+    for register in COMMANDS.values():
+        register(sub, common)
     return parser
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+def _exit_code(exc: BaseException) -> int | None:
+    return next((EXIT_CODES[cls] for cls in type(exc).__mro__ if cls in EXIT_CODES), None)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
     try:
         return args.func(args)
-    except (ConfigError, SpecError) as exc:
-        print(f"tiered-kv: error: {exc}", file=sys.stderr)
-        return 2
+    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - the one place that turns errors into exit codes
+        code = _exit_code(exc)
+        if args.debug:
+            traceback.print_exc()
+        if isinstance(exc, KeyboardInterrupt):
+            print("tiered-kv: interrupted", file=sys.stderr)
+        elif code is None:
+            # Not one of the library's errors: a bug. Still one line; the traceback is one flag away.
+            print(f"tiered-kv: internal error: {type(exc).__name__}: {_one_line(exc)} (a bug; rerun with --debug "
+                  f"for the traceback)", file=sys.stderr)
+        else:
+            print(f"tiered-kv: error: {_one_line(exc)}", file=sys.stderr)
+        return BUG_EXIT_CODE if code is None else code
 
 
 if __name__ == "__main__":

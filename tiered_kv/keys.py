@@ -133,11 +133,15 @@ def _token_array(token_ids: Any) -> np.ndarray:
     else:
         if isinstance(token_ids, (str, bytes)):
             raise IndexValidationError("token_ids must be a sequence of ints, not a str/bytes")
+        # asarray, not fromiter(int64): fromiter truncates floats (1.5 -> 1) and takes bools as
+        # 0/1 silently, which would give a wrong prompt a valid key; asarray keeps their dtype.
         try:
-            arr = np.fromiter(token_ids, dtype=np.int64)
+            arr = np.asarray(token_ids)
         except (TypeError, ValueError, OverflowError):
             arr = None
-        if arr is None:
+        if arr is not None and arr.size == 0 and arr.ndim == 1:
+            arr = arr.astype(np.int64)  # [] is float64 to numpy: an empty prompt, no keys
+        if arr is None or arr.dtype.kind not in "iu" or arr.ndim != 1:
             for i, t in enumerate(token_ids):
                 if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t <= _TOKEN_MAX:
                     raise IndexValidationError(f"token_ids[{i}] must be an int in 0..{_TOKEN_MAX}, got {t!r}")

@@ -1,0 +1,140 @@
+"""Shared pieces of the hierarchy tests: a small NSA spec, real L3 servers, and a whole stack.
+
+``Stack`` wires the pieces as an engine would (an engine-like device pool for L1, a HostPool for
+L2, an ``L3Controller`` over a real backend, the ``CacheManager`` and the ``TransferHalf``, driven
+by an ``L1PrefixCache`` whose prefill writes oracle bytes and whose loads are checked byte for
+byte). ``Stack.close()`` closes everything and asserts what every test of the hierarchy must end
+with: every host slot free and no task left on the controller's loop.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tiered_kv import HostPool, allocate_engine_like, nsa_spec
+from tiered_kv.backends import open_backend
+from tiered_kv.hierarchy import CacheManager, ControllerLimits, L1PrefixCache, L3Controller, Policies, TransferHalf
+from tiered_kv.hierarchy.oracle import fill_pages, verify_pages
+from tiered_kv.keys import Namespace, page_keys
+
+from ..backends.mooncake_server import LOOPBACK_ENV, MooncakeMaster
+from ..backends.redis_server import REDIS_SERVER, RedisServer
+
+PAGE = 16
+SPEC = nsa_spec(num_layers=2, page_size=PAGE, latent_dtype="fp8")
+NS = Namespace.for_spec(SPEC, "tests/hierarchy")
+
+
+def keys_of(tokens: Any, ns: Namespace = NS) -> list[str]:
+    return page_keys(ns, tokens)
+
+
+def prompts(seed: int, pages: Sequence[int], shared: int = 0) -> list[np.ndarray]:
+    """Token prompts of ``pages[i]`` full pages; the first ``shared`` pages are common to all."""
+    rng = np.random.default_rng(seed)
+    head = rng.integers(0, 50_000, shared * PAGE)
+    return [np.concatenate([head, rng.integers(0, 50_000, (n - shared) * PAGE)]) for n in pages]
+
+
+def assert_clean(host: Any, controller: L3Controller | None) -> None:
+    """The end of every hierarchy test: nothing held, nothing running."""
+    host.reap()
+    free = host.free_slots if hasattr(host, "free_slots") else host.free_count
+    assert free == host.num_slots, f"{host.num_slots - free} host slots still held after close"
+    if controller is not None:
+        assert controller.closed
+        assert controller.pending_tasks() == 0
+
+
+@dataclass
+class Stack:
+    """One cache: L1 over an engine-like pool, L2 over a HostPool, L3 through a controller."""
+
+    host: HostPool
+    controller: L3Controller | None
+    manager: CacheManager
+    l1: L1PrefixCache
+    device: Any
+    served: list = field(default_factory=list)
+
+    def serve(self, request_id: Any, keys: list[str], *, timeout_s: float = 20.0):
+        """One request through lookup / start / (wait for the prefetch) / run; asserts its bytes."""
+        deadline = time.monotonic() + timeout_s
+        while (match := self.l1.lookup(request_id, keys)) is None:
+            assert time.monotonic() < deadline, "lookup never decided"
+            time.sleep(0.0005)
+        self.l1.start(request_id)
+        while not self.manager.prefetch_done(request_id):
+            assert time.monotonic() < deadline, "prefetch never finished"
+            time.sleep(0.0005)
+        served = self.l1.run(request_id)
+        assert served.wrong_pages == 0, f"{served.wrong_pages} wrong pages served"
+        assert served.verified_pages == served.l2_pages + served.l3_pages
+        self.served.append((match, served))
+        return match, served
+
+    def settle(self) -> None:
+        """Let stores land on L2 and puts on L3."""
+        self.l1.poll()
+        assert self.manager.wait_idle(30)
+        self.l1.poll()
+
+    def close(self) -> None:
+        self.l1.close()
+        assert_clean(self.host, self.controller)
+
+
+def make_stack(l3_url: str | None, *, host_slots: int = 64, l1_pages: int = 32,
+               policies: Policies = Policies(), limits: ControllerLimits = ControllerLimits(),
+               max_prefetch_slots: int | None = None, agree: Callable[[int], int] | None = None,
+               open_options: dict | None = None, spec: Any = SPEC) -> Stack:
+    host = HostPool(spec, host_slots)
+    controller = None
+    if l3_url is not None:
+        options = open_options or {}
+        controller = L3Controller(lambda: open_backend(l3_url, host, **options), record_bytes=host.record_bytes,
+                                  limits=limits)
+    manager = CacheManager(host, page_size=spec.page_size, policies=policies, l3=controller, agree=agree,
+                           max_prefetch_slots=max_prefetch_slots)
+    device = allocate_engine_like(spec, l1_pages + 1)
+    worker = TransferHalf(device, host)
+    l1 = L1PrefixCache(device.num_pages, manager, worker, reserved=device.reserved_pages,
+                       fill=lambda k, p: fill_pages(device, k, p), verify=lambda k, p: verify_pages(device, k, p))
+    return Stack(host, controller, manager, l1, device)
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    if REDIS_SERVER is None:
+        pytest.skip("redis-server is not installed")
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def mooncake_master():
+    import importlib.util
+
+    if importlib.util.find_spec("mooncake") is None:
+        pytest.skip("the mooncake module is not installed")
+    saved = {k: os.environ.get(k) for k in LOOPBACK_ENV}
+    os.environ.update(LOOPBACK_ENV)
+    master = MooncakeMaster().start()
+    yield master
+    master.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def mooncake_url(master: MooncakeMaster, segment: str = "64MiB") -> str:
+    return master.url(global_segment_bytes=segment, timeout_s=10)

@@ -1,0 +1,300 @@
+"""The index and the policies, one rule at a time: eviction, write policies, admission,
+minimum hit length, the prefetch timeout formula and the ranks' agree hook."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tiered_kv import HostPool
+from tiered_kv.errors import ConfigError, PoolError, PoolExhaustedError
+from tiered_kv.hierarchy import (AgreeTimeout, CacheManager, L3Controller, PageIndex, Policies, PrefetchPolicy,
+                                 PrefetchTimeout, WritePolicy)
+from tiered_kv.backends import open_backend
+from tiered_kv.slot_allocator import SlotAllocator
+
+from .conftest import PAGE, SPEC, assert_clean, keys_of, prompts
+
+
+class Flag:
+    """A completion whose ``done()`` the test toggles: a copy still in flight, then finished."""
+
+    def __init__(self) -> None:
+        self.is_done = False
+
+    def done(self) -> bool:
+        return self.is_done
+
+
+KEYS = keys_of(prompts(1, [12])[0])
+
+
+def resident(index: PageIndex, keys, completion=None) -> list[int]:
+    slots = index.allocator.allocate(len(keys))
+    for k, s in zip(keys, slots):
+        index.begin_store(k, s)
+        index.finish_store(k, True, completion)
+    return slots
+
+
+# --- the index -------------------------------------------------------------------------------
+def test_eviction_skips_locked_and_in_flight_pages_lru_first():
+    alloc = SlotAllocator(4)
+    index = PageIndex(alloc)
+    slots = resident(index, KEYS[:4])
+    index.lock([KEYS[0]])
+    index.begin_l3_put([KEYS[1]])
+    index.touch([KEYS[2]])  # KEYS[3] is now the least recently used of the evictable ones
+    ev = index.evict(1)
+    assert ev.freed == 1 and ev.copy_down == []
+    assert not index.is_resident(KEYS[3]) and alloc.free_count == 1
+    ev = index.evict(3)  # only KEYS[2] may go: 0 is locked, 1 has a put in flight
+    assert ev.freed == 1 and alloc.free_count == 2
+    assert index.is_resident(KEYS[0]) and index.is_resident(KEYS[1])
+    with pytest.raises(PoolError, match="cannot leave L2"):
+        index.drop_l2(KEYS[0])
+    index.unlock([KEYS[0]])
+    index.finish_l3_put([KEYS[1]], [True])
+    assert index.entry(KEYS[1]).on_l3
+    assert index.evict(4).freed == 2 and alloc.free_count == 4
+    assert slots and index.resident_count == 0
+
+
+def test_a_slot_comes_back_only_once_its_copies_completed():
+    alloc = SlotAllocator(2)
+    index = PageIndex(alloc)
+    store_copy = Flag()
+    (slot_a,) = resident(index, KEYS[:1], store_copy)
+    (slot_b,) = resident(index, KEYS[1:2])
+    load_copy = Flag()
+    index.lock([KEYS[1]])
+    index.unlock([KEYS[1]], load_copy)  # a load L2 -> L1 still reads slot_b
+    index.evict(2)
+    assert index.resident_count == 0  # both left the index...
+    assert alloc.free_count == 0  # ...but neither slot may be reused yet
+    assert alloc.pending_count == 2
+    with pytest.raises(PoolExhaustedError, match="waiting for their transfers"):
+        alloc.allocate(1)
+    store_copy.is_done = True
+    alloc.reap()
+    assert alloc.free_count == 1 and alloc.pending_count == 1
+    assert alloc.allocate(1) == [slot_a]  # the one whose copy completed, not slot_b
+    alloc.free([slot_a])
+    load_copy.is_done = True
+    alloc.reap()
+    assert alloc.free_count == 2
+
+
+def test_failed_store_never_matches_and_lock_needs_residency():
+    alloc = SlotAllocator(2)
+    index = PageIndex(alloc)
+    (slot,) = alloc.allocate(1)
+    index.begin_store(KEYS[0], slot)
+    assert index.l2_run(KEYS) == 0  # storing is not a hit
+    with pytest.raises(PoolError, match="not resident"):
+        index.lock([KEYS[0]])
+    assert index.finish_store(KEYS[0], False) == slot
+    assert index.entry(KEYS[0]) is None
+    with pytest.raises(PoolError, match="no store in progress"):
+        index.finish_store(KEYS[0], True)
+    alloc.free([slot])
+    assert alloc.free_count == 2
+
+
+def test_failed_l3_put_never_reads_as_present():
+    index = PageIndex(SlotAllocator(3))
+    resident(index, KEYS[:3])
+    index.begin_l3_put(KEYS[:3])
+    index.finish_l3_put(KEYS[:3], [True, False, True])
+    assert [index.entry(k).on_l3 for k in KEYS[:3]] == [True, False, True]
+    index.mark_l3_missing(KEYS[:1])
+    assert not index.entry(KEYS[0]).on_l3
+
+
+def test_write_back_copies_the_last_copy_down_before_it_goes():
+    index = PageIndex(SlotAllocator(3))
+    resident(index, KEYS[:3])
+    index.entry(KEYS[1]).on_l3 = True  # already on L3: may simply go
+    ev = index.evict(1, copy_down_allowed=lambda e: True)
+    assert ev.copy_down == [KEYS[0]] and ev.freed == 1
+    assert index.is_resident(KEYS[0]) and not index.is_resident(KEYS[1])
+
+
+# --- the manager's policies (a real memory:// L3) --------------------------------------------
+class Cache:
+    """A manager over a HostPool and a memory:// L3; stores land with sealed records."""
+
+    def __init__(self, policies: Policies, slots: int = 8, **kw) -> None:
+        self.host = HostPool(SPEC, slots)
+        self.l3 = L3Controller(lambda: open_backend("memory://", self.host), record_bytes=self.host.record_bytes)
+        self.mgr = CacheManager(self.host, page_size=PAGE, policies=policies, l3=self.l3, **kw)
+
+    def store(self, plan) -> None:
+        for k, s in zip(plan.keys, plan.slots):
+            self.host.seal(s, k)
+        self.mgr.complete_store(plan, True)
+
+    def on_l3(self, keys) -> list[bool]:
+        assert self.mgr.wait_idle(10)
+        return [bool(self.mgr.index.entry(k) and self.mgr.index.entry(k).on_l3) for k in keys]
+
+    def close(self) -> None:
+        self.mgr.close()
+        assert_clean(self.host, self.l3)
+
+
+def test_write_back_puts_evicted_pages_on_l3_and_frees_them_afterwards():
+    c = Cache(Policies(write=WritePolicy.WRITE_BACK), slots=4)
+    try:
+        assert c.mgr.on_l1_inserted(KEYS[:4]) is None  # write_back waits for the L1 eviction
+        c.store(c.mgr.on_l1_evicting(KEYS[:4]))
+        assert c.on_l3(KEYS[:4]) == [False] * 4  # sealed on L2; write_back does not copy down yet
+        plan = c.mgr.prepare_store(KEYS[4:6])  # L2 is full: its last copies must go down first
+        assert len(plan) == 0
+        assert all(c.mgr.index.entry(k).l3_put_in_flight for k in KEYS[:4])  # all kept, copies going down
+        assert c.on_l3(KEYS[:4]) == [True] * 4
+        assert all(c.mgr.index.is_resident(k) for k in KEYS[:4])
+        plan = c.mgr.prepare_store(KEYS[4:6])  # now on L3, they may leave L2
+        assert len(plan) == 2 and not c.mgr.index.is_resident(KEYS[0])
+        c.store(plan)
+    finally:
+        c.close()
+
+
+def test_write_through_selective_stores_after_n_hits():
+    c = Cache(Policies(write=WritePolicy.WRITE_THROUGH_SELECTIVE, selective_hits=3))
+    try:
+        assert c.mgr.on_l1_inserted(KEYS[:2]) is None
+        assert c.mgr.on_l1_hit(KEYS[:2]) is None
+        assert c.mgr.on_l1_hit(KEYS[1:2]) is None  # KEYS[1]: 2 hits, KEYS[0]: 1
+        plan = c.mgr.on_l1_hit([KEYS[0], KEYS[1]])  # KEYS[1] reaches 3
+        assert plan.keys == [KEYS[1]] and plan.positions == [1]
+        c.store(plan)
+        assert c.mgr.index.is_resident(KEYS[1]) and not c.mgr.index.is_resident(KEYS[0])
+    finally:
+        c.close()
+
+
+def test_l3_admission_after_n_hits():
+    c = Cache(Policies(l3_admission_hits=2))
+    try:
+        c.store(c.mgr.on_l1_inserted(KEYS[:2]))
+        assert c.on_l3(KEYS[:2]) == [False, False]  # sealed on L2, not hit yet: not admitted
+        c.mgr.on_l1_hit(KEYS[:2])
+        assert c.on_l3(KEYS[:2]) == [False, False]
+        c.mgr.on_l1_hit(KEYS[:1])
+        assert c.on_l3(KEYS[:2]) == [True, False]
+        assert c.l3.stats.pages_written == 1
+    finally:
+        c.close()
+
+
+def test_a_non_writer_rank_never_puts():
+    c = Cache(Policies(l3_writer=False))
+    try:
+        c.store(c.mgr.on_l1_inserted(KEYS[:3]))
+        c.mgr.on_l1_hit(KEYS[:3])
+        assert c.on_l3(KEYS[:3]) == [False] * 3 and c.l3.stats.writes_started == 0
+    finally:
+        c.close()
+
+
+def lookup(mgr, rid, keys, l1=0):
+    for _ in range(20_000):
+        m = mgr.lookup(rid, keys, l1)
+        if m is not None:
+            return m
+        import time
+        time.sleep(0.0005)
+    raise AssertionError("lookup never decided")
+
+
+def test_min_hit_tokens():
+    c = Cache(Policies(min_hit_tokens=3 * PAGE))
+    try:
+        c.store(c.mgr.on_l1_inserted(KEYS[:3]))
+        m = lookup(c.mgr, "a", KEYS[:2] + ["f" * 32])
+        assert (m.l2_pages, m.l3_pages) == (0, 0) and c.mgr.stats.below_min_hit == 1
+        m = lookup(c.mgr, "b", KEYS[:4])
+        assert (m.l2_pages, m.l3_pages) == (3, 0)
+        m = lookup(c.mgr, "c", KEYS[:4], l1=1)  # only what lies beyond L1 counts
+        assert (m.l1_pages, m.l2_pages) == (1, 0)
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("tokens", [0, 1000, 64_000, 10**7])
+def test_prefetch_timeout_formula(tokens):
+    t = PrefetchTimeout(base_s=0.01, per_1k_tokens_s=0.003, max_s=0.2)
+    assert t.for_tokens(tokens) == pytest.approx(min(0.2, 0.01 + 0.003 * tokens / 1000))
+    assert Policies(prefetch=PrefetchPolicy.TIMEOUT, prefetch_timeout=t).prefetch_wait_s(tokens) == t.for_tokens(tokens)
+    assert Policies(prefetch="wait_complete").prefetch_wait_s(tokens) == math.inf
+    assert Policies(prefetch="best_effort").prefetch_wait_s(tokens) == 0.0
+
+
+def test_prefetch_ready_follows_the_timeout_on_a_test_clock():
+    now = [100.0]
+    t = PrefetchTimeout(base_s=0.5, per_1k_tokens_s=1.0, max_s=10.0)
+    c = Cache(Policies(prefetch="timeout", prefetch_timeout=t), clock=lambda: now[0])
+    gate = []
+    try:
+        c.store(c.mgr.on_l1_inserted(KEYS[:2]))
+        m = lookup(c.mgr, "r", KEYS[:2])
+        c.mgr.start_prefetch("r", KEYS[:2], m)
+        # A prefetch that has not returned: hold its future open by hand
+        pending = c.mgr._prefetches["r"]
+        import concurrent.futures
+        pending.future = concurrent.futures.Future()
+        gate.append(pending.future)
+        wait = t.for_tokens(2 * PAGE)
+        assert pending.wait_s == pytest.approx(wait)
+        assert not c.mgr.prefetch_ready("r")
+        now[0] += wait * 0.9
+        assert not c.mgr.prefetch_ready("r")
+        now[0] += wait * 0.2
+        assert c.mgr.prefetch_ready("r")
+        pending.future.set_result([])
+        pending.future = None
+        c.mgr.abort("r")
+    finally:
+        c.close()
+
+
+def test_agree_takes_the_minimum_and_a_timeout_means_no_hit():
+    answers = []
+
+    def agree(n):
+        answers.append(n)
+        return min(n, 2)
+
+    c = Cache(Policies(), agree=agree)
+    try:
+        c.store(c.mgr.on_l1_inserted(KEYS[:4]))
+        m = lookup(c.mgr, "a", KEYS[:4])
+        assert answers == [4] and (m.l2_pages, m.l3_pages) == (2, 0)
+    finally:
+        c.close()
+
+    def silent(n):
+        raise AgreeTimeout("rank 1 did not answer")
+
+    c = Cache(Policies(), agree=silent)
+    try:
+        c.store(c.mgr.on_l1_inserted(KEYS[:4]))
+        m = lookup(c.mgr, "a", KEYS[:4])
+        assert (m.l2_pages, m.l3_pages) == (0, 0) and c.mgr.stats.agree_timeouts == 1
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"write": "write_sometimes"}, "write policy"), ({"prefetch": "eager"}, "prefetch policy"),
+    ({"selective_hits": 0}, "selective_hits"), ({"min_hit_tokens": -1}, "min_hit_tokens"),
+    ({"agree_deadline_s": float("nan")}, "agree_deadline_s"), ({"l3_writer": "yes"}, "l3_writer"),
+])
+def test_bad_policies_are_config_errors(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        Policies(**kw)
+    with pytest.raises(ConfigError, match="max_s"):
+        PrefetchTimeout(max_s=-1)

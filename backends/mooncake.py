@@ -25,7 +25,8 @@ What the store is, and what that means here:
 - a put of a key already present stores nothing (the store answers OK or OBJECT_ALREADY_EXISTS):
   success, as records are immutable and put-if-absent.
 - error codes: absent / evicted / not yet readable keys are misses; an object of another length
-  is a corrupt record (counted, deleted); RPC and transfer failures (master or segment holder
+  is read up to the slot (for a larger one, its size and header only) and classified by the base:
+  another spec's page is a foreign miss left in place, a damaged one is counted and deleted; RPC and transfer failures (master or segment holder
   gone) raise ``BackendUnavailableError``, anything else ``BackendError``.
 - a read takes a lease (the master's ``--default_kv_lease_ttl``, 10 s by default) that blocks plain
   removal, so deletes are forced. A reader racing a forced delete gets at worst bytes that fail
@@ -66,7 +67,8 @@ from pydantic import Field
 from ..errors import BackendError, BackendUnavailableError, ConfigError
 from ..host_pool import HostPool
 from ..sizes import MAX_SIZE
-from .base import Backend, Capabilities
+from ..record import HEADER_BYTES
+from .base import Backend, Capabilities, NotARecord, OtherLength
 from .url_options import (MAX_WORKERS, ByteSize, HostName, TimeoutSeconds, Workers, check_host, check_fields,
                           options_from_url, split_url, url_port)
 
@@ -282,26 +284,55 @@ class MooncakeBackend(Backend):
                 raise mooncake_error(code, f"batch_is_exist of {len(keys)} keys")
         return [code == 1 for code in codes]
 
-    async def _get(self, keys: list[str], slots: list[int]) -> list[bool]:
+    async def _get(self, keys: list[str], slots: list[int]) -> list[bool | OtherLength | NotARecord]:
         size = self.pool.record_bytes
         addresses = [self.pool.slot_address(s) for s in slots]
         codes = await self.run_blocking(self._transfer, self._store.batch_get_into, keys, addresses,
                                         [size] * len(keys), hold_slots=slots)
-        found = []
-        for key, slot, code in zip(keys, slots, codes):
+        found: list[bool | OtherLength | NotARecord] = []
+        larger = []
+        for i, (key, code) in enumerate(zip(keys, codes)):
             if code == size:
                 found.append(True)
             elif code in _MISSING:
                 found.append(False)
-            elif 0 <= code < size or code == INVALID_PARAMS:
-                # A stored object of another length (shorter, or longer than the slot: the store
-                # refuses with INVALID_PARAMS) is no record of ours. Spoil the slot's magic so the
-                # base's verification counts it as corrupt and deletes it.
-                self.pool.record_view(slot)[:8] = bytes(8)
-                found.append(True)
+            elif 0 <= code < size:
+                # A shorter object (another spec's smaller page, or a broken one): its bytes landed
+                # at the slot's start; the base reads its header to tell whose it is.
+                found.append(OtherLength(code, size))
+            elif code == INVALID_PARAMS:
+                found.append(False)  # replaced below
+                larger.append(i)  # the store refuses to read an object larger than the buffer
             else:
                 raise mooncake_error(code, f"batch_get_into of key {key[:64]!r}")
+        if larger:
+            heads = await self.run_blocking(self._read_headers, [keys[i] for i in larger], [slots[i] for i in larger],
+                                            hold_slots=[slots[i] for i in larger])
+            for i, answer in zip(larger, heads):
+                found[i] = answer
         return found
+
+    def _read_headers(self, keys: list[str], slots: list[int]) -> list[bool | OtherLength | NotARecord]:
+        """For objects larger than this pool's records (another spec's bigger pages): their size,
+        and their header read into the slot, so the base can tell another reader's page (left in
+        place) from a damaged one of ours. Blocking."""
+        size = self.pool.record_bytes
+        answers: list[bool | OtherLength | NotARecord] = []
+        for key, slot in zip(keys, slots):
+            length = self._store.get_size(key)
+            if length in _MISSING:
+                answers.append(False)  # gone since the get
+                continue
+            if length < 0 or length <= size:
+                raise mooncake_error(INVALID_PARAMS if length >= 0 else length, f"batch_get_into of key {key[:64]!r}")
+            [[[got]]] = self._store.get_into_ranges([self.pool.slot_address(slot)], [[key]], [[[0]]], [[[0]]],
+                                                    [[[HEADER_BYTES]]])
+            if got == HEADER_BYTES:
+                answers.append(OtherLength(length, size))
+            else:  # cannot tell whose it is: never a hit, and not ours to delete
+                answers.append(NotARecord(f"object of {length} B, larger than the slot ({size} B), header "
+                                          f"unreadable ({code_name(got) if got < 0 else f'{got} B'})"))
+        return answers
 
     async def _put(self, keys: list[str], slots: list[int]) -> list[bool]:
         size = self.pool.record_bytes

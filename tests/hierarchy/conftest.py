@@ -138,3 +138,55 @@ def mooncake_master():
 
 def mooncake_url(master: MooncakeMaster, segment: str = "64MiB") -> str:
     return master.url(global_segment_bytes=segment, timeout_s=10)
+
+
+@pytest.fixture(scope="session")
+def mooncake_store(mooncake_master):
+    """The master plus a segment holder process, so pages outlive the clients that wrote them;
+    returns the URL of a pure client (contributes nothing)."""
+    from ..backends.mooncake_server import segment_holder
+
+    with segment_holder(mooncake_master, "128MiB"):
+        yield mooncake_master.url(contribute_segment=False, timeout_s=10)
+
+
+@pytest.fixture(params=["file", "redis", "mooncake"])
+def l3_kind(request):
+    return request.param
+
+
+@pytest.fixture
+def l3_opener(l3_kind, request, tmp_path):
+    """``(url, open_options)`` of a fresh, empty L3 medium of ``l3_kind``; two caches opened with
+    the same pair share it."""
+    import secrets
+
+    if l3_kind == "file":
+        return f"file://{tmp_path / 'l3'}", {}
+    if l3_kind == "redis":
+        server = request.getfixturevalue("redis_server")
+        return server.url, {"prefix": f"t{secrets.token_hex(4)}:"}
+    url = request.getfixturevalue("mooncake_store")
+    return url, {}
+
+
+class LoopThread:
+    """An asyncio loop in a thread, for helpers that are coroutines (the delaying proxy)."""
+
+    def __init__(self) -> None:
+        import asyncio
+        import threading
+
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro, timeout_s: float = 30.0):
+        import asyncio
+
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from . import __version__
 from .errors import ConfigError, SpecError, TieredKVError
 from .plan import describe_page_sizes, plan_json, plan_tiers
+from .replay import cli as replay_cli
 from .sizes import format_size, parse_size
 from .spec import MODEL_PRESETS, model_spec
 
@@ -187,6 +188,7 @@ def register_bench(sub: argparse._SubParsersAction, common: argparse.ArgumentPar
 COMMANDS: dict[str, Callable[[argparse._SubParsersAction, argparse.ArgumentParser], None]] = {
     "plan": register_plan,
     "bench": register_bench,
+    "replay": replay_cli.register,
 }
 
 

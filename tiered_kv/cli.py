@@ -5,8 +5,10 @@
                    [--latent-dtype fp8|bf16] [--gpu-mem SIZE] [--host-mem SIZE] [--disk SIZE] [--json]
     tiered-kv bench storage --backend URL [--pages N] [--batch N] [--json]
 
-Subcommands are registered from ``COMMANDS`` (name -> a function that adds its parser); a new one
-is one entry there and one small function or module with ``register(subparsers)``.
+Subcommands are registered from ``COMMANDS`` (name -> ``register(subparsers, common)``, which adds
+the command's parser with ``parents=[common]``, for ``--debug``, and sets ``func``: a function of the
+parsed arguments returning the exit code). A new command is one entry there and one small function
+or module; it raises the library's errors and leaves exit codes and messages to ``main``.
 
 Exit codes: 0 success; 2 bad usage (argparse's convention) and bad argument values (the library's
 ``ConfigError`` / ``SpecError``: malformed sizes, impossible plans, bad URLs); 1 a failure while

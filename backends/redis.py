@@ -32,8 +32,12 @@ How it talks to the server:
 
 Semantics: put is ``SET key value NX [PX ttl]`` (a present key is success). A put refused for memory
 (``-OOM``, maxmemory reached under ``noeviction``) returns False for that key, not an exception.
-A stored value of the wrong length is reported to the base class as an unverifiable record (counted
-as corrupt, deleted, a miss). Connection errors -> ``BackendUnavailableError``; timeouts ->
+A stored value of another length lands as far as the slot reaches and goes to the base as such:
+another spec's page is a foreign miss left in place, a damaged one is counted, deleted, a miss.
+A key of another Redis type under the prefix (a list, a hash: someone else's) is absent for
+``exists`` and a counted foreign miss for gets (``stats.foreign``), never an error of the batch.
+At the first request the backend reads ``CONFIG GET maxmemory*`` once and logs one warning when
+the server has no ``maxmemory`` or runs ``noeviction`` (see below); a refused CONFIG is skipped. Connection errors -> ``BackendUnavailableError``; timeouts ->
 ``BackendTimeoutError``; other server errors -> ``BackendError``; a server that rejects our config
 (wrong password, db index out of range) -> ``ConfigError``.
 
@@ -63,18 +67,25 @@ Server settings it needs:
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
 from ..errors import BackendError, BackendTimeoutError, BackendUnavailableError, ConfigError
 from ..host_pool import HostPool
-from ..record import HEADER_BYTES
-from .base import Backend, Capabilities, all_or_nothing
+from .base import Backend, Capabilities, NotARecord, OtherLength, all_or_nothing
 from .redis_options import RedisOptions, parse_redis_url
 from .resp import RespConnection, RespError, encode_command
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+_WRONG_TYPE = -2  # a GET's answer for a key holding another Redis type
+_NOT_A_STRING = NotARecord("the key holds a Redis value of another type (not a string): someone else's")
+
+
+def _text(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 # --- mapping dependency errors ------------------------------------------------------------------
@@ -85,6 +96,10 @@ def _config_problem(message: str) -> bool:
 
 def _is_oom(message: str) -> bool:
     return message.startswith("OOM")
+
+
+def _is_wrong_type(message: str) -> bool:
+    return message.startswith("WRONGTYPE")
 
 
 class RedisBackend(Backend):
@@ -102,6 +117,7 @@ class RedisBackend(Backend):
         self._gate = asyncio.Semaphore(options.max_in_flight)
         self._idle: list[RespConnection] = []
         self._client = redis.asyncio.Redis.from_pool(self._redis_py_pool(options))  # owns and closes the pool
+        self._server_checked = False
 
     @staticmethod
     def _redis_py_pool(options: RedisOptions):
@@ -265,54 +281,97 @@ class RedisBackend(Backend):
         async with self._gate:
             return await self._mapped(what, call)
 
+    async def _check_server_once(self) -> None:
+        """Before the first request: one warning when the server's memory is unbounded
+        (``maxmemory 0``) or it never evicts (``noeviction``); it then grows until it refuses
+        every write. Quietly nothing when CONFIG is refused (managed servers, ACLs) or fails: the
+        request itself reports an unreachable server."""
+        if self._server_checked:
+            return
+        self._server_checked = True  # first, so concurrent first requests check once
+        import redis.exceptions as rex
+
+        try:
+            async with self._gate, asyncio.timeout(self.options.socket_timeout_s):  # one of max_in_flight
+                raw = await self._client.config_get("maxmemory*")
+        except (rex.RedisError, OSError, TimeoutError):
+            return
+        config = {_text(k): _text(v) for k, v in raw.items()}
+        maxmemory, policy = config.get("maxmemory"), config.get("maxmemory-policy")
+        problems = []
+        if maxmemory == "0":
+            problems.append("maxmemory 0 (no bound)")
+        if policy == "noeviction":
+            problems.append("maxmemory-policy noeviction")
+        if problems:
+            log.warning("redis at %s runs with %s: it keeps every page until it refuses writes or the host runs "
+                        "out of memory; set maxmemory and maxmemory-policy allkeys-lru for a cache",
+                        self.options.address, " and ".join(problems))
+
     # --- primitives -------------------------------------------------------------------------
     async def _exists(self, keys: list[str]) -> list[bool]:
+        await self._check_server_once()
+
         async def run() -> list[bool]:
+            # TYPE, not EXISTS: a key of another Redis type is no page of ours.
             async with self._client.pipeline(transaction=False) as pipe:
                 for k in keys:
-                    pipe.exists(self._key(k))
-                return [bool(n) for n in await pipe.execute()]
-        return await self._py("EXISTS", run)
+                    pipe.type(self._key(k))
+                return [_text(t) == "string" for t in await pipe.execute()]
+        return await self._py("TYPE", run)
 
     async def _delete(self, keys: list[str]) -> None:
+        await self._check_server_once()
         await self._py("DEL", lambda: self._client.delete(*(self._key(k) for k in keys)))
 
-    async def _get(self, keys: list[str], slots: list[int]) -> list[bool]:
+    async def _get(self, keys: list[str], slots: list[int]) -> list[bool | OtherLength | NotARecord]:
+        await self._check_server_once()
         fetch = self._get_zero_copy if self.options.zero_copy else self._get_copying
         return await all_or_nothing(fetch(k, s) for k, s in zip(keys, slots))
 
     async def _put(self, keys: list[str], slots: list[int]) -> list[bool]:
+        await self._check_server_once()
         store = self._put_zero_copy if self.options.zero_copy else self._put_copying
         return await all_or_nothing(store(k, s) for k, s in zip(keys, slots))
 
-    def _poison(self, slot: int) -> bool:
-        """A value of the wrong length: make the slot fail verification, so the base class counts
-        it as corrupt and deletes it. (Stale bytes from an earlier page must not pass as a hit.)"""
-        self.pool.record_view(slot)[:HEADER_BYTES] = bytes(HEADER_BYTES)
-        return True
-
-    async def _get_zero_copy(self, key: str, slot: int) -> bool:
+    async def _get_zero_copy(self, key: str, slot: int) -> bool | OtherLength | NotARecord:
         view = self.pool.record_view(slot)
         command = encode_command(b"GET", self._key(key))
 
         async def request(conn: RespConnection) -> int:
             await conn.send(command)
-            return await conn.read_bulk_into(view)
+            try:
+                return await conn.read_bulk_into(view)
+            except RespError as exc:
+                if _is_wrong_type(str(exc)):
+                    return _WRONG_TYPE  # the whole error line was read: the connection stays good
+                raise
 
         length = await self._raw("GET", request)
+        if length == _WRONG_TYPE:
+            return _NOT_A_STRING
         if length < 0:
             return False
-        return True if length == len(view) else self._poison(slot)
+        return True if length == len(view) else OtherLength(length, len(view))
 
-    async def _get_copying(self, key: str, slot: int) -> bool:
-        value = await self._py("GET", lambda: self._client.get(self._key(key)))
-        if value is None:
-            return False
+    async def _get_copying(self, key: str, slot: int) -> bool | OtherLength | NotARecord:
+        import redis.exceptions as rex
+
+        async def run() -> bytes | None | NotARecord:
+            try:
+                return await self._client.get(self._key(key))
+            except rex.ResponseError as exc:
+                if _is_wrong_type(str(exc)):
+                    return _NOT_A_STRING
+                raise
+
+        value = await self._py("GET", run)
+        if value is None or isinstance(value, NotARecord):
+            return False if value is None else value
         view = self.pool.record_view(slot)
-        if len(value) != len(view):
-            return self._poison(slot)
-        view[:] = value
-        return True
+        n = min(len(value), len(view))
+        view[:n] = value[:n]
+        return True if len(value) == len(view) else OtherLength(len(value), len(view))
 
     def _set_args(self) -> list[bytes]:
         return [b"NX", b"PX", str(self.options.ttl_ms).encode()] if self.options.ttl_ms else [b"NX"]

@@ -137,8 +137,9 @@ class RespConnection:
     async def read_bulk_into(self, view: memoryview) -> int:
         """Receive a bulk reply straight into ``view``; returns its length, -1 for nil.
 
-        A value whose length differs from ``len(view)`` is consumed and discarded (its length is
-        returned, so the caller can tell); the view is then left as it was or partly written.
+        A value of another length than ``len(view)`` lands as far as the view reaches (its first
+        bytes: a page record's header, so the caller can tell whose it is) and the rest is consumed
+        and discarded; its length is returned, so the caller can tell.
         """
         line = await self._line()
         if line[:1] == b"-":
@@ -148,20 +149,24 @@ class RespConnection:
         length = int(line[1:])
         if length < 0:
             return -1
-        if length != len(view):
-            await self._discard(length + 2)
-            return length
-        have = min(length, len(self._buf))
+        take = min(length, len(view))
+        await self._recv_into(view[:take])
+        if take < length:
+            await self._discard(length - take)
+        if await self._exact(2) != b"\r\n":
+            raise RespError("protocol: bulk value not terminated by CRLF")
+        return length
+
+    async def _recv_into(self, view: memoryview) -> None:
+        """Fill ``view`` exactly: first from what is buffered, then straight from the socket."""
+        have = min(len(view), len(self._buf))
         view[:have] = self._buf[:have]
         del self._buf[:have]
-        while have < length:
+        while have < len(view):
             n = await self.loop.sock_recv_into(self.sock, view[have:])
             if n == 0:
                 raise ConnectionResetError(errno.ECONNRESET, "redis closed the connection mid-value")
             have += n
-        if await self._exact(2) != b"\r\n":
-            raise RespError("protocol: bulk value not terminated by CRLF")
-        return length
 
     async def _discard(self, n: int) -> None:
         take = min(n, len(self._buf))

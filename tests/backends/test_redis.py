@@ -25,7 +25,7 @@ from tiered_kv.backends import open_backend
 from tiered_kv.backends.redis import RedisBackend
 from tiered_kv.errors import BackendError, BackendTimeoutError, BackendUnavailableError, ConfigError
 
-from .contract import SPEC, BackendContract, assert_round_trip, fill_and_seal, new_keys
+from .contract import SPEC, BackendContract, assert_round_trip, assert_settled, fill_and_seal, new_keys
 from .redis_server import REDIS_SERVER, DelayProxy, RedisServer
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")
@@ -62,8 +62,9 @@ class TestRedisContract(BackendContract):
             yield backend
 
     @pytest.fixture
-    def same_medium(self, server, prefix):
-        return lambda pool: open_backend(server.url, pool, prefix=prefix)
+    def same_medium(self, server, prefix, backend):
+        # The reader takes the writer's path (zero-copy or through redis-py), so both are covered.
+        return lambda pool: open_backend(server.url, pool, prefix=prefix, zero_copy=backend.options.zero_copy)
 
 
 async def test_capabilities_and_paths(server):
@@ -200,6 +201,81 @@ async def test_corrupt_value_is_a_counted_deleted_miss(server, prefix, damage, z
             assert raw_client(server).exists(prefix + key) == 0
             assert await backend.put_from([key], [src]) == [True]  # the page can be stored again
             assert await backend.get_into([key], [dst]) == [True]
+
+
+@pytest.mark.parametrize("kind", ["list", "hash"])
+@pytest.mark.parametrize("zero_copy", [True, False])
+async def test_a_key_of_another_redis_type_is_a_counted_miss_not_an_error(server, prefix, kind, zero_copy):
+    """Someone else's list or hash under our prefix: absent for exists, a foreign miss for gets,
+    left in place; the rest of the batch (and the connection) still serve."""
+    with HostPool(SPEC, 8) as pool:
+        async with open_backend(server.url, pool, prefix=prefix, zero_copy=zero_copy) as backend:
+            keys = new_keys(3)
+            slots = pool.allocate(3)
+            records = fill_and_seal(pool, slots, keys)
+            assert await backend.put_from([keys[0], keys[2]], [slots[0], slots[2]]) == [True, True]
+            client = raw_client(server)
+            if kind == "list":
+                client.lpush(prefix + keys[1], b"someone", b"else")
+            else:
+                client.hset(prefix + keys[1], b"field", b"value")
+            assert await backend.exists(keys) == 1
+            assert await backend.exists(keys[2:]) == 1
+            dst = pool.allocate(3)
+            assert await backend.get_into(keys, dst) == [True, False, False]
+            assert (backend.stats.foreign, backend.stats.corrupt, backend.stats.errors) == (1, 0, 0)
+            assert bytes(pool.record_view(dst[0])) == records[keys[0]]
+            assert await backend.get_into(keys[2:], dst[2:]) == [True]
+            assert bytes(pool.record_view(dst[2])) == records[keys[2]]
+            assert await backend.put_from(keys[1:2], slots[1:2]) == [True]  # present: put-if-absent
+            assert client.type(prefix + keys[1]) == kind.encode()  # never deleted nor overwritten
+            pool.free(slots + dst)
+        assert_settled(pool, pool.num_slots)
+
+
+async def round_trip(backend, pool: HostPool) -> None:
+    """Two pages out and back, compared; every slot it takes is free again after."""
+    keys = new_keys(2)
+    slots = pool.allocate(2)
+    records = fill_and_seal(pool, slots, keys)
+    assert await backend.put_from(keys, slots) == [True, True]
+    dst = pool.allocate(2)
+    assert await backend.get_into(keys, dst) == [True, True]
+    assert [bytes(pool.record_view(s)) for s in dst] == [records[k] for k in keys]
+    pool.free(slots + dst)
+
+
+@pytest.mark.parametrize("maxmemory, policy, warned", [
+    ("0", "allkeys-lru", "maxmemory 0"),
+    ("4mb", "noeviction", "noeviction"),
+    ("0", "noeviction", "maxmemory 0 (no bound) and maxmemory-policy noeviction"),
+    ("64mb", "allkeys-lru", None),
+])
+async def test_one_warning_for_a_server_that_cannot_evict(maxmemory, policy, warned, caplog):
+    with RedisServer(maxmemory=maxmemory, policy=policy) as srv, HostPool(SPEC, 4) as pool:
+        with caplog.at_level("WARNING", logger="tiered_kv.backends.redis"):
+            async with open_backend(srv.url, pool) as backend:
+                await asyncio.gather(*(backend.exists(new_keys(1)) for _ in range(4)))  # first requests at once
+                await round_trip(backend, pool)
+                await backend.exists(new_keys(2))
+        found = [r.getMessage() for r in caplog.records if r.name == "tiered_kv.backends.redis"]
+        if warned is None:
+            assert found == []
+        else:
+            assert len(found) == 1 and warned in found[0] and f"127.0.0.1:{srv.port}" in found[0]
+        assert_settled(pool, pool.num_slots)
+
+
+async def test_a_server_that_refuses_config_is_not_warned_about(caplog):
+    with RedisServer(maxmemory="0", policy="noeviction", extra=("--rename-command", "CONFIG", "")) as srv, \
+            HostPool(SPEC, 4) as pool:
+        assert raw_client(srv).execute_command("PING")
+        with caplog.at_level("WARNING", logger="tiered_kv.backends.redis"):
+            async with open_backend(srv.url, pool) as backend:
+                await round_trip(backend, pool)
+                assert backend.stats.errors == 0
+        assert [r for r in caplog.records if r.name == "tiered_kv.backends.redis"] == []
+        assert_settled(pool, pool.num_slots)
 
 
 # --- failures -----------------------------------------------------------------------------------

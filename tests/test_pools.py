@@ -190,3 +190,36 @@ def test_layer_and_reserved_page_ids_refuse_bools_and_floats():
             DevicePool(NSA, buffers, reserved_pages=reserved)
     assert DevicePool(NSA, buffers, reserved_pages=np.array([0, 3])).reserved_pages == {0, 3}
     assert DevicePool(NSA, buffers, reserved_pages=torch.tensor([1])).reserved_pages == {1}
+
+
+@pytest.mark.parametrize("num_slots", [True, 2.5, "4", 0, -1, 2**40, None])
+def test_host_pool_sizes_are_checked_ints(num_slots):
+    with pytest.raises(PoolError, match="num_slots must be an int"):
+        HostPool(NSA, num_slots)
+
+
+def test_host_memory_refuses_what_it_cannot_map_with_a_pool_error():
+    from tiered_kv.host_memory import HostMemory
+
+    for size in (2**70, 2**62):  # beyond ssize_t; beyond any machine's memory
+        with pytest.raises(PoolError, match=f"cannot map {size} B"):
+            HostMemory(size, pin=False)
+    for size in (True, 4096.0, 0):
+        with pytest.raises(PoolError, match="size must be an int > 0"):
+            HostMemory(size, pin=False)
+    for node in (True, -1, 0.0, "0"):
+        with pytest.raises(PoolError, match="numa_node must be None or a node number"):
+            HostPool(NSA, 2, numa_node=node)
+
+
+def test_a_cpulist_numa_cannot_read_is_no_placement(tmp_path):
+    from tiered_kv.numa import node_cpus, on_node
+
+    node = tmp_path / "devices/system/node/node0"
+    node.mkdir(parents=True)
+    (node / "cpulist").write_text("0-x,\n")
+    assert node_cpus(0, tmp_path) == set()
+    with on_node(0, tmp_path) as placed:
+        assert placed is False
+    (node / "cpulist").write_text("0-1,3\n")
+    assert node_cpus(0, tmp_path) == {0, 1, 3}

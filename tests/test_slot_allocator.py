@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tiered_kv.errors import DoubleFreeError, ForeignSlotError, PoolExhaustedError
+from tiered_kv.errors import DoubleFreeError, ForeignSlotError, PoolError, PoolExhaustedError
 from tiered_kv.slot_allocator import SlotAllocator
 
 
@@ -133,6 +133,17 @@ def test_bools_floats_and_non_ids_are_refused_and_free_nothing(ids, message):
     with pytest.raises(ForeignSlotError, match="not a slot id"):
         alloc.is_allocated(True)
     assert alloc.is_allocated(np.int64(1)) and alloc.is_allocated(torch.tensor(1))
+
+
+@pytest.mark.parametrize("count", [True, 1.0, "1", -1, None, 2**70])
+def test_counts_are_checked_ints(count):
+    alloc = SlotAllocator(4)
+    with pytest.raises(PoolError, match="count must be an int"):
+        alloc.allocate(count)
+    assert alloc.free_count == 4
+    with pytest.raises(PoolError, match="num_slots must be an int"):
+        SlotAllocator(count if count not in (1.0, -1) else 0)
+    assert alloc.allocate(np.int64(2)) == [0, 1]
 
 
 def test_free_waits_for_event_completion():

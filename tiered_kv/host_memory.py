@@ -32,8 +32,10 @@ class HostMemory:
     """An anonymous mapping of ``size`` bytes, viewed as a uint8 tensor, optionally CUDA-pinned."""
 
     def __init__(self, size: int, *, pin: bool | None = None, numa_node: int | None = None) -> None:
-        if size <= 0:
-            raise PoolError(f"host memory size must be > 0, got {size}")
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise PoolError(f"host memory size must be an int > 0, got {size!r}")
+        if numa_node is not None and (isinstance(numa_node, bool) or not isinstance(numa_node, int) or numa_node < 0):
+            raise PoolError(f"numa_node must be None or a node number >= 0, got {numa_node!r}")
         self.size = size
         flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
         if pin is None:
@@ -42,7 +44,10 @@ class HostMemory:
             numa_node = gpu_numa_node(torch.cuda.current_device())
         # First touch places pages: populate while running on the chosen node's CPUs.
         with on_node(numa_node) as self.placed_on_node:
-            self._mmap = mmap.mmap(-1, size, flags=flags)
+            try:
+                self._mmap = mmap.mmap(-1, size, flags=flags)
+            except (OSError, OverflowError) as exc:  # ENOMEM, or more than the address space
+                raise PoolError(f"cannot map {size} B of host memory: {exc}") from exc
         self.numa_node = numa_node if self.placed_on_node else None
         self.tensor = torch.frombuffer(self._mmap, dtype=torch.uint8)
         self.pinned = False

@@ -22,7 +22,7 @@ from . import record
 from .errors import ForeignSlotError, PoolError, RecordError
 from .host_layouts import LAYOUTS
 from .host_memory import HostMemory
-from .slot_allocator import SlotAllocator, slot_id
+from .slot_allocator import SlotAllocator, check_count, slot_id
 from .spec import KVSpec
 
 
@@ -49,8 +49,7 @@ class HostPool:
             layout_cls = LAYOUTS[layout]
         except KeyError:
             raise PoolError(f"unknown host layout {layout!r}; choose one of {sorted(LAYOUTS)}") from None
-        if num_slots <= 0:
-            raise PoolError(f"num_slots must be > 0, got {num_slots}")
+        num_slots = check_count(num_slots, "num_slots", minimum=1)
         self.spec = spec
         self.num_slots = num_slots
         self._layout = layout_cls(spec, num_slots)

@@ -45,7 +45,7 @@ def gpu_numa_node(device_index: int = 0, sysfs: Path = SYSFS) -> int | None:
 def node_cpus(node: int, sysfs: Path = SYSFS) -> set[int]:
     try:
         return parse_cpulist((sysfs / f"devices/system/node/node{node}/cpulist").read_text())
-    except OSError:
+    except (OSError, ValueError):  # no such node, or a list this parser cannot read: best effort
         return set()
 
 

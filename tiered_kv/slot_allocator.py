@@ -23,7 +23,16 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from .completion import AllOf, Completion, as_completion
-from .errors import DoubleFreeError, ForeignSlotError, PoolExhaustedError
+from .errors import DoubleFreeError, ForeignSlotError, PoolError, PoolExhaustedError
+
+MAX_SLOTS = 2**32  # 16 TiB of host memory at the smallest (4 KiB) slot: more is a unit mix-up
+
+
+def check_count(value: object, what: str, *, minimum: int, maximum: int = MAX_SLOTS) -> int:
+    """``value`` as an int in ``minimum..maximum``; PoolError naming ``what`` (bools and floats too)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not minimum <= value <= maximum:
+        raise PoolError(f"{what} must be an int in {minimum}..{maximum}, got {repr(value)[:40]}")
+    return int(value)
 
 
 def _torch_tensor(value: object) -> bool:
@@ -70,8 +79,7 @@ class SlotAllocator:
     """Free space as sorted, disjoint ``[start, end)`` runs, plus frees waiting on completions."""
 
     def __init__(self, num_slots: int) -> None:
-        if num_slots <= 0:
-            raise ValueError(f"num_slots must be > 0, got {num_slots}")
+        num_slots = check_count(num_slots, "num_slots", minimum=1)
         self.num_slots = num_slots
         self._starts: list[int] = [0]
         self._ends: list[int] = [num_slots]
@@ -104,8 +112,7 @@ class SlotAllocator:
     # --- allocation --------------------------------------------------------------------------
     def allocate(self, count: int) -> list[int]:
         """Hand out ``count`` slots, as few runs as possible. Raises PoolExhaustedError."""
-        if count < 0:
-            raise ValueError(f"count must be >= 0, got {count}")
+        count = check_count(count, "count", minimum=0)
         if count == 0:
             return []
         if count > self._free_count:

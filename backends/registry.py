@@ -44,7 +44,10 @@ def backend_class(scheme: str) -> type[Backend]:
     plugin = _plugins().get(scheme)
     if plugin is None:
         raise ConfigError(f"unknown backend scheme {scheme!r}; known: {', '.join(available_schemes())}")
-    cls = plugin.load()
+    try:
+        cls = plugin.load()
+    except (ImportError, AttributeError) as exc:  # a package installed but broken, or half removed
+        raise ConfigError(f"entry point {plugin.value!r} for scheme {scheme!r} cannot be loaded: {exc}") from exc
     if not (isinstance(cls, type) and issubclass(cls, Backend)):
         raise ConfigError(f"entry point {plugin.value!r} for scheme {scheme!r} is not a tiered_kv Backend subclass")
     return cls

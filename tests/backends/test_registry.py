@@ -35,6 +35,7 @@ def plugin_on_path(tmp_path, monkeypatch):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vault-backend\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text(
         "[tiered_kv.backends]\nvault = vault_backend:VaultBackend\nbroken = vault_backend:NotABackend\n"
+        "gone = vault_backend_removed:VaultBackend\nmisnamed = vault_backend:NoSuchClass\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     yield
@@ -56,6 +57,13 @@ async def test_entry_point_backend_is_opened_by_url(plugin_on_path):
 def test_entry_point_must_name_a_backend(plugin_on_path):
     with pytest.raises(ConfigError, match="not a tiered_kv Backend subclass"):
         backend_class("broken")
+
+
+def test_entry_point_that_cannot_be_loaded_is_a_config_error(plugin_on_path):
+    with pytest.raises(ConfigError, match="'vault_backend_removed:VaultBackend' for scheme 'gone' cannot be loaded"):
+        backend_class("gone")
+    with pytest.raises(ConfigError, match="for scheme 'misnamed' cannot be loaded"):
+        backend_class("misnamed")
 
 
 def test_builtin_schemes():

@@ -223,3 +223,14 @@ def test_a_cpulist_numa_cannot_read_is_no_placement(tmp_path):
         assert placed is False
     (node / "cpulist").write_text("0-1,3\n")
     assert node_cpus(0, tmp_path) == {0, 1, 3}
+
+
+def test_chunk_views_name_a_bad_component_or_layer():
+    device = allocate_engine_like(NSA, 4)
+    with HostPool(NSA, 2) as host:
+        for pool in (device, host):
+            assert pool.chunk_view(1, NSA.num_layers - 1).shape[1] == NSA.components[1].bytes_per_layer
+            for component, layer, message in ((2, 0, "component index 2"), (True, 0, "component index True"),
+                                              (0, -1, "layer -1"), (0, 3, "layer 3"), (0, 1.0, "layer 1.0")):
+                with pytest.raises(IndexValidationError, match=message):
+                    pool.chunk_view(component, layer)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .errors import SpecError
+from .errors import IndexValidationError, SpecError
 from .spec import KVSpec
 
 
@@ -83,6 +83,15 @@ def _page_ids(pages: Iterable[int], what: str) -> list[int]:
     return out
 
 
+def chunk_of(views: list[list[torch.Tensor]], component_index: int, layer: int) -> torch.Tensor:
+    """``views[component_index][layer]``; IndexValidationError for a bool, a non-int or out of range
+    (a list would take -1 and True silently)."""
+    for value, what, limit in ((component_index, "component index", len(views)), (layer, "layer", len(views[0]))):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not 0 <= value < limit:
+            raise IndexValidationError(f"{what} {value!r} outside 0..{limit - 1}")
+    return views[component_index][layer]
+
+
 def _integer_array(array: torch.Tensor | np.ndarray) -> bool:
     if isinstance(array, np.ndarray):
         return array.dtype.kind in "iu"
@@ -135,7 +144,7 @@ class DevicePool:
 
     def chunk_view(self, component_index: int, layer: int) -> torch.Tensor:
         """``uint8 [num_pages(component), bytes_per_layer]`` for one (component, local layer)."""
-        return self._views[component_index][layer]
+        return chunk_of(self._views, component_index, layer)
 
     def __repr__(self) -> str:
         return f"DevicePool({self.spec.kind}, pages={self.num_pages}, device={self.device}, reserved={sorted(self.reserved_pages)})"

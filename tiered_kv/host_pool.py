@@ -22,6 +22,7 @@ from . import record
 from .errors import ForeignSlotError, PoolError, RecordError
 from .host_layouts import LAYOUTS
 from .host_memory import HostMemory
+from .device_pool import chunk_of
 from .slot_allocator import SlotAllocator, check_count, slot_id
 from .spec import KVSpec
 
@@ -80,7 +81,7 @@ class HostPool:
 
     def chunk_view(self, component_index: int, layer: int) -> torch.Tensor:
         """``uint8 [num_slots, bytes_per_layer]`` for one (component, local layer)."""
-        return self._views[component_index][layer]
+        return chunk_of(self._views, component_index, layer)
 
     def check_slot(self, slot: int) -> int:
         """``slot`` as a Python int in range; ForeignSlotError for a bool, float, non-id or out of range."""

@@ -351,7 +351,13 @@ class Backend(ABC):
     # --- internals ---------------------------------------------------------------------------
     def _check_batch(self, keys: Sequence[str], slots: Sequence[int]) -> tuple[list[str], list[int]]:
         keys = check_keys(keys)
-        slot_list = [self.pool.check_slot(s) for s in slots]
+        if isinstance(slots, (str, bytes)):
+            raise IndexValidationError(f"slots must be a sequence of slot ids, got {type(slots).__name__}")
+        try:
+            items = list(slots)
+        except TypeError:
+            raise IndexValidationError(f"slots must be a sequence of slot ids, got {type(slots).__name__}") from None
+        slot_list = [self.pool.check_slot(s) for s in items]
         if len(keys) != len(slot_list):
             raise IndexValidationError(f"{len(keys)} keys but {len(slot_list)} slots")
         return keys, slot_list

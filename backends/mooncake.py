@@ -325,14 +325,25 @@ class MooncakeBackend(Backend):
                 continue
             if length < 0 or length <= size:
                 raise mooncake_error(INVALID_PARAMS if length >= 0 else length, f"batch_get_into of key {key[:64]!r}")
-            [[[got]]] = self._store.get_into_ranges([self.pool.slot_address(slot)], [[key]], [[[0]]], [[[0]]],
-                                                    [[[HEADER_BYTES]]])
+            got = self._read_header_into(key, slot)
             if got == HEADER_BYTES:
                 answers.append(OtherLength(length, size))
             else:  # cannot tell whose it is: never a hit, and not ours to delete
                 answers.append(NotARecord(f"object of {length} B, larger than the slot ({size} B), header "
                                           f"unreadable ({code_name(got) if got < 0 else f'{got} B'})"))
         return answers
+
+    def _read_header_into(self, key: str, slot: int) -> int:
+        """The first HEADER_BYTES of ``key``'s object into ``slot``: bytes read, or a negative code
+        (-1 where this store client has no ranged reads or answers in another shape)."""
+        ranged = getattr(self._store, "get_into_ranges", None)
+        if ranged is None:
+            return -1
+        reply = ranged([self.pool.slot_address(slot)], [[key]], [[[0]]], [[[0]]], [[[HEADER_BYTES]]])
+        try:
+            return int(reply[0][0][0])
+        except (IndexError, TypeError, ValueError):
+            return -1
 
     async def _put(self, keys: list[str], slots: list[int]) -> list[bool]:
         size = self.pool.record_bytes

@@ -54,6 +54,7 @@ def test_round_trip_between_layouts(name, src_layout, dst_layout):
 def test_page_first_slot_is_the_record():
     spec = PRESETS["nsa-bf16"]
     with HostPool(spec, 2, "page_first") as pool:
+        assert pool.allocate(2) == [0, 1]  # only allocated slots are sealed
         randomize(pool, 1)
         pool.seal(1, "page-key")
         assert bytes(pool.record_view(1)) == bytes(pool.encode_record(1, "page-key"))
@@ -114,6 +115,7 @@ def test_failed_decode_leaves_the_slot_untouched():
 def test_keys_are_validated_by_the_one_validator(bad):
     """seal (write_header) and encode_record refuse every key a backend refuses, with PageKeyError."""
     with HostPool(TINY, 1) as pool:
+        assert pool.allocate(1) == [0]
         with pytest.raises(PageKeyError):
             pool.encode_record(0, bad)
         with pytest.raises(PageKeyError):
@@ -123,6 +125,7 @@ def test_keys_are_validated_by_the_one_validator(bad):
 
 def test_longest_key_is_sealed_and_verified():
     with HostPool(TINY, 1) as pool:
+        assert pool.allocate(1) == [0]
         key = "k" * 512
         pool.seal(0, key)
         pool.verify_slot(0, key)

@@ -184,6 +184,9 @@ class BackendContract:
             await backend.get_into(new_keys(2), slots[:1])
         with pytest.raises(ForeignSlotError):
             await backend.get_into(new_keys(1), [pool.num_slots])
+        for not_slots in (slots[0], None, "01"):
+            with pytest.raises(IndexValidationError, match="slots must be a sequence"):
+                await backend.put_from(new_keys(1), not_slots)
 
     @pytest.mark.parametrize("bad", BAD_KEYS)
     async def test_bad_keys_are_page_key_errors_everywhere(self, backend, pool, bad):

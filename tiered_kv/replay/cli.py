@@ -219,7 +219,12 @@ def run(args: argparse.Namespace) -> int:
     print(to_json(summary) if args.json else format_table(summary))
     if args.plot:
         plot(result, args.plot)
+    return exit_code(summary)
+
+
+def exit_code(summary: dict[str, Any]) -> int:
+    """1 when a loaded page was wrong (a tier returned bytes that are not the page's), else 0."""
     return 1 if summary["pages_wrong"] else 0
 
 
-__all__ = ["add_arguments", "add_parser", "register", "run", "settings_from_args", "workload_from_args"]
+__all__ = ["add_arguments", "exit_code", "add_parser", "register", "run", "settings_from_args", "workload_from_args"]

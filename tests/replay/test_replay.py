@@ -1,0 +1,217 @@
+"""The replay through the real hierarchy: hits on every tier, exact hits from block ids, --simulate
+against a byte-moving run, malformed traces, the command line's output and exit codes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from tiered_kv.errors import ConfigError
+from tiered_kv.replay import build, embedded_default, read_trace, replay, summarize, synthetic_chat
+from tiered_kv.replay.cli import exit_code
+from tiered_kv.replay.report import format_table, hit_rate_series
+
+from .conftest import (PAGE, TEST_SPEC, TINY_CHAT, TINY_TIERS, checked_replay, expected_hit_pages, run_cli, tier_flags,
+                       trace_records, write_trace)
+
+TRACE_TIERS = {"l1_pages": 24, "l2_pages": 40, "l3_pages": 512}
+
+
+def _all_tiers_hit(s: dict) -> None:
+    assert all(s["hit_tokens"][t] > 0 for t in ("l1", "l2", "l3")), s["hit_tokens"]
+    assert s["pages_wrong"] == 0
+    assert s["prefill_tokens_saved"] == sum(s["hit_tokens"].values())
+
+
+def test_synthetic_chat_in_process_hits_every_tier_and_verifies_every_load():
+    requests = synthetic_chat(TINY_CHAT)
+    s = checked_replay(requests, **TINY_TIERS)
+    _all_tiers_hit(s)
+    assert s["requests"] == len(requests)
+    assert s["input_tokens"] == sum(r.input_length for r in requests)
+    # Every page served by L2 or L3 was loaded onto L1 and compared with its oracle bytes.
+    assert s["pages_verified"] == (s["hit_tokens"]["l2"] + s["hit_tokens"]["l3"]) // PAGE
+    assert s["bytes"]["l2_to_l1"] > 0 and s["bytes"]["l3_to_l2"] > 0 and s["bytes"]["l2_to_l3"] > 0
+
+
+def test_trace_in_process_hits_every_tier(tmp_path):
+    path = write_trace(tmp_path / "t.jsonl", trace_records(conversations=4, rounds=4))
+    s = checked_replay(read_trace(path), inflight=1, **TRACE_TIERS)
+    _all_tiers_hit(s)
+
+
+@pytest.mark.parametrize("tiers, inflight", [
+    ({"l1_pages": 4096, "l2_pages": 64, "l3_pages": 4096}, 8),  # L1 holds everything: overlap allowed
+    ({"l1_pages": 48, "l2_pages": 512, "l3_pages": 4096}, 1),  # L1 evicts, L2 keeps
+    ({"l1_pages": 48, "l2_pages": 96, "l3_pages": 4096}, 1),  # both evict, L3 keeps
+])
+def test_trace_hits_are_exactly_what_the_block_ids_imply(tmp_path, tiers, inflight):
+    records = trace_records(conversations=3, rounds=4)
+    path = write_trace(tmp_path / "t.jsonl", records)
+    requests = read_trace(path)
+    h = build(embedded_default(spec=TEST_SPEC, **tiers))
+    try:
+        result = replay(h, requests, inflight=inflight)
+    finally:
+        h.close()
+    assert h.l2_free_slots == h.manager.num_slots and h.controller.pending_tasks() == 0
+    h.release_memory()
+    expected = expected_hit_pages(records)
+    got = [r.l1_pages + r.l2_pages + r.l3_pages for r in result.requests]
+    assert sum(expected) > 0
+    assert got == expected
+    assert sum(r.wrong_pages for r in result.requests) == 0
+
+
+def test_simulate_and_byte_moving_replays_give_the_same_hits_per_tier(tmp_path):
+    path = write_trace(tmp_path / "t.jsonl", trace_records(conversations=4, rounds=4))
+    moved = checked_replay(read_trace(path), inflight=1, **TRACE_TIERS)
+    simulated = checked_replay(read_trace(path), inflight=1, simulate=True, verify=False, **TRACE_TIERS)
+    _all_tiers_hit(moved)
+    assert simulated["simulate"] and not moved["simulate"]
+    assert simulated["hit_tokens"] == moved["hit_tokens"]
+    assert simulated["pages_verified"] == 0 and moved["pages_verified"] > 0
+    assert simulated["bytes"]["l2_to_l1"] == 0  # nothing moved
+
+
+def test_synthetic_simulate_matches_bytes_serially():
+    requests = synthetic_chat(TINY_CHAT)
+    moved = checked_replay(requests, inflight=1, **TINY_TIERS)
+    simulated = checked_replay(synthetic_chat(TINY_CHAT), inflight=1, simulate=True, verify=False, **TINY_TIERS)
+    assert simulated["hit_tokens"] == moved["hit_tokens"]
+
+
+def test_wrong_bytes_on_l2_are_counted_and_exit_1():
+    """Bytes changed on L2 behind the index's back are loaded onto L1 and caught by the oracle."""
+    requests = synthetic_chat(TINY_CHAT)
+    half = len(requests) // 2
+    h = build(embedded_default(spec=TEST_SPEC, **TINY_TIERS))
+    try:
+        first = replay(h, requests[:half])
+        resident = [h.manager.index.entry(k).slot for k in h.manager.index.lru_keys()]
+        assert resident
+        view = h.host_pool.chunk_view(0, 0)
+        for slot in resident:
+            view[slot, 0] ^= 0xFF
+        second = replay(h, requests[half:])
+    finally:
+        h.close()
+    assert h.l2_free_slots == h.manager.num_slots and h.controller.pending_tasks() == 0
+    h.release_memory()
+    assert summarize(first)["pages_wrong"] == 0
+    s = summarize(second)
+    assert s["pages_wrong"] > 0
+    assert exit_code(s) == 1 and exit_code(summarize(first)) == 0
+    assert "pages wrong" in format_table(s)
+
+
+def test_hit_rate_series_adds_up_to_the_totals():
+    s_result = None
+    h = build(embedded_default(spec=TEST_SPEC, simulate=True, verify=False, **TINY_TIERS))
+    try:
+        s_result = replay(h, synthetic_chat(TINY_CHAT))
+    finally:
+        h.close()
+    series = hit_rate_series(s_result, buckets=5)
+    assert len(series["t"]) == 5
+    for t in ("l1", "l2", "l3"):
+        assert all(0.0 <= x <= 1.0 for x in series[t])
+    assert any(series["l1"])
+
+
+# --- malformed traces ------------------------------------------------------------------------------
+GOOD = '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}'
+
+
+@pytest.mark.parametrize("bad, reason", [
+    ("{not json", "not JSON"),
+    ('[1, 2]', "JSON object"),
+    ('{"timestamp": 0, "input_length": 600}', "hash_ids"),
+    ('{"timestamp": 0, "input_length": 600, "hash_ids": [1]}', "needs 2 hash_ids"),
+    ('{"timestamp": "soon", "input_length": 600, "hash_ids": [1, 2]}', "timestamp"),
+    ('{"timestamp": 0, "input_length": -5, "hash_ids": []}', "input_length"),
+    ('{"timestamp": 0, "input_length": 600, "hash_ids": [1, true]}', "hash_ids"),
+    ('{"timestamp": 0, "input_length": 600, "output_length": 1.5, "hash_ids": [1, 2]}', "output_length"),
+])
+def test_a_malformed_trace_line_is_an_error_naming_file_and_line(tmp_path, bad, reason):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(f"{GOOD}\n\n{GOOD}\n{bad}\n{GOOD}\n")
+    with pytest.raises(ConfigError, match=reason) as info:
+        read_trace(path)
+    assert f"{path}:4" in str(info.value)
+
+
+def test_trace_slices(tmp_path):
+    records = trace_records(conversations=3, rounds=4)  # 250 ms apart
+    path = write_trace(tmp_path / "t.jsonl", records)
+    assert len(read_trace(path)) == len(records)
+    assert len(read_trace(path, limit=5)) == 5
+    assert [r.arrival_s for r in read_trace(path, duration_s=1.0)] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    with pytest.raises(ConfigError, match="no requests"):
+        read_trace(write_trace(tmp_path / "empty.jsonl", []))
+
+
+# --- the command line ------------------------------------------------------------------------------
+def test_cli_json_on_a_tiny_chat_hits_every_tier():
+    spec = embedded_default().spec
+    chat = ["--clients", str(TINY_CHAT.clients), "--rounds", str(TINY_CHAT.rounds),
+            "--system-tokens", str(TINY_CHAT.system_tokens), "--turn-tokens", str(TINY_CHAT.turn_tokens),
+            "--answer-tokens", str(TINY_CHAT.answer_tokens), "--rate", str(TINY_CHAT.rate), "--seed", str(TINY_CHAT.seed)]
+    proc = run_cli("replay", "--json", *chat, *tier_flags(spec, **TINY_TIERS), "--inflight", "1")
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads(proc.stdout)
+    _all_tiers_hit(s)
+    for key in ("requests", "input_tokens", "hit_tokens", "prefill_tokens_saved", "pages_verified", "pages_wrong"):
+        assert key in s
+    assert s["tier_pages"] == {"l1": TINY_TIERS["l1_pages"], "l2": TINY_TIERS["l2_pages"], "l3": TINY_TIERS["l3_pages"]}
+    assert s["requests"] == TINY_CHAT.clients * TINY_CHAT.rounds and s["pages_verified"] > 0
+
+
+def test_cli_trace_json_and_table(tmp_path):
+    spec = embedded_default().spec
+    path = write_trace(tmp_path / "t.jsonl", trace_records(conversations=4, rounds=4))
+    flags = tier_flags(spec, **TRACE_TIERS)
+    proc = run_cli("replay", "--json", "--trace", str(path), *flags, "--inflight", "1")
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads(proc.stdout)
+    _all_tiers_hit(s)
+    sim = run_cli("replay", "--trace", str(path), *flags, "--inflight", "1", "--simulate", "--limit", "8")
+    assert sim.returncode == 0, sim.stderr
+    assert "simulated" in sim.stdout and "hit rate" in sim.stdout and "8 requests" in sim.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--limit", "3"], "give --trace too"),
+    (["--clients", "0"], "positive integer"),
+    (["--page-size", "32"], "give --model too"),
+    (["--gpu-mem", "12XB"], "unknown unit"),
+    (["--simulate", "--l3", "memory://"], "drop the L3 URL"),
+    (["--model", "deepseek-v3.2", "--gpu-mem", "1MiB", "--simulate"], "--gpu-mem"),
+    (["--config", "/nonexistent.yaml"], "/nonexistent.yaml"),
+])
+def test_cli_bad_usage_exits_2_with_one_line(args, message):
+    proc = run_cli("replay", *args)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_cli_malformed_trace_exits_2_naming_the_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(f"{GOOD}\n{GOOD}\n{{oops\n")
+    proc = run_cli("replay", "--simulate", "--trace", str(path))
+    assert proc.returncode == 2
+    assert f"{path}:3" in proc.stderr and "not JSON" in proc.stderr
+
+
+def test_cli_plot(tmp_path):
+    out = tmp_path / "hits.png"
+    proc = run_cli("replay", "--simulate", "--quiet", "--clients", "4", "--rounds", "3", "--plot", str(out))
+    if importlib.util.find_spec("matplotlib") is None:
+        assert proc.returncode == 2 and "'plot' extra" in proc.stderr
+        assert not out.exists()
+    else:
+        assert proc.returncode == 0, proc.stderr
+        assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -41,13 +41,15 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import unquote, urlsplit
+
+from pydantic import Field
 
 from ..errors import BackendError, BackendUnavailableError, ConfigError
 from ..host_pool import HostPool
 from .base import Backend, Capabilities, NotARecord, OtherLength
-from .url_options import options_from_url
+from .url_options import MAX_TTL_S, ByteSize, TimeoutSeconds, Workers, check_fields, options_from_url, split_url
 
 SUFFIX = ".page"
 TEMP_PREFIX = ".tmp-"
@@ -58,19 +60,21 @@ _BAD_PATH = (errno.EEXIST, errno.ENOTDIR, errno.ENAMETOOLONG, errno.ELOOP, errno
 
 @dataclass(frozen=True)
 class FileOptions:
+    """Field constraints are pydantic ``Annotated`` metadata (see ``url_options``)."""
+
     path: str
-    capacity_bytes: int = 0  # 0: bounded only by the disk
+    capacity_bytes: ByteSize = 0  # 0: bounded only by the disk
     o_direct: bool = True  # L2 is the cache: the page cache would hold pages twice
     fsync: bool = True
-    workers: int = 8
-    timeout_s: float = 60.0
-    stale_temp_s: float = 600.0
+    workers: Workers = 8
+    timeout_s: TimeoutSeconds = 60.0
+    # > 0: a temp file younger than this may be another process's write in progress.
+    stale_temp_s: Annotated[float, Field(gt=0, le=MAX_TTL_S, allow_inf_nan=False)] = 600.0
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if not self.path or not os.path.isabs(self.path):
             raise ConfigError(f"file backend: path must be absolute, got {self.path!r} (use file:///abs/dir)")
-        if self.capacity_bytes < 0 or self.workers <= 0 or self.timeout_s <= 0:
-            raise ConfigError(f"file backend: capacity_bytes >= 0, workers > 0, timeout_s > 0 required, got {self}")
 
 
 def _checked_root(path: str) -> Path:
@@ -116,7 +120,7 @@ class FileBackend(Backend):
 
     @classmethod
     def from_url(cls, url: str, pool: HostPool, **options: Any) -> "FileBackend":
-        parts = urlsplit(url)
+        parts = split_url(url)
         if parts.netloc not in ("", "localhost"):
             raise ConfigError(f"{url}: file URLs name a local directory (file:///abs/dir), not host {parts.netloc!r}")
         return cls(pool, options_from_url(FileOptions, url, options, path=unquote(parts.path)))

@@ -374,9 +374,8 @@ class FileBackend(Backend):
 
     @staticmethod
     def _workers_of(url: str) -> int:
-        from urllib.parse import parse_qs
-
-        return int(parse_qs(urlsplit(url).query)["workers"][0])
+        # The same parse as from_url: a bad value is a ConfigError naming it, not int()'s ValueError.
+        return options_from_url(FileOptions, url, path=unquote(split_url(url).path)).workers
 
     @staticmethod
     def _direct_ok(root: Path) -> bool:

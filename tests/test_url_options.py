@@ -206,3 +206,10 @@ def test_a_backend_s_own_dataclass_gets_constraints_by_annotation():
         options_from_url(Options, "x://h?ratio=inf")
     with pytest.raises(ConfigError, match="Options: option ratio=nan"):
         Options(ratio=math.nan)
+
+
+def test_the_file_bench_reads_workers_through_the_same_parser(tmp_path):
+    """``bench storage`` read ``workers`` with a bare int(): ``workers=x`` was a ValueError."""
+    for value, reason in (("x", "not a valid int"), ("0", "need workers > 0"), ("1e9", "not a valid int")):
+        with pytest.raises(ConfigError, match=f"option workers='{value}': {reason}"):
+            FileBackend.measure_raw_ceiling(f"file://{tmp_path}?workers={value}", page_bytes=4096, pages=1)

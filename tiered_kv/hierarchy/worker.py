@@ -21,6 +21,27 @@ from ..errors import IndexValidationError
 from .manager import LoadPlan, StorePlan
 
 
+class _NothingLoaded:
+    """The handle of an empty load: every layer has landed."""
+
+    def wait_layer(self, layer: int, stream: Any = None) -> None:
+        return None
+
+    def layer_done(self, layer: int) -> bool:
+        return True
+
+    def done(self) -> bool:
+        return True
+
+    query = done
+
+    def synchronize(self) -> None:
+        return None
+
+
+NOTHING_LOADED = _NothingLoaded()
+
+
 class TransferHalf:
     """Moves plans' pages between one device pool and one host pool."""
 
@@ -41,7 +62,7 @@ class TransferHalf:
         if len(device_pages) != len(plan):
             raise IndexValidationError(f"load: {len(plan)} slots but {len(device_pages)} device pages")
         if not len(plan):
-            return DONE
+            return NOTHING_LOADED
         self.bytes_loaded += len(plan) * self.host_pool.spec.page_bytes
         return self.engine.load(plan.slots, list(device_pages))
 
@@ -88,8 +109,8 @@ class NullTransferHalf:
     def __init__(self) -> None:
         self._stores: list[StorePlan] = []
 
-    def load(self, plan: LoadPlan, device_pages: Sequence[int]) -> Completion:
-        return DONE
+    def load(self, plan: LoadPlan, device_pages: Sequence[int]) -> Any:
+        return NOTHING_LOADED
 
     def store(self, plan: StorePlan, device_pages: Sequence[int]) -> Completion:
         if len(plan):

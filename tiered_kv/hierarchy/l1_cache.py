@@ -43,6 +43,18 @@ class Served:
 
 
 @dataclass
+class L1Stats:
+    """What the requests were served from, counted in ``run`` (metrics read it at scrape time)."""
+
+    requests: int = 0
+    pages: int = 0  # full pages of the prompts run
+    l1_pages: int = 0
+    l2_pages: int = 0
+    l3_pages: int = 0
+    computed_pages: int = 0
+
+
+@dataclass
 class _Request:
     keys: list[str]
     l1_pages: int
@@ -70,6 +82,7 @@ class L1PrefixCache:
         self._pending: list[tuple[list[int], Completion]] = []
         self._requests: dict[Any, _Request] = {}
         self.evictions = 0
+        self.stats = L1Stats()
 
     # --- queries -----------------------------------------------------------------------------
     @property
@@ -154,7 +167,15 @@ class L1PrefixCache:
             self._unlock(keys[:l1])
         self.poll()
         l2 = min(len(plan), match.l2_pages)
-        return Served(l1, l2, len(plan) - l2, len(rest), len(rest) - len(computed_keys), verified, wrong)
+        served = Served(l1, l2, len(plan) - l2, len(rest), len(rest) - len(computed_keys), verified, wrong)
+        st = self.stats
+        st.requests += 1
+        st.pages += len(keys)
+        st.l1_pages += served.l1_pages
+        st.l2_pages += served.l2_pages
+        st.l3_pages += served.l3_pages
+        st.computed_pages += served.computed_pages
+        return served
 
     def abort(self, request_id: Any) -> None:
         req = self._requests.pop(request_id, None)
@@ -262,4 +283,4 @@ class L1PrefixCache:
         self._reap()
 
 
-__all__ = ["L1PrefixCache", "Served"]
+__all__ = ["L1PrefixCache", "L1Stats", "Served"]

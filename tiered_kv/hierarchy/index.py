@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from itertools import islice
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,18 +209,28 @@ class PageIndex:
         copy_down: list[str] = []
         if free_slot_count(self.allocator) >= needed:
             return Eviction(0, copy_down)
-        for key in list(self._lru):
-            if free_slot_count(self.allocator) >= needed:
+        # The LRU is walked in short snapshots, not copied whole: an L2 of 10^5 pages that needs
+        # a few slots would otherwise copy every key on each allocation (the replay's hot spot).
+        # Only drop_l2 changes the LRU here, so the visited keys still in it are the first ``kept``.
+        kept = 0
+        while free_slot_count(self.allocator) < needed:
+            chunk = list(islice(self._lru, kept, kept + 256))
+            if not chunk:
                 break
-            e = self.entries[key]
-            if e.locks or e.l3_put_in_flight:
-                continue
-            if copy_down_allowed is not None and not e.on_l3 and copy_down_allowed(e):
-                copy_down.append(key)
-                continue
-            self.drop_l2(key)
-            freed += 1
-            self.allocator.reap()
+            for key in chunk:
+                if free_slot_count(self.allocator) >= needed:
+                    break
+                e = self.entries[key]
+                if e.locks or e.l3_put_in_flight:
+                    kept += 1
+                    continue
+                if copy_down_allowed is not None and not e.on_l3 and copy_down_allowed(e):
+                    copy_down.append(key)
+                    kept += 1
+                    continue
+                self.drop_l2(key)
+                freed += 1
+                self.allocator.reap()
         return Eviction(freed, copy_down)
 
     def drop_l2(self, key: str) -> None:

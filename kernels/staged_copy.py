@@ -383,18 +383,23 @@ class StagedCopier:
 
     @staticmethod
     def _copy_list(copies, buffer_addr: int, to_device: bool):
-        """The unit's 2-D host copies as 1-D row copies (rows adjacent on both sides merged)."""
+        """The unit's 2-D host copies as 1-D row copies (rows adjacent on both sides merged),
+        built with numpy in one pass: hundreds of copies per unit cost microseconds, not one
+        array operation each."""
         from .batch_copy import CopyList, merge_copy_list
 
-        host, stage, sizes = [], [], []
-        for host_addr, host_pitch, offset, stage_pitch, width, height, _ in copies:
-            rows = np.arange(height, dtype=np.uint64)
-            host.append(np.uint64(host_addr) + rows * np.uint64(host_pitch))
-            stage.append(np.uint64(buffer_addr + offset) + rows * np.uint64(stage_pitch))
-            sizes.append(np.full(height, width, dtype=np.uint64))
-        host_a, stage_a, sizes_a = np.concatenate(host), np.concatenate(stage), np.concatenate(sizes)
-        dsts, srcs = (stage_a, host_a) if to_device else (host_a, stage_a)
-        return merge_copy_list(CopyList(dsts, srcs, sizes_a))
+        table = np.array([c[:6] for c in copies], dtype=np.int64)  # host, pitch, offset, stage pitch, width, height
+        heights = table[:, 5]
+        if np.all(heights == 1):
+            host, stage, sizes = table[:, 0], buffer_addr + table[:, 2], table[:, 4]
+        else:
+            which = np.repeat(np.arange(len(table)), heights)
+            row = np.arange(int(heights.sum())) - np.repeat(np.cumsum(heights) - heights, heights)
+            rows = table[which]
+            host, stage, sizes = rows[:, 0] + row * rows[:, 1], buffer_addr + rows[:, 2] + row * rows[:, 3], rows[:, 4]
+        host, stage, sizes = host.astype(np.uint64), stage.astype(np.uint64), sizes.astype(np.uint64)
+        dsts, srcs = (stage, host) if to_device else (host, stage)
+        return merge_copy_list(CopyList(dsts, srcs, sizes))
 
     def _engine_copies(self, unit: _Unit, buffer_addr: int, to_device: bool, streams) -> None:
         shares = [list(_share(unit.host_copies, k, len(streams))) for k in range(len(streams))]

@@ -19,12 +19,21 @@ import pytest  # noqa: E402
 from tiered_kv import HostPool, IndexValidationError, SpecMismatchError, nsa_spec  # noqa: E402
 from tiered_kv.transfer import PageCopy, backup_pairs, load_pairs  # noqa: E402
 from tiered_kv.transfer_engine import (  # noqa: E402
+    COPY_PATHS,
     MIXED_LOADS_BESIDE_BACKUP,
     PATHS,
     SINGLE_LAYER_WITHOUT_BATCH,
+    CopyPath,
     LoadSplit,
     TransferEngine,
+    TransferOptions,
     choose_path,
+)
+from tiered_kv.transfer_policy import (  # noqa: E402
+    AUTO_PATHS,
+    SCATTERED_LOADS,
+    choose_split,
+    issue_threads,
 )
 
 from .kernels.pools import check_copy, make_device_pool, make_host_pool, random_ids, small_specs  # noqa: E402
@@ -101,8 +110,7 @@ SPLITS = {
 def test_mixed_load_splits(split, layout, spec_name):
     """Every way of splitting a mixed load (components, copy streams, units) copies every byte once."""
     device, host = _pools(spec_name, layout)
-    engine = TransferEngine(device.pool, host, path="mixed")
-    engine.load_split = SPLITS[split]
+    engine = TransferEngine(device.pool, host, path="mixed", options=TransferOptions(load_split=SPLITS[split]))
     slots, pages = random_ids(9, 0, 16), random_ids(9, 1, 20)
     pairs = [pair for layer in range(host.spec.num_layers) for pair in load_pairs(host, device.pool, layer)]
     check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages))
@@ -218,6 +226,88 @@ def test_auto_rule_follows_runs():
     assert choose_path(scattered, torch.arange(1, 7), to_host=True, single_layer_batch=True) == "kernel"
 
 
+def test_auto_rule_for_scattered_slots_follows_the_host_layout():
+    """Scattered slots: page_first through the staging ring (whole-slot or layer-block rows),
+    layer_first backups on the kernel and loads through batched copies; runs as before."""
+    scattered, pages = torch.randperm(64)[:32] * 2, torch.randperm(32) + 1
+    run = torch.arange(100, 132)
+
+    def auto(slots, *, to_host, dense, single=False, batch=True):
+        return choose_path(slots, pages, to_host=to_host, dense_host_rows=dense, single_layer=single, has_batch=batch)
+
+    assert auto(scattered, to_host=True, dense=False) == "staged"
+    assert auto(scattered, to_host=True, dense=True) == "kernel"
+    assert auto(scattered, to_host=False, dense=False) == "mixed"
+    assert auto(scattered, to_host=False, dense=True) == "batch"
+    assert auto(scattered, to_host=False, dense=True, batch=False) == "kernel"  # no batched copies here
+    for dense in (False, True):
+        assert auto(scattered, to_host=False, dense=dense, single=True) == "mixed"
+        assert auto(scattered, to_host=False, dense=dense, single=True, batch=False) == "kernel"
+        assert auto(run, to_host=True, dense=dense) == "staged"
+        assert auto(run, to_host=False, dense=dense) == "mixed"
+    assert set(AUTO_PATHS.values()) <= set(COPY_PATHS)
+
+
+def test_scattered_splits_use_copy_engines_only():
+    def split(**conditions):
+        base = {"dense_host_rows": False, "num_layers": 61, "backup_in_flight": False, "scattered": True, "has_batch": True}
+        return choose_split(**{**base, **conditions})
+
+    assert split() == SCATTERED_LOADS[False] and split().ce_fraction == 1.0 and split().layers_per_copy > 1
+    assert split(dense_host_rows=True).ce_fraction == 1.0
+    assert split(num_layers=1) == LoadSplit(by="components", ce_path="batch")  # one layer: as with runs
+    assert split(backup_in_flight=True) == MIXED_LOADS_BESIDE_BACKUP[False]
+    assert split(options=TransferOptions(ce_fraction=0.3)).ce_fraction == 0.3
+    mine = LoadSplit(0.5, copy_streams=2)
+    assert split(options=TransferOptions(load_split=mine)) == mine
+    # Batch loads of several layers get library issue threads unless the options say otherwise.
+    assert issue_threads("batch", 61, TransferOptions()) > 0
+    assert issue_threads("batch", 1, TransferOptions()) == 0
+    assert issue_threads("mixed", 61, TransferOptions()) == 1 and issue_threads("mixed", 1, TransferOptions()) == 0
+    assert issue_threads("kernel", 61, TransferOptions()) == 0
+    assert issue_threads("batch", 61, TransferOptions(issue_threads=0)) == 0
+    assert issue_threads("kernel", 61, TransferOptions(issue_threads=2)) == 2
+
+
+@pytest.mark.parametrize("bad", [{"ce_fraction": -0.1}, {"num_ctas": 0}, {"issue_threads": -1}, {"issue_threads": 99}])
+def test_options_reject_nonsense(bad):
+    with pytest.raises(ValueError, match="TransferOptions"):
+        TransferOptions(**bad)
+
+
+def test_options_are_frozen_and_per_call():
+    import dataclasses
+
+    options = TransferOptions(batch_flags=1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.batch_flags = 0
+    device, host = _pools("nsa", "page_first")
+    engine = TransferEngine(device.pool, host, path="mixed", num_ctas=3)
+    assert engine.options.num_ctas == 3
+    slots, pages = random_ids(6, 0, 16), random_ids(6, 1, 20)
+    pairs = [pair for layer in range(host.spec.num_layers) for pair in load_pairs(host, device.pool, layer)]
+    one_call = TransferOptions(load_split=LoadSplit(0.5, ce_path="batch"))
+    check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages, options=one_call))
+
+
+def test_every_path_is_a_class_with_the_same_interface():
+    assert set(COPY_PATHS) == set(PATHS) - {"auto"}
+    for name, path in COPY_PATHS.items():
+        assert isinstance(path, CopyPath) and path.name == name
+        assert callable(path.backup) and callable(path.load)
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_scattered_auto_splits_copy_every_byte(layout):
+    """The scattered splits (copy engines only, layer blocks) through the engine on CPU pools."""
+    device, host = _pools("nsa", layout)
+    engine = TransferEngine(device.pool, host, path="mixed",
+                            options=TransferOptions(load_split=SCATTERED_LOADS[layout == "layer_first"]))
+    slots, pages = torch.randperm(16)[:9], random_ids(9, 1, 20)
+    pairs = [pair for layer in range(host.spec.num_layers) for pair in load_pairs(host, device.pool, layer)]
+    check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages))
+
+
 # --- GPU ------------------------------------------------------------------------------------------
 
 def read_each_layer_after_wait(handle, device_pool, pages, num_layers):
@@ -268,8 +358,8 @@ def test_gpu_split_loads_wait_layer(split, layout):
     spec = nsa_spec(num_layers=6, page_size=64)
     device = make_device_pool(spec, 300, "cuda")
     host = make_host_pool(spec, 260, layout)
-    engine = TransferEngine(device.pool, host, path="mixed")
-    engine.load_split = SPLITS[split] if SPLITS[split].unit_rows is None else replace(SPLITS[split], unit_rows=64)
+    split = SPLITS[split] if SPLITS[split].unit_rows is None else replace(SPLITS[split], unit_rows=64)
+    engine = TransferEngine(device.pool, host, path="mixed", options=TransferOptions(load_split=split))
     slots, pages = torch.arange(3, 259), random_ids(256, 1, 300)
     expected = [[host.chunk_view(ci, layer)[slots].clone() for ci in range(2)] for layer in range(spec.num_layers)]
     handle = engine.load(slots, pages)
@@ -323,8 +413,58 @@ def test_mixed_loads_leave_the_link_to_copy_engines_while_a_backup_runs():
     # Beside a backup: copy engines only, page_first rows in blocks of layers.
     assert engine._load_split(3) == MIXED_LOADS_BESIDE_BACKUP[False]
     assert engine._load_split(3).ce_fraction == 1.0 and engine._load_split(3).layers_per_copy > 1
-    engine.ce_fraction = 0.3
-    assert engine._ce_fraction(3) == 0.3 and engine._load_split(3).by == "pages"
-    engine.load_split = LoadSplit(by="components", copy_streams=2)
-    engine.ce_fraction = None
-    assert engine._load_split(3) == LoadSplit(by="components", copy_streams=2)
+    share = TransferOptions(ce_fraction=0.3)
+    assert engine._ce_fraction(3, share) == 0.3 and engine._load_split(3, share).by == "pages"
+    split = TransferOptions(load_split=LoadSplit(by="components", copy_streams=2))
+    assert engine._load_split(3, split) == LoadSplit(by="components", copy_streams=2)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("path", ["batch", "mixed", "kernel"])
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_gpu_loads_issued_by_library_threads_wait_layer(layout, path, threads):
+    """Loads issued by library threads: ordered after the caller's stream (the caller overwrites
+    the host slots right before), and each layer holds its bytes right after wait_layer."""
+    spec = nsa_spec(num_layers=12, page_size=64)
+    device = make_device_pool(spec, 300, "cuda")
+    host = make_host_pool(spec, 600, layout)
+    engine = TransferEngine(device.pool, host, path=path, options=TransferOptions(issue_threads=threads))
+    slots, pages = torch.randperm(600)[:256], random_ids(256, 1, 300)
+    expected = [[host.chunk_view(ci, layer)[slots].clone() for ci in range(2)] for layer in range(spec.num_layers)]
+    # Work on the caller's stream that the load must follow: pages poisoned after a long sleep.
+    torch.cuda._sleep(20_000_000)
+    for layer in range(spec.num_layers):
+        for ci in range(2):
+            device.pool.chunk_view(ci, layer)[pages.cuda()] = 0xA5
+    handle = engine.load(slots, pages)
+    got = read_each_layer_after_wait(handle, device.pool, pages, spec.num_layers)
+    assert handle.done()
+    assert_layers_equal(got, expected)
+    engine.close()
+    host.close()
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("op", ["backup", "load"])
+def test_gpu_auto_with_scattered_slots(layout, op):
+    spec = nsa_spec(num_layers=10, page_size=64)
+    device = make_device_pool(spec, 600, "cuda")
+    host = make_host_pool(spec, 700, layout)
+    engine = TransferEngine(device.pool, host)
+    pages, slots = random_ids(512, 1, 600), torch.randperm(700)[:512]
+    if op == "backup":
+        handles = []
+        check_copy(backup_pairs(device.pool, host), pages, slots, [host.buffer],
+                   lambda: handles.append(engine.backup(pages, slots)))
+        assert handles[0].path == ("kernel" if layout == "layer_first" else "staged")
+    else:
+        expected = [[host.chunk_view(ci, layer)[slots].clone() for ci in range(2)] for layer in range(spec.num_layers)]
+        handle = engine.load(slots, pages)
+        assert handle.path == ("batch" if layout == "layer_first" else "mixed")
+        assert_layers_equal(read_each_layer_after_wait(handle, device.pool, pages, spec.num_layers), expected)
+    engine.close()
+    host.close()

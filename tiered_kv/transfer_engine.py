@@ -9,10 +9,14 @@
     host_pool.free(slots, completion=backup)                  # released only once it completed
 
 Rules this module keeps:
-- Every CUDA call is issued from the caller's thread, under the pool's device, on streams this
-  engine owns (loads: kernel, copy-engine and UVA streams; backups: kernel and copy-engine
-  streams), never on the default stream. Each transfer first waits for the work already enqueued on the caller's
-  current stream (the pages it reads or overwrites may still be in use there).
+- Every CUDA call is issued under the pool's device, on streams this engine owns (loads: kernel,
+  copy-engine and UVA streams, and one stream per library issue thread; backups: kernel and
+  copy-engine streams), never on the default stream, from the caller's thread or from a library
+  issue thread (``TransferOptions.issue_threads``: loads whose issue costs more CPU than their
+  copies take). Each transfer first waits for the work already enqueued on the caller's current
+  stream (the pages it reads or overwrites may still be in use there); an issue thread's stream
+  waits on an event the caller's thread recorded there first. ``wait_layer`` of a layer that a
+  library thread has not issued yet waits on the CPU until it has (never on the device).
 - Validation (``tiered_kv.transfer.validate``) runs on CPU copies of the ids before anything is
   enqueued, so no call forces a device sync and a rejected call writes nothing.
 - A load records one CUDA event per layer after *every* component of that layer (latent and
@@ -21,20 +25,26 @@ Rules this module keeps:
   device pages it touches are to be released only through it.
 - On a CPU machine the same calls run the copy at once and return completed handles.
 
-Paths: ``kernel`` (Triton UVA kernel), ``direct`` (copy engines, runs of adjacent pages),
+Paths are a table (``COPY_PATHS``): each one a small class with the same two methods, the backup
+of every layer and the load of a list of layers, which run on a GPU (enqueue on the engine's
+streams) and on CPU pools (at once, kernels through Triton's interpreter) alike.
+``kernel`` (Triton UVA kernel), ``direct`` (copy engines, runs of adjacent pages),
 ``batch`` (copy engines, every row of a layer or backup in one ``cudaMemcpyBatchAsync``),
 ``staged`` (copy engines on host runs + kernel scatter/gather on the device), ``mixed`` (loads:
 part copy engines, part UVA kernel, at once, split by pages or by component: ``LoadSplit``),
-``torch`` (the reference), ``auto`` (chosen per call from the id runs, the host geometry, the
-number of layers and whether a backup is in flight: ``transfer_policy``, which holds the measured
-rules). This module must never block on the device: it only queries an event (non-blocking) to
+``torch`` (the reference), ``auto`` (chosen per call from the direction, the id runs, the host
+geometry, the number of layers and whether a backup is in flight: ``transfer_policy``, which holds
+the measured rules). The knobs (split, copy-engine share, batch flags, CTA budget, issue threads)
+are one frozen ``TransferOptions`` given to the engine, or to one call. This module must never block on the device: it only queries an event (non-blocking) to
 choose a path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import replace
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -45,57 +55,125 @@ from .kernels import copy_pages_reference
 from .transfer import IdsLike, PageCopy, backup_pairs, load_pairs, validate
 from .transfer_policy import (
     MAX_COPY_STREAMS,
+    MAX_ISSUE_THREADS,
     MIXED_LOADS,
     MIXED_LOADS_BESIDE_BACKUP,
     PATHS,
     SINGLE_LAYER_WITHOUT_BATCH,
     LoadSplit,
+    TransferOptions,
     choose_path,
+    choose_split,
+    is_scattered,
+    issue_threads,
 )
+
+
+class _Issued:
+    """Which layers of a load a library thread has issued (their events recorded), and its error.
+
+    The caller's thread waits here (on the CPU, never on the device) before it makes a stream
+    wait on a layer's event: a wait on an event not yet recorded would wait on nothing.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._layers: set[int] = set()
+        self._pending = 0
+        self.error: BaseException | None = None
+
+    def add_jobs(self, count: int) -> None:
+        with self._cond:
+            self._pending += count
+
+    def layer(self, layer: int) -> None:
+        with self._cond:
+            self._layers.add(layer)
+            self._cond.notify_all()
+
+    def job_done(self, error: BaseException | None = None) -> None:
+        with self._cond:
+            self._pending -= 1
+            if error is not None and self.error is None:
+                self.error = error
+            self._cond.notify_all()
+
+    def wait(self, layer: int | None = None) -> None:
+        """Until ``layer`` (None: every job) was issued; re-raises a library thread's error."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.error is not None or self._pending == 0
+                                or (layer is not None and layer in self._layers))
+            if self.error is not None:
+                raise self.error
+
+    def settled(self) -> bool:
+        with self._cond:
+            if self.error is not None:
+                raise self.error
+            return self._pending == 0
+
 
 class LoadHandle:
     """A load in flight: one CUDA event per loaded layer (None on CPU, where it is complete)."""
 
     def __init__(self, device: torch.device, layers: Sequence[int], events: dict[int, torch.cuda.Event] | None,
-                 copy: PageCopy, path: str) -> None:
+                 copy: PageCopy, path: str, issued: _Issued | None = None) -> None:
         self.device = device
         self.layers = tuple(layers)
         self.path = path
         self.copy = copy
         self._events = events
+        self._issued = issued
+
+    def _check(self, layer: int) -> None:
+        if layer not in self.layers:
+            raise IndexValidationError(f"layer {layer} is not part of this load (layers {self.layers[0]}..{self.layers[-1]})")
 
     def wait_layer(self, layer: int, stream: torch.cuda.Stream | None = None) -> None:
         """Make ``stream`` (default: the current stream) wait until ``layer`` has fully landed.
 
-        Covers every component of the layer (NSA: latent and indexer). Never blocks the caller.
+        Covers every component of the layer (NSA: latent and indexer). Never blocks the caller on
+        the device (at most on a library thread's issue of that layer).
         """
-        if layer not in self.layers:
-            raise IndexValidationError(f"layer {layer} is not part of this load (layers {self.layers[0]}..{self.layers[-1]})")
+        self._check(layer)
         if self._events is None:
             return
         if stream is None:
             stream = torch.cuda.current_stream(self.device)
-        stream.wait_event(self._events[layer])
+        stream.wait_event(self.event(layer))
 
     def event(self, layer: int) -> torch.cuda.Event | None:
         """The CUDA event recorded once ``layer`` has landed (None on CPU)."""
-        return None if self._events is None else self._events[layer]
+        if self._events is None:
+            return None
+        if self._issued is not None:
+            self._issued.wait(layer)
+        return self._events[layer]
 
     def layer_done(self, layer: int) -> bool:
         """Whether ``layer`` has landed (non-blocking)."""
-        if layer not in self.layers:
-            raise IndexValidationError(f"layer {layer} is not part of this load")
-        return self._events is None or self._events[layer].query()
+        self._check(layer)
+        if self._events is None:
+            return True
+        if self._issued is not None and not self._issued.settled():
+            return False
+        return self._events[layer].query()
 
     def done(self) -> bool:
         """Whether every layer has landed (non-blocking): the completion for slots and pages."""
-        return self._events is None or all(e.query() for e in self._events.values())
+        if self._events is None:
+            return True
+        if self._issued is not None and not self._issued.settled():
+            return False
+        return all(e.query() for e in self._events.values())
 
     query = done
 
     def synchronize(self) -> None:
         """Block the calling thread until the load completed (tests, benchmarks; not the hot path)."""
         if self._events is not None:
+            if self._issued is not None:
+                self._issued.wait()
             for event in self._events.values():
                 event.synchronize()
 
@@ -124,13 +202,333 @@ class BackupHandle:
             self._event.synchronize()
 
 
+class _IssueThreads:
+    """The engine's library issue threads: one daemon thread and one stream each, FIFO jobs.
+
+    A job runs under the pool's device with the thread's stream current. Jobs of one load on one
+    thread run in order; the engine's lock serialises what they share with other loads.
+    """
+
+    def __init__(self, device: torch.device, count: int) -> None:
+        self.device = device
+        self.streams = [torch.cuda.Stream(device) for _ in range(count)]
+        self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(count)]
+        self._threads = [threading.Thread(target=self._work, args=(k,), name=f"tiered-kv-issue-{k}", daemon=True)
+                         for k in range(count)]
+        for thread in self._threads:
+            thread.start()
+
+    def __len__(self) -> int:
+        return len(self.streams)
+
+    def submit(self, k: int, job: Callable[[], None], issued: _Issued) -> None:
+        issued.add_jobs(1)
+        self._queues[k].put((job, issued))
+
+    def _work(self, k: int) -> None:
+        with torch.cuda.device(self.device):
+            while True:
+                item = self._queues[k].get()
+                if item is None:
+                    return
+                job, issued = item
+                try:
+                    with torch.cuda.stream(self.streams[k]):
+                        job()
+                except BaseException as exc:  # handed to the caller's thread through the handle
+                    issued.job_done(exc)
+                else:
+                    issued.job_done()
+
+    def close(self) -> None:
+        for q in self._queues:
+            q.put(None)
+        for thread in self._threads:
+            thread.join()
+
+
+# --- the copy paths -------------------------------------------------------------------------------
+
+@dataclass
+class _Backup:
+    """One backup call: what a path's ``backup`` needs. ``done_on``: the stream whose work the
+    completion event follows (the path sets it; None on CPU)."""
+
+    engine: "TransferEngine"
+    copy: PageCopy
+    options: TransferOptions
+    done_on: torch.cuda.Stream | None = None
+
+    @property
+    def pairs(self):
+        return self.engine._backup_pairs
+
+    def stream(self, name: str) -> torch.cuda.Stream | None:
+        return getattr(self.engine, name) if self.engine.on_gpu else None
+
+
+@dataclass
+class _Load:
+    """One load call: the layers, ids and split, and the per-layer completion events.
+
+    A path's ``load`` enqueues each layer's copies and calls ``finish_layer(index)`` right after
+    the layer's last copy was enqueued on ``load_stream``; on CPU the copies run at once and
+    ``finish_layer`` records nothing.
+    """
+
+    engine: "TransferEngine"
+    layers: list[int]
+    copy: PageCopy
+    split: LoadSplit
+    options: TransferOptions
+    events: dict[int, torch.cuda.Event] = field(default_factory=dict)
+    issued: _Issued | None = None
+    load_stream: torch.cuda.Stream | None = None
+    uva: tuple | None = None  # the kernel half: (stream, plans, tables, slots, pages), uploaded
+
+    def __post_init__(self) -> None:
+        if self.engine.on_gpu and self.load_stream is None:
+            self.load_stream = self.engine.load_stream
+
+    def pairs(self, layer: int):
+        return self.engine._load_pairs[layer]
+
+    def finish_layer(self, index: int) -> None:
+        """Launch the layer's kernel half (if any), join it, and record the layer's event."""
+        engine = self.engine
+        if self.uva is not None:
+            from .kernels.uva_copy import launch_uva
+
+            stream, plans, tables, slots, pages = self.uva
+            with torch.cuda.stream(stream) if stream is not None else _nothing():
+                launch_uva(plans[index], tables[index], slots, pages, num_ctas=self.options.num_ctas)
+            if stream is not None and stream is not self.load_stream:
+                # The layer is complete only once both halves of it have landed.
+                joined = engine._uva_done[index % len(engine._uva_done)]
+                joined.record(stream)
+                self.load_stream.wait_event(joined)
+        if not engine.on_gpu:
+            return
+        layer = self.layers[index]
+        event = self.events[layer]
+        event.record(self.load_stream)
+        if self.issued is not None:
+            self.issued.layer(layer)
+
+    def kernel_half(self, kernel_part: tuple[torch.Tensor, torch.Tensor], components, stream) -> None:
+        """Upload every layer's kernel table and the kernel's ids at once (launched per layer by
+        ``finish_layer``)."""
+        from .kernels.uva_copy import upload
+
+        engine = self.engine
+        plans = [engine._load_plan(layer, components) for layer in self.layers]
+        device = engine.device if engine.on_gpu else torch.device("cpu")
+        with torch.cuda.stream(stream) if stream is not None else _nothing():
+            uploaded = upload(device, [p.table for p in plans] + list(kernel_part))
+        if len(kernel_part[0]):
+            self.uva = (stream, plans, uploaded[:-2], uploaded[-2], uploaded[-1])
+
+    def staged_half(self, ce_ids, ce_components) -> None:
+        """Copy engines into the staging ring, scattered by its kernel on ``load_stream``; blocks
+        of ``layers_per_copy`` layers, whose events are recorded once the whole block landed."""
+        engine, split = self.engine, self.split
+        blocks = _blocks(len(self.layers), split)
+        groups = [[self.pairs(self.layers[i])[ci] for i in block for ci in ce_components] for block in blocks]
+        if engine.on_gpu:
+            copy_streams = [engine.load_copy_stream, *engine._load_copy_extra[:split.copy_streams - 1]]
+        else:
+            copy_streams = [None] * split.copy_streams
+
+        def finish_block(b: int) -> None:
+            for index in blocks[b]:
+                self.finish_layer(index)
+
+        # One call for every layer: sorting, runs and the table upload happen once.
+        engine.staging_copier("load").to_device_groups(
+            groups, *ce_ids, copy_stream=copy_streams, kernel_stream=self.load_stream,
+            on_group_done=finish_block, unit_rows=split.unit_rows, num_ctas=split.staging_ctas)
+
+    def batched_half(self, ce_ids, ce_components) -> None:
+        """Per layer, one memcpy batch straight into the pages on ``load_stream`` (split over
+        ``copy_streams`` streams that fork from and join back into it)."""
+        from .kernels.batch_copy import plan_copy_list, run_copy_list, split_copy_list
+
+        engine = self.engine
+        extra = engine._load_copy_extra[:self.split.copy_streams - 1] if engine.on_gpu else []
+        parts_count = self.split.copy_streams if not engine.on_gpu else 1 + len(extra)
+        for index, layer in enumerate(self.layers):
+            copies = plan_copy_list([self.pairs(layer)[ci] for ci in ce_components], *ce_ids)
+            parts = split_copy_list(copies, parts_count)
+            if extra:
+                engine._batch_fork.record(self.load_stream)
+            for stream, part in zip(extra, parts[1:]):
+                stream.wait_event(engine._batch_fork)
+                run_copy_list(part, stream=stream, on_gpu=True, flags=self.options.batch_flags)
+            if not engine.on_gpu:
+                for part in parts[1:]:
+                    run_copy_list(part, on_gpu=False)
+            run_copy_list(parts[0], stream=self.load_stream, on_gpu=engine.on_gpu, flags=self.options.batch_flags)
+            for stream, joined in zip(extra, engine._batch_join if extra else ()):
+                joined.record(stream)
+                self.load_stream.wait_event(joined)
+            self.finish_layer(index)
+
+
+class _nothing:
+    """A context that does nothing (CPU pools: no stream to make current)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class CopyPath:
+    """One way of moving pages; every path has these two methods (see ``COPY_PATHS``).
+
+    ``backup(job)``: enqueue (GPU) or run (CPU) the copy of every layer of ``job.copy`` and set
+    ``job.done_on``. ``load(job)``: the same for ``job.layers``, calling ``job.finish_layer(i)``
+    after each layer. ``name`` is the path's name in ``PATHS`` (what the handles report).
+    """
+
+    name = ""
+    #: The path a backup of this path's name takes (``mixed`` backs up through ``staged``).
+    backup_as: str | None = None
+
+    def backup(self, job: _Backup) -> None:
+        raise NotImplementedError
+
+    def load(self, job: _Load) -> None:
+        raise NotImplementedError
+
+    def per_layer(self, job: _Load, copy_layer: Callable[[list, torch.cuda.Stream | None], None]) -> None:
+        for index, layer in enumerate(job.layers):
+            copy_layer(job.pairs(layer), job.load_stream)
+            job.finish_layer(index)
+
+
+class TorchPath(CopyPath):
+    """The reference: index_select + copy + index_copy_ (CPU pools' default)."""
+
+    name = "torch"
+
+    def backup(self, job: _Backup) -> None:
+        job.done_on = job.stream("backup_stream")
+        with torch.cuda.stream(job.done_on) if job.done_on is not None else _nothing():
+            copy_pages_reference(job.pairs, job.copy.device_pages, job.copy.host_slots)
+
+    def load(self, job: _Load) -> None:
+        def copy_layer(pairs, stream):
+            with torch.cuda.stream(stream) if stream is not None else _nothing():
+                copy_pages_reference(pairs, job.copy.host_slots, job.copy.device_pages)
+        self.per_layer(job, copy_layer)
+
+
+class KernelPath(CopyPath):
+    """The Triton UVA kernel: one launch for a backup, one per layer for a load (one upload)."""
+
+    name = "kernel"
+
+    def backup(self, job: _Backup) -> None:
+        job.done_on = job.stream("backup_stream")
+        with torch.cuda.stream(job.done_on) if job.done_on is not None else _nothing():
+            job.engine._uva(job.engine._plan("backup", job.pairs), job.copy.device_pages, job.copy.host_slots,
+                            job.options.num_ctas)
+
+    def load(self, job: _Load) -> None:
+        job.kernel_half((job.copy.host_slots, job.copy.device_pages), None, job.load_stream)
+        for index in range(len(job.layers)):
+            job.finish_layer(index)
+
+
+class DirectPath(CopyPath):
+    """Copy engines, one (2-D) copy per run of pages adjacent on both sides and pair."""
+
+    name = "direct"
+
+    def backup(self, job: _Backup) -> None:
+        from .kernels import copy_pages_direct
+
+        job.done_on = job.stream("backup_stream")
+        copy_pages_direct(job.pairs, job.copy.device_pages, job.copy.host_slots, stream=job.done_on)
+
+    def load(self, job: _Load) -> None:
+        from .kernels import copy_pages_direct, find_runs
+
+        runs = find_runs(job.copy.host_slots, job.copy.device_pages)
+        self.per_layer(job, lambda pairs, stream: copy_pages_direct(pairs, job.copy.host_slots, job.copy.device_pages,
+                                                                    stream=stream, runs=runs))
+
+
+class BatchPath(CopyPath):
+    """Copy engines, every row of a backup (or of a layer) in one ``cudaMemcpyBatchAsync``."""
+
+    name = "batch"
+
+    def backup(self, job: _Backup) -> None:
+        from .kernels.batch_copy import plan_copy_list, run_copy_list
+
+        job.done_on = job.stream("backup_stream")
+        copies = plan_copy_list(job.pairs, job.copy.device_pages, job.copy.host_slots)
+        run_copy_list(copies, stream=job.done_on, on_gpu=job.engine.on_gpu, flags=job.options.batch_flags)
+
+    def load(self, job: _Load) -> None:
+        from .kernels.batch_copy import plan_copy_list, run_copy_list
+
+        def copy_layer(pairs, stream):
+            copies = plan_copy_list(pairs, job.copy.host_slots, job.copy.device_pages)
+            run_copy_list(copies, stream=stream, on_gpu=job.engine.on_gpu, flags=job.options.batch_flags)
+        self.per_layer(job, copy_layer)
+
+
+class StagedPath(CopyPath):
+    """Copy engines on host runs through the device staging ring, its kernel on the device side."""
+
+    name = "staged"
+
+    def backup(self, job: _Backup) -> None:
+        job.done_on = job.stream("backup_copy_stream")
+        job.engine.staging_copier("backup").to_host(job.pairs, job.copy.device_pages, job.copy.host_slots,
+                                                    copy_stream=job.done_on, kernel_stream=job.stream("backup_stream"))
+
+    def load(self, job: _Load) -> None:
+        job.staged_half((job.copy.host_slots, job.copy.device_pages), job.engine._components(job.split)[1])
+
+
+class MixedPath(StagedPath):
+    """Loads: copy engines and the UVA kernel at once, split by ``LoadSplit``; backups: staged
+    (device -> host copy engines already run at full rate)."""
+
+    name = "mixed"
+    backup_as = "staged"
+
+    def load(self, job: _Load) -> None:
+        engine = job.engine
+        kernel_components, ce_components = engine._components(job.split)
+        kernel_part, ce_part = engine._parts(job.copy, "mixed", job.split)
+        job.kernel_half(kernel_part, kernel_components, engine.load_uva_stream if engine.on_gpu else None)
+        if job.split.ce_path == "batch":
+            job.batched_half(ce_part, ce_components)
+        else:
+            job.staged_half(ce_part, ce_components)
+
+
+#: Every path by name (``auto`` is resolved by ``transfer_policy.choose_path`` first).
+COPY_PATHS: dict[str, CopyPath] = {path.name: path for path in (TorchPath(), KernelPath(), DirectPath(), BatchPath(),
+                                                                  StagedPath(), MixedPath())}
+
+
 class TransferEngine:
     """Copies pages between one device pool and one host pool of the same spec.
 
     Args:
         device_pool, host_pool: pools of one spec; the host pool pinned when the device is a GPU.
         path: default path for every call (see module docstring).
-        num_ctas: CTA budget of the UVA kernel launches (default: measured per direction).
+        options: the knobs (``TransferOptions``: load split, copy-engine share, batch flags, CTA
+            budget, issue threads); any call may pass its own.
+        num_ctas: CTA budget of the UVA kernel launches (default: measured per direction); the
+            same as ``options.num_ctas``.
         staging_bytes, staging_buffers, staging_ctas: the device staging ring per direction
             (``staged`` / ``mixed`` paths, allocated on first use) and its kernel's CTA budget.
         timing: create the handles' events with timing enabled (benchmarks; slightly costlier).
@@ -138,28 +536,25 @@ class TransferEngine:
 
     def __init__(self, device_pool: DevicePool, host_pool: HostPool, *, path: str = "auto", num_ctas: int | None = None,
                  staging_bytes: int | None = None, staging_buffers: int = 2, staging_ctas: int | None = None,
-                 timing: bool = False) -> None:
+                 timing: bool = False, options: TransferOptions | None = None) -> None:
         if device_pool.spec.fingerprint != host_pool.spec.fingerprint:
             raise SpecMismatchError(
                 f"device pool spec ({device_pool.spec.describe()}) differs from host pool spec ({host_pool.spec.describe()})"
             )
         self._check_path(path)
+        options = options or TransferOptions()
+        if num_ctas is not None:
+            options = replace(options, num_ctas=num_ctas)
         self.device_pool = device_pool
         self.host_pool = host_pool
         self.path = path
-        self.num_ctas = num_ctas
+        self.options = options
         self.device = device_pool.device
         self.on_gpu = self.device.type == "cuda"
         self._staging_bytes = staging_bytes
         self._staging_buffers = staging_buffers
         self._staging_ctas = staging_ctas
         self._timing = timing
-        #: Overrides for ``mixed`` loads: the whole split (None: ``MIXED_LOADS`` by geometry, load
-        #: length and backups in flight), then its copy-engine share alone.
-        self.load_split: LoadSplit | None = None
-        self.ce_fraction: float | None = None
-        #: ``cudaMemcpyFlags`` of the ``batch`` path's calls (benchmarks compare them).
-        self.batch_flags = 0
         self._last_backup: torch.cuda.Event | None = None
         self._word: int | None = None
         self._copiers: dict[str, object] = {}
@@ -168,6 +563,9 @@ class TransferEngine:
         # Host rows are dense when every per-layer host chunk view has pitch == chunk.
         self._dense_host_rows = all(h.stride(0) == h.shape[1] for pairs in self._load_pairs for h, _ in pairs)
         self._plans: dict[object, object] = {}
+        self._issuer: _IssueThreads | None = None
+        # Loads issued by library threads and by the caller share plans and the staging ring.
+        self._lock = threading.RLock()
         from .kernels.batch_copy import available as batch_available
 
         # On CPU the batch path is memmove over the same copy list: always there.
@@ -193,57 +591,44 @@ class TransferEngine:
 
     # --- public ----------------------------------------------------------------------------------
     def backup(self, device_pages: IdsLike, host_slots: IdsLike, *, path: str | None = None,
-               token_indices: bool = False) -> BackupHandle:
+               token_indices: bool = False, options: TransferOptions | None = None) -> BackupHandle:
         """Copy every component and layer of ``device_pages`` into ``host_slots``; returns at once.
 
         Args:
             device_pages: page ids (or engine token indices with ``token_indices=True``), any
                 int sequence or 1-D integer tensor; CPU tensors avoid a device sync.
             host_slots: slot ids of the host pool, unique.
+            options: this call's knobs (default: the engine's).
         """
         copy = validate(self.device_pool, self.host_pool, device_pages, host_slots, to_host=True, token_indices=token_indices)
-        path = self._choose(path, copy, to_host=True)
-        if path == "mixed":
-            path = "staged"  # splitting pays off for host reads only; device -> host copy engines run at full rate
+        name = self._choose(path, copy, to_host=True)
+        chosen = COPY_PATHS[name]
+        name = chosen.backup_as or name
+        job = _Backup(self, copy, options or self.options)
         if not self.on_gpu:
-            self._run_on_cpu(path, self._backup_pairs, copy.device_pages, copy.host_slots, to_host=True, key="backup")
-            return BackupHandle(None, copy, path)
+            if len(copy):
+                COPY_PATHS[name].backup(job)
+            return BackupHandle(None, copy, name)
         with torch.cuda.device(self.device):
             caller = torch.cuda.current_stream(self.device)
             self.backup_stream.wait_stream(caller)
             self.backup_copy_stream.wait_stream(caller)
-            done_on = self.backup_stream
+            job.done_on = self.backup_stream
             if len(copy):
-                if path == "kernel":
-                    with torch.cuda.stream(self.backup_stream):
-                        self._uva(self._plan("backup", self._backup_pairs), copy.device_pages, copy.host_slots)
-                elif path == "staged":
-                    self.staging_copier("backup").to_host(self._backup_pairs, copy.device_pages, copy.host_slots,
-                                                   copy_stream=self.backup_copy_stream, kernel_stream=self.backup_stream)
-                    done_on = self.backup_copy_stream
-                elif path == "direct":
-                    from .kernels import copy_pages_direct
-
-                    copy_pages_direct(self._backup_pairs, copy.device_pages, copy.host_slots, stream=self.backup_stream)
-                elif path == "batch":
-                    from .kernels.batch_copy import plan_copy_list, run_copy_list
-
-                    copies = plan_copy_list(self._backup_pairs, copy.device_pages, copy.host_slots)
-                    run_copy_list(copies, stream=self.backup_stream, on_gpu=True, flags=self.batch_flags)
-                else:
-                    with torch.cuda.stream(self.backup_stream):
-                        copy_pages_reference(self._backup_pairs, copy.device_pages, copy.host_slots)
+                COPY_PATHS[name].backup(job)
             event = torch.cuda.Event(enable_timing=self._timing)
-            event.record(done_on)
+            event.record(job.done_on)
             self._last_backup = event
-        return BackupHandle(event, copy, path)
+        return BackupHandle(event, copy, name)
 
     def load(self, host_slots: IdsLike, device_pages: IdsLike, *, layers: Sequence[int] | None = None,
-             path: str | None = None, token_indices: bool = False) -> LoadHandle:
+             path: str | None = None, token_indices: bool = False, options: TransferOptions | None = None) -> LoadHandle:
         """Copy ``host_slots`` into ``device_pages`` layer by layer (default: every layer, in order).
 
-        Enqueues everything at once and returns; each layer gets its own event, recorded once all
-        of its components have landed, so the engine can compute layer i while i+1 is in flight.
+        Enqueues everything at once (on the caller's thread, or on library issue threads; see
+        ``TransferOptions.issue_threads``) and returns; each layer gets its own event, recorded
+        once all of its components have landed, so the engine can compute layer i while i+1 is
+        in flight.
         """
         num_layers = self.device_pool.spec.num_layers
         layers = list(range(num_layers)) if layers is None else [int(layer) for layer in layers]
@@ -252,36 +637,85 @@ class TransferEngine:
                 raise IndexValidationError(f"layer {layer} outside 0..{num_layers - 1}")
         if len(set(layers)) != len(layers):
             raise IndexValidationError(f"layers repeat: {layers}")
+        options = options or self.options
         copy = validate(self.device_pool, self.host_pool, device_pages, host_slots, to_host=False, token_indices=token_indices)
-        path = self._choose(path, copy, to_host=False, single_layer=len(layers) == 1)
-        split = self._load_split(len(layers)) if path in ("mixed", "staged") else LoadSplit()
-        if path == "staged":
+        auto = (path or self.path) == "auto"
+        name = self._choose(path, copy, to_host=False, single_layer=len(layers) == 1)
+        split = self._load_split(len(layers), options, copy if auto else None) if name in ("mixed", "staged") else LoadSplit()
+        if name == "staged":
             split = replace(split, ce_fraction=1.0, by="pages")
+        job = _Load(self, layers, copy, split, options)
         if not self.on_gpu:
-            if path in ("staged", "mixed") and len(copy):
-                self._staged_load_on_cpu(path, layers, copy, split)
-            else:
-                for layer in layers:
-                    self._run_on_cpu(path, self._load_pairs[layer], copy.host_slots, copy.device_pages, to_host=False,
-                                     key=("load", layer))
-            return LoadHandle(self.device, layers, None, copy, path)
+            if len(copy):
+                COPY_PATHS[name].load(job)
+            return LoadHandle(self.device, layers, None, copy, name)
+        threads = min(issue_threads(name, len(layers), options), len(layers)) if len(copy) else 0
         with torch.cuda.device(self.device):
-            events = _GpuLoad(self, layers, copy, path, split).enqueue()
-        return LoadHandle(self.device, layers, events, copy, path)
+            job.events = {layer: torch.cuda.Event(enable_timing=self._timing) for layer in layers}
+            caller = torch.cuda.current_stream(self.device)
+            if threads:
+                self._load_on_threads(job, name, threads, caller)
+                return LoadHandle(self.device, layers, job.events, copy, name, job.issued)
+            for stream in (self.load_stream, self.load_copy_stream, self.load_uva_stream):
+                stream.wait_stream(caller)
+            with self._lock:
+                if len(copy):
+                    COPY_PATHS[name].load(job)
+                else:
+                    for index in range(len(layers)):
+                        job.finish_layer(index)
+        return LoadHandle(self.device, layers, job.events, copy, name)
 
-    def _load_split(self, num_layers: int) -> LoadSplit:
-        """How a ``mixed`` load of ``num_layers`` layers is split now (see ``MIXED_LOADS``)."""
-        if self.load_split is not None:
-            split = self.load_split
-        elif self._last_backup is not None and not self._last_backup.query():
-            split = MIXED_LOADS_BESIDE_BACKUP[self._dense_host_rows]
-        else:
-            split = MIXED_LOADS[(self._dense_host_rows, num_layers > 1)]
-            if split.ce_path == "batch" and not self._has_batch:
-                split = SINGLE_LAYER_WITHOUT_BATCH[self._dense_host_rows]
-        if self.ce_fraction is not None:
-            split = replace(split, ce_fraction=self.ce_fraction, by="pages")
-        return split
+    def close(self) -> None:
+        """Stop the library issue threads (if any were started); the engine stays usable."""
+        if self._issuer is not None:
+            self._issuer.close()
+            self._issuer = None
+
+    def _load_on_threads(self, job: _Load, name: str, threads: int, caller: torch.cuda.Stream) -> None:
+        """Hand ``job`` to ``threads`` library threads after an event on the caller's stream.
+
+        ``batch`` loads deal their layers round-robin over the threads (each thread's stream is
+        that layer's ``load_stream``); any other path runs whole on the first thread, on the
+        engine's streams.
+        """
+        issuer = self._issue_threads(threads)
+        ready = torch.cuda.Event()
+        ready.record(caller)
+        job.issued = _Issued()
+        if name != "batch":
+            def run_whole() -> None:
+                with self._lock:
+                    for stream in (self.load_stream, self.load_copy_stream, self.load_uva_stream):
+                        stream.wait_event(ready)
+                    COPY_PATHS[name].load(job)
+            issuer.submit(0, run_whole, job.issued)
+            return
+        for k in range(threads):
+            indices = list(range(k, len(job.layers), threads))
+
+            def run_share(indices=indices, stream=issuer.streams[k]) -> None:
+                stream.wait_event(ready)
+                share = replace(job, layers=[job.layers[i] for i in indices], load_stream=stream)
+                COPY_PATHS["batch"].load(share)
+            issuer.submit(k, run_share, job.issued)
+
+    def _issue_threads(self, count: int) -> _IssueThreads:
+        if count > MAX_ISSUE_THREADS:
+            raise ValueError(f"at most {MAX_ISSUE_THREADS} issue threads, asked for {count}")
+        if self._issuer is None or len(self._issuer) < count:
+            self.close()
+            self._issuer = _IssueThreads(self.device, count)
+        return self._issuer
+
+    def _load_split(self, num_layers: int, options: TransferOptions | None = None,
+                    copy: PageCopy | None = None) -> LoadSplit:
+        """How a ``mixed`` load of ``num_layers`` layers is split now (``choose_split``); ``copy``
+        only for loads whose path ``auto`` chose (their slots may count as scattered)."""
+        backup_running = self._last_backup is not None and not self._last_backup.query()
+        scattered = copy is not None and is_scattered(copy.host_slots)
+        return choose_split(dense_host_rows=self._dense_host_rows, num_layers=num_layers, backup_in_flight=backup_running,
+                            scattered=scattered, has_batch=self._has_batch, options=options or self.options)
 
     def _parts(self, copy: PageCopy, path: str,
                split: LoadSplit) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
@@ -300,9 +734,9 @@ class TransferEngine:
         largest = max(everything, key=lambda ci: sizes[ci])
         return tuple(ci for ci in everything if ci != largest), (largest,)
 
-    def _ce_fraction(self, num_layers: int) -> float:
-        """Share of a ``mixed`` load's pages that goes through the copy engines (see ``MIXED_LOADS``)."""
-        return self._load_split(num_layers).ce_fraction
+    def _ce_fraction(self, num_layers: int, options: TransferOptions | None = None) -> float:
+        """Share of a ``mixed`` load's pages that goes through the copy engines (``choose_split``)."""
+        return self._load_split(num_layers, options).ce_fraction
 
     def _split(self, copy: PageCopy, path: str,
                fraction: float) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
@@ -336,17 +770,18 @@ class TransferEngine:
             return path
         if not self.on_gpu or len(copy) == 0:
             return "torch"
-        return choose_path(copy.host_slots, copy.device_pages, to_host=to_host,
-                           single_layer_batch=single_layer and self._has_batch)
+        return choose_path(copy.host_slots, copy.device_pages, to_host=to_host, single_layer=single_layer,
+                           has_batch=self._has_batch, dense_host_rows=self._dense_host_rows)
 
     # --- helpers ---------------------------------------------------------------------------------
     def _plan(self, key, pairs):
-        plan = self._plans.get(key)
-        if plan is None:
-            from .kernels import plan_uva_copy
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is None:
+                from .kernels import plan_uva_copy
 
-            plan = self._plans[key] = plan_uva_copy(pairs)
-        return plan
+                plan = self._plans[key] = plan_uva_copy(pairs)
+            return plan
 
     def _load_plan(self, layer: int, components: tuple[int, ...] | None = None):
         """The UVA plan of one layer's load (of ``components``, default all); all layers share one
@@ -371,10 +806,10 @@ class TransferEngine:
             self._word = plan_uva_copy(pairs, anchor=self.device_pool.chunk_view(0, 0)).word_bytes
         return self._word
 
-    def _uva(self, plan, src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:
+    def _uva(self, plan, src_ids: torch.Tensor, dst_ids: torch.Tensor, num_ctas: int | None = None) -> None:
         from .kernels import copy_pages_uva
 
-        copy_pages_uva(plan, src_ids, dst_ids, num_ctas=self.num_ctas)
+        copy_pages_uva(plan, src_ids, dst_ids, num_ctas=num_ctas if num_ctas is not None else self.options.num_ctas)
 
     def staging_copier(self, direction: str):
         """The staging ring of ``"load"`` or ``"backup"`` (created on first use; tune ``num_ctas`` on it)."""
@@ -390,177 +825,6 @@ class TransferEngine:
             )
         return copier
 
-    def _staged_load_on_cpu(self, path: str, layers: Sequence[int], copy: PageCopy, split: LoadSplit) -> None:
-        """A staged or mixed load on CPU pools, split and grouped as on a GPU (``load``)."""
-        kernel_components, ce_components = self._components(split)
-        staged = (copy.host_slots, copy.device_pages)
-        if path == "mixed":
-            kernel, staged = self._parts(copy, path, split)
-            for layer in layers:
-                pairs = self._load_pairs[layer]
-                kernel_pairs = pairs if kernel_components is None else [pairs[ci] for ci in kernel_components]
-                if len(kernel[0]):
-                    self._uva(self._plan(("load", layer, kernel_components), kernel_pairs), *kernel)
-        if split.ce_path == "batch" and path == "mixed":
-            from .kernels.batch_copy import copy_pages_batch
-
-            for layer in layers:
-                copy_pages_batch([self._load_pairs[layer][ci] for ci in ce_components], *staged)
-            return
-        groups = [[self._load_pairs[layers[i]][ci] for i in block for ci in ce_components]
-                  for block in _blocks(len(layers), split)]
-        self.staging_copier("load").to_device_groups(groups, *staged, copy_stream=[None] * split.copy_streams,
-                                                     unit_rows=split.unit_rows)
-
-    def _run_on_cpu(self, path: str, pairs, src_ids: torch.Tensor, dst_ids: torch.Tensor, *, to_host: bool,
-                    key) -> None:
-        """CPU pools: the same paths run synchronously (kernels through Triton's interpreter)."""
-        if len(src_ids) == 0:
-            return
-        if path == "kernel":
-            self._uva(self._plan(key, pairs), src_ids, dst_ids)
-        elif path == "staged":  # backups (staged and mixed loads: _staged_load_on_cpu)
-            self.staging_copier("backup").to_host(pairs, src_ids, dst_ids)
-        elif path == "direct":
-            from .kernels import copy_pages_direct
-
-            copy_pages_direct(pairs, src_ids, dst_ids)
-        elif path == "batch":
-            from .kernels.batch_copy import copy_pages_batch
-
-            copy_pages_batch(pairs, src_ids, dst_ids)
-        else:
-            copy_pages_reference(pairs, src_ids, dst_ids)
-
-
-class _GpuLoad:
-    """Enqueues one load on a GPU: per layer, the UVA kernel's half and the copy engines' half
-    (whichever the path uses), then the layer's event once every component has landed.
-
-    One object per ``TransferEngine.load`` call; it borrows the engine's streams, events, plans
-    and staging ring, and is dropped when the call returns. Runs under the pool's device.
-    """
-
-    def __init__(self, engine: "TransferEngine", layers: list[int], copy: PageCopy, path: str, split: LoadSplit) -> None:
-        self.engine, self.layers, self.copy, self.path, self.split = engine, layers, copy, path, split
-        self.kernel_components, self.ce_components = engine._components(split)
-        self.events: dict[int, torch.cuda.Event] = {}
-        self.ce_ids = (copy.host_slots, copy.device_pages)  # the copy engines' pages (all of them unless split)
-        self.uva = None  # (stream, plans, tables, slots on the device, pages on the device)
-
-    def enqueue(self) -> dict[int, torch.cuda.Event]:
-        engine, path = self.engine, self.path
-        caller = torch.cuda.current_stream(engine.device)
-        for stream in (engine.load_stream, engine.load_copy_stream, engine.load_uva_stream):
-            stream.wait_stream(caller)
-        if not len(self.copy):
-            for index in range(len(self.layers)):
-                self._finish_layer(index)
-        else:
-            if path in ("kernel", "mixed"):
-                self._prepare_kernel_half()
-            if path == "mixed" and self.split.ce_path == "batch":
-                self._batched_copy_engine_half()
-            elif path in ("staged", "mixed"):
-                self._staged_copy_engine_half()
-            else:
-                self._per_layer()
-        return self.events
-
-    def _prepare_kernel_half(self) -> None:
-        """Split the pages (``mixed``) and upload every layer's kernel table and the ids at once."""
-        from .kernels.uva_copy import upload
-
-        engine = self.engine
-        kernel_part, self.ce_ids = engine._parts(self.copy, self.path, self.split)
-        stream = engine.load_stream if self.path == "kernel" else engine.load_uva_stream
-        plans = [engine._load_plan(layer, self.kernel_components) for layer in self.layers]
-        with torch.cuda.stream(stream):
-            uploaded = upload(engine.device, [p.table for p in plans] + list(kernel_part))
-        self.uva = (stream, plans, uploaded[:-2], uploaded[-2], uploaded[-1])
-
-    def _finish_layer(self, index: int) -> None:
-        """Launch the layer's kernel half (if any), join it, and record the layer's event."""
-        engine = self.engine
-        if self.uva is not None:
-            from .kernels.uva_copy import launch_uva
-
-            stream, plans, tables, slots_dev, pages_dev = self.uva
-            with torch.cuda.stream(stream):
-                launch_uva(plans[index], tables[index], slots_dev, pages_dev, num_ctas=engine.num_ctas)
-            if self.path == "mixed":
-                # The layer is complete only once both halves of it have landed.
-                joined = engine._uva_done[index % len(engine._uva_done)]
-                joined.record(stream)
-                engine.load_stream.wait_event(joined)
-        event = torch.cuda.Event(enable_timing=engine._timing)
-        event.record(engine.load_stream)
-        self.events[self.layers[index]] = event
-
-    def _batched_copy_engine_half(self) -> None:
-        """Per layer, one memcpy batch straight into the pages, on load_stream itself (split over
-        ``copy_streams`` streams that fork from and join back into it), so ``_finish_layer``'s
-        join of the kernel half completes the layer there."""
-        from .kernels.batch_copy import plan_copy_list, run_copy_list, split_copy_list
-
-        engine = self.engine
-        slots, pages = self.ce_ids
-        extra = engine._load_copy_extra[:self.split.copy_streams - 1]
-        for index, layer in enumerate(self.layers):
-            pairs = engine._load_pairs[layer]
-            copies = plan_copy_list([pairs[ci] for ci in self.ce_components], slots, pages)
-            parts = split_copy_list(copies, 1 + len(extra))
-            if extra:
-                engine._batch_fork.record(engine.load_stream)
-            for stream, part in zip(extra, parts[1:]):
-                stream.wait_event(engine._batch_fork)
-                run_copy_list(part, stream=stream, on_gpu=True, flags=engine.batch_flags)
-            run_copy_list(parts[0], stream=engine.load_stream, on_gpu=True, flags=engine.batch_flags)
-            for stream, joined in zip(extra, engine._batch_join):
-                joined.record(stream)
-                engine.load_stream.wait_event(joined)
-            self._finish_layer(index)
-
-    def _staged_copy_engine_half(self) -> None:
-        """Copy engines into the staging ring, scattered by its kernel on load_stream; blocks of
-        ``layers_per_copy`` layers, whose events are recorded once the whole block landed."""
-        engine, split = self.engine, self.split
-        blocks = _blocks(len(self.layers), split)
-        groups = [[engine._load_pairs[self.layers[i]][ci] for i in block for ci in self.ce_components]
-                  for block in blocks]
-        copy_streams = [engine.load_copy_stream, *engine._load_copy_extra[:split.copy_streams - 1]]
-
-        def finish_block(b: int) -> None:
-            for index in blocks[b]:
-                self._finish_layer(index)
-
-        # One call for every layer: sorting, runs and the table upload happen once.
-        engine.staging_copier("load").to_device_groups(
-            groups, *self.ce_ids, copy_stream=copy_streams, kernel_stream=engine.load_stream,
-            on_group_done=finish_block, unit_rows=split.unit_rows, num_ctas=split.staging_ctas)
-
-    def _per_layer(self) -> None:
-        """``kernel``, ``direct``, ``batch`` and ``torch``: each layer's copy, then its event."""
-        engine, copy = self.engine, self.copy
-        runs = None
-        for index, layer in enumerate(self.layers):
-            pairs = engine._load_pairs[layer]
-            if self.path == "direct":
-                from .kernels import copy_pages_direct, find_runs
-
-                if runs is None:
-                    runs = find_runs(copy.host_slots, copy.device_pages)
-                copy_pages_direct(pairs, copy.host_slots, copy.device_pages, stream=engine.load_stream, runs=runs)
-            elif self.path == "batch":
-                from .kernels.batch_copy import plan_copy_list, run_copy_list
-
-                copies = plan_copy_list(pairs, copy.host_slots, copy.device_pages)
-                run_copy_list(copies, stream=engine.load_stream, on_gpu=True, flags=engine.batch_flags)
-            elif self.path == "torch":
-                with torch.cuda.stream(engine.load_stream):
-                    copy_pages_reference(pairs, copy.host_slots, copy.device_pages)
-            self._finish_layer(index)
-
 
 def _blocks(num_layers: int, split: LoadSplit) -> list[list[int]]:
     """Indices of a load's layers in blocks of ``split.layers_per_copy`` (the staged groups)."""
@@ -568,5 +832,5 @@ def _blocks(num_layers: int, split: LoadSplit) -> list[list[int]]:
     return [list(range(start, min(start + per, num_layers))) for start in range(0, num_layers, per)]
 
 
-__all__ = ["MIXED_LOADS", "MIXED_LOADS_BESIDE_BACKUP", "PATHS", "SINGLE_LAYER_WITHOUT_BATCH", "BackupHandle",
-           "LoadHandle", "LoadSplit", "TransferEngine", "choose_path"]
+__all__ = ["COPY_PATHS", "MIXED_LOADS", "MIXED_LOADS_BESIDE_BACKUP", "PATHS", "SINGLE_LAYER_WITHOUT_BATCH", "BackupHandle",
+           "CopyPath", "LoadHandle", "LoadSplit", "TransferEngine", "TransferOptions", "choose_path"]

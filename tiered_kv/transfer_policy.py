@@ -1,15 +1,17 @@
 """How the transfer engine splits a copy between paths: the measured policy, apart from the mechanics.
 
-``TransferEngine`` issues copies; this module decides which path (``choose_path``) and, for loads
-through the copy engines, how the bytes are shared between copy engines and the UVA kernel
-(``LoadSplit`` and the tables below). Every number here was chosen by a measurement on the H200
+``TransferEngine`` issues copies; this module decides which path (``choose_path``: by direction,
+host-slot runs, host layout and single layer), how a load through the copy engines shares its
+bytes between copy engines and the UVA kernel (``choose_split``: ``LoadSplit`` and the tables
+below; conditions: a backup in flight, scattered slots) and from which thread a load is issued
+(``issue_threads``); ``TransferOptions`` holds the knobs that override them. Every number here was chosen by a measurement on the H200
 recorded in docs/benchmarks.md ("GPU transfers"); change them only with a new measurement.
 Pure CPU logic on CPU id tensors: nothing here touches a device.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -91,32 +93,147 @@ SINGLE_LAYER_WITHOUT_BATCH = {True: LoadSplit(0.4), False: LoadSplit(0.25)}
 MIXED_LOADS_BESIDE_BACKUP = {True: LoadSplit(1.0), False: LoadSplit(1.0, layers_per_copy=8)}
 
 #: ``auto`` sends a transfer through the copy engines (``staged``) when the host slots come in runs
-#: at least this long on average; scattered slots make one copy-engine copy per slot and layer,
-#: which the CPU cannot issue fast enough, so those go through the UVA kernel.
+#: at least this long on average; shorter runs count as scattered (see ``AUTO_PATHS``).
 STAGED_MIN_MEAN_RUN = 8
 #: ``auto`` skips the staging hop (``direct``) when device pages *and* host slots run together.
 DIRECT_MIN_MEAN_RUN = 64
 
+#: ``auto`` by (to host, host slots scattered, dense host rows, one layer alone). Host runs go
+#: through the copy engines: staged for backups, mixed (copy engines + kernel at once) for loads.
+#: Scattered slots, measured on the H200 (docs/benchmarks.md, "Serving conditions"):
+#: - ``page_first`` (pitched rows): a slot's pieces are contiguous, so the staging ring moves
+#:   whole-slot rows (backups) or rows of a block of layers (loads, ``SCATTERED_LOADS``), few
+#:   copies, one memcpy batch per unit; copy engines only, no SM beside the model.
+#: - ``layer_first`` (dense rows): every slot is its own row per (component, layer); backups stay
+#:   on the UVA kernel (copy-engine writes of 42 KB rows to scattered host rows ran at 38-46 GB/s),
+#:   loads of many layers go through ``batch`` issued by library threads (``ISSUE_THREADS``).
+#: - one layer alone: the latent rows in one memcpy batch, the indexer rows by the kernel
+#:   (``mixed``, single-layer split) where batched copies exist, else the kernel.
+AUTO_PATHS = {
+    # backups
+    (True, False, False, False): "staged", (True, False, True, False): "staged",
+    (True, True, False, False): "staged", (True, True, True, False): "kernel",
+    # loads of several layers
+    (False, False, False, False): "mixed", (False, False, True, False): "mixed",
+    (False, True, False, False): "mixed", (False, True, True, False): "batch",
+    # one layer alone
+    (False, False, False, True): "mixed", (False, False, True, True): "mixed",
+    (False, True, False, True): "mixed", (False, True, True, True): "mixed",
+}
+#: Where batched copies cannot run: scattered slots go through the UVA kernel.
+AUTO_PATHS_WITHOUT_BATCH = {"batch": "kernel"}
+#: Splits of ``mixed`` loads of several layers from scattered slots, by dense host rows: copy
+#: engines only, ``page_first`` rows of 4 adjacent layers per slot (one 168 KB latent and one 34 KB
+#: indexer row per slot and block; raw copies at 97.5% of the ceiling for 11.7 ms of CPU, against
+#: 85% and 84 ms for blocks of 2).
+SCATTERED_LOADS = {False: LoadSplit(1.0, layers_per_copy=4), True: LoadSplit(1.0)}
+#: Library threads that issue a ``batch`` load of several layers, each on its own stream, ordered
+#: after the caller's stream by an event (1 024 row copies per NSA layer at about 1 us of CPU each:
+#: one thread issues a 61-layer load in 96 ms, four in 27 ms, under its 30 ms of copying).
+ISSUE_THREADS = 4
+
+
+@dataclass(frozen=True)
+class TransferOptions:
+    """The knobs of a transfer engine, fixed when it is made (or per call): one frozen value
+    instead of attributes that benchmarks and tests used to set on the engine.
+
+    load_split: the whole split of ``mixed`` / ``staged`` loads (None: ``choose_split``).
+    ce_fraction: only the copy-engine share of pages of a ``mixed`` load (over the split chosen).
+    batch_flags: ``cudaMemcpyFlags`` of the ``batch`` path's calls.
+    num_ctas: CTA budget of the UVA kernel launches (None: measured per direction).
+    issue_threads: library threads that issue a GPU load (0: the caller's thread; None:
+        ``ISSUE_THREADS`` for ``batch`` loads of several layers, else the caller's).
+    """
+
+    load_split: LoadSplit | None = None
+    ce_fraction: float | None = None
+    batch_flags: int = 0
+    num_ctas: int | None = None
+    issue_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.ce_fraction is not None and not 0.0 <= self.ce_fraction <= 1.0:
+            raise ValueError(f"TransferOptions.ce_fraction must be in [0, 1]: {self}")
+        if self.num_ctas is not None and self.num_ctas < 1:
+            raise ValueError(f"TransferOptions.num_ctas must be positive: {self}")
+        if self.issue_threads is not None and not 0 <= self.issue_threads <= MAX_ISSUE_THREADS:
+            raise ValueError(f"TransferOptions.issue_threads must be in 0..{MAX_ISSUE_THREADS}: {self}")
+
+
+#: The most library issue threads an engine starts.
+MAX_ISSUE_THREADS = 8
+
+
+def is_scattered(host_slots: torch.Tensor) -> bool:
+    """Whether the host slots run shorter than ``STAGED_MIN_MEAN_RUN`` on average (CPU ids)."""
+    from .kernels import find_runs
+
+    return find_runs(host_slots, torch.arange(host_slots.numel()), sort_by="src").mean_length < STAGED_MIN_MEAN_RUN
+
 
 def choose_path(host_slots: torch.Tensor, device_pages: torch.Tensor, *, to_host: bool,
-                single_layer_batch: bool = False) -> str:
+                single_layer_batch: bool = False, dense_host_rows: bool | None = None,
+                single_layer: bool | None = None, has_batch: bool | None = None) -> str:
     """The ``auto`` rule for a GPU transfer, from how the ids run (CPU tensors, no device work).
 
-    Scattered host slots make one copy-engine copy per slot and layer, more than the CPU can
-    issue for many layers: the UVA kernel takes those, except a single-layer load where the
-    batched copies exist (``single_layer_batch``): one batch call per layer costs the same for
-    any slots. Host runs go through the copy engines: staged for backups, mixed (copy engines +
-    kernel reading at once) for loads; pages adjacent on both sides skip the staging hop.
+    Args:
+        dense_host_rows: the host layout's rows are dense (``layer_first``); None: the rule of
+            before that knew no layouts (scattered slots to the UVA kernel).
+        single_layer: a load of one layer alone (default: ``single_layer_batch``).
+        has_batch: batched copies can run (default: ``single_layer_batch``).
+        single_layer_batch: both of the above (the older form of the call).
     """
     from .kernels import find_runs
 
-    host_runs = find_runs(host_slots, torch.arange(host_slots.numel()), sort_by="src")
-    if host_runs.mean_length < STAGED_MIN_MEAN_RUN:
-        return "mixed" if single_layer_batch and not to_host else "kernel"
-    if find_runs(host_slots, device_pages).mean_length >= DIRECT_MIN_MEAN_RUN:
+    single = single_layer_batch if single_layer is None else single_layer
+    batch = single_layer_batch if has_batch is None else has_batch
+    scattered = is_scattered(host_slots)
+    if not scattered and find_runs(host_slots, device_pages).mean_length >= DIRECT_MIN_MEAN_RUN:
         return "direct"
-    return "staged" if to_host else "mixed"
+    if scattered and dense_host_rows is None:
+        return "mixed" if single and batch and not to_host else "kernel"
+    path = AUTO_PATHS[(to_host, scattered, bool(dense_host_rows), single and not to_host)]
+    if single and not batch and scattered:
+        return "kernel"
+    return path if batch else AUTO_PATHS_WITHOUT_BATCH.get(path, path)
 
 
-__all__ = ["DIRECT_MIN_MEAN_RUN", "MAX_COPY_STREAMS", "MIXED_LOADS", "MIXED_LOADS_BESIDE_BACKUP", "PATHS",
-           "SINGLE_LAYER_WITHOUT_BATCH", "STAGED_MIN_MEAN_RUN", "LoadSplit", "choose_path"]
+def choose_split(*, dense_host_rows: bool, num_layers: int, backup_in_flight: bool, scattered: bool,
+                 has_batch: bool, options: TransferOptions = TransferOptions()) -> LoadSplit:
+    """How a ``mixed`` load is split now: the options' split, else beside a backup
+    ``MIXED_LOADS_BESIDE_BACKUP``, else from scattered slots ``SCATTERED_LOADS`` (several layers),
+    else ``MIXED_LOADS``; then the options' ``ce_fraction`` over it."""
+    if options.load_split is not None:
+        split = options.load_split
+    elif backup_in_flight:
+        split = MIXED_LOADS_BESIDE_BACKUP[dense_host_rows]
+    elif scattered and num_layers > 1:
+        split = SCATTERED_LOADS[dense_host_rows]
+    else:
+        split = MIXED_LOADS[(dense_host_rows, num_layers > 1)]
+        if split.ce_path == "batch" and not has_batch:
+            split = SINGLE_LAYER_WITHOUT_BATCH[dense_host_rows]
+    if options.ce_fraction is not None:
+        split = replace(split, ce_fraction=options.ce_fraction, by="pages")
+    return split
+
+
+#: Library threads that issue a GPU load of several layers by path, when the options say nothing:
+#: ``batch`` (1 024 row copies per layer) on ``ISSUE_THREADS``; ``staged`` and ``mixed`` (10-20 ms
+#: of the caller's thread for a 61-layer load with slots in runs, up to ~100 ms with scattered
+#: slots, which would delay the model's own launches behind it) on one; the kernel (4-7 ms) and
+#: the rest on the caller's.
+ISSUE_THREADS_BY_PATH = {"batch": ISSUE_THREADS, "staged": 1, "mixed": 1}
+
+
+def issue_threads(path: str, num_layers: int, options: TransferOptions) -> int:
+    """Library threads that issue a GPU load (0: the caller's thread), see ``ISSUE_THREADS_BY_PATH``."""
+    if options.issue_threads is not None:
+        return options.issue_threads
+    return ISSUE_THREADS_BY_PATH.get(path, 0) if num_layers > 1 else 0
+
+
+__all__ = ["AUTO_PATHS", "DIRECT_MIN_MEAN_RUN", "ISSUE_THREADS", "ISSUE_THREADS_BY_PATH", "MAX_COPY_STREAMS", "MAX_ISSUE_THREADS", "MIXED_LOADS",
+           "MIXED_LOADS_BESIDE_BACKUP", "PATHS", "SCATTERED_LOADS", "SINGLE_LAYER_WITHOUT_BATCH", "STAGED_MIN_MEAN_RUN",
+           "LoadSplit", "TransferOptions", "choose_path", "choose_split", "is_scattered", "issue_threads"]

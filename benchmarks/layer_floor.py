@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -231,7 +232,7 @@ def ab_splits(args, b, ceiling, hosts, device_pool, slots, pages, mid, checks, c
         candidates[(layout, "auto")] = auto
         for name, split in AB_SPLITS.items():
             engine = TransferEngine(device_pool, host, path="mixed", timing=True)
-            engine.load_split = split
+            engine.options = replace(engine.options, load_split=split)
             candidates[(layout, name)] = engine
 
     def issue_of(engine):

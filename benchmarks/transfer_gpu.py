@@ -25,6 +25,7 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 
 import torch
@@ -34,7 +35,7 @@ from tiered_kv import HostPool, allocate_engine_like, nsa_spec
 from tiered_kv.kernels import copy_pages_reference, copy_pages_uva, plan_uva_copy
 from tiered_kv.kernels.uva_copy import DEFAULT_CTAS_ON_DEVICE
 from tiered_kv.transfer import backup_pairs, load_pairs
-from tiered_kv.transfer_engine import LoadSplit, TransferEngine
+from tiered_kv.transfer_engine import LoadSplit, TransferEngine, TransferOptions
 
 SLEEP_CYCLES = 80_000_000  # ~40 ms at 1.98 GHz: longer than any path's issue time (load + backup: ~20 ms)
 
@@ -48,23 +49,40 @@ def fill_random(tensor: torch.Tensor) -> None:
     torch.cuda.synchronize()
 
 
+def _end_events(item) -> list[torch.cuda.Event]:
+    """The end events of one item of ``issue``'s list: an event, or a load handle (every layer's
+    event: layers issued by several library threads land on several streams; fetching them waits
+    for the threads to record them, outside the caller's issue time)."""
+    return [item.event(layer) for layer in item.layers] if hasattr(item, "layers") else [item]
+
+
 def measure(issue, reps: int, warmup: int = 2) -> dict:
-    """Median device ms of ``issue(i) -> list of end events`` (from a start event before it)."""
-    device_ms, issue_ms = [], []
+    """Median device ms of ``issue(i) -> list of end events or load handles`` (from a start event
+    before it), the caller's issue time (wall and its thread's CPU) and the CPU the op costs in
+    the whole process (every thread, from the issue until the device finished; the wait polls)."""
+    device_ms, issue_ms, caller_cpu, cpu = [], [], [], []
     for i in range(warmup + reps):
         torch.cuda.synchronize()
         torch.cuda._sleep(SLEEP_CYCLES)
         start = torch.cuda.Event(enable_timing=True)
         start.record()
-        t0 = time.perf_counter()
-        ends = issue(i)
-        t1 = time.perf_counter()
+        t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
+        items = issue(i)
+        t1, c1 = time.perf_counter(), time.thread_time()
+        ends = [end for item in items for end in _end_events(item)]
+        for end in ends:
+            while not end.query():
+                time.sleep(0.0002)
+        p1 = time.process_time()
         torch.cuda.synchronize()
         if i >= warmup:
             device_ms.append(max(start.elapsed_time(e) for e in ends))
             issue_ms.append((t1 - t0) * 1e3)
+            caller_cpu.append((c1 - c0) * 1e3)
+            cpu.append((p1 - p0) * 1e3)
     return {"ms": statistics.median(device_ms), "ms_min": min(device_ms), "ms_max": max(device_ms),
-            "issue_ms": statistics.median(issue_ms)}
+            "issue_ms": statistics.median(issue_ms), "caller_cpu_ms": statistics.median(caller_cpu),
+            "cpu_ms": statistics.median(cpu)}
 
 
 def side_copy(dst: torch.Tensor, src: torch.Tensor, stream: torch.cuda.Stream):
@@ -86,7 +104,8 @@ class Bench:
     def add(self, name: str, nbytes: int, timing: dict, **fields) -> dict:
         row = {"name": name, "bytes": nbytes, **fields, **timing, "gbps": nbytes / timing["ms"] / 1e6}
         self.results.append(row)
-        print(f"{name:60s} {row['gbps']:7.2f} GB/s  {timing['ms']:8.3f} ms  issue {timing['issue_ms']:7.3f} ms", flush=True)
+        print(f"{name:60s} {row['gbps']:7.2f} GB/s  {timing['ms']:8.3f} ms  issue {timing['issue_ms']:7.3f} ms"
+              f"  cpu {timing.get('cpu_ms', float('nan')):7.2f} ms", flush=True)
         return row
 
 
@@ -119,16 +138,26 @@ def summarize(results: list[dict], ceiling: dict, layer_gbps: float, naive: dict
     def row(**match):
         return next(r for r in results if all(r.get(k) == v for k, v in match.items()))
 
-    print("\n== targets (default path: auto, host slots in runs) ==")
+    print("\n== targets (default path: auto) ==")
     for layout in ("page_first", "layer_first"):
-        for op in ("backup", "load61"):
-            r = row(group="paths", path="auto", layout=layout, op=op, slots="runs")
-            print(f"{op:7s} {layout:11s} {r['gbps']:6.2f} GB/s = {100 * r['frac_of_ceiling']:5.1f}% of ceiling (target 95%)")
-        r = row(group="paths", path="auto", layout=layout, op="load1", slots="runs")
-        print(f"load1   {layout:11s} {r['gbps']:6.2f} GB/s = {100 * r['frac_of_layer_copy']:5.1f}% of a contiguous copy of the layer "
-              f"({layer_gbps:.2f} GB/s; target 100%)")
-        r = row(group="concurrent", layout=layout, load_path="auto", backup_path="auto")
-        print(f"both    {layout:11s} {r['gbps']:6.2f} GB/s = {r['vs_one_direction']:.2f}x one direction (target 1.6x)")
+        for slots in ("runs", "scattered"):
+            for op in ("backup", "load61"):
+                r = row(group="paths", path="auto", layout=layout, op=op, slots=slots)
+                print(f"{op:7s} {layout:11s} {slots:9s} {r['gbps']:6.2f} GB/s = {100 * r['frac_of_ceiling']:5.1f}% of ceiling "
+                      f"(target 95%); issue {r['issue_ms']:6.2f} ms = {100 * r['issue_share']:5.1f}% of its device time, "
+                      f"cpu {r['cpu_ms']:6.2f} ms")
+            r = row(group="paths", path="auto", layout=layout, op="load1", slots=slots)
+            print(f"load1   {layout:11s} {slots:9s} {r['gbps']:6.2f} GB/s = {100 * r['frac_of_layer_copy']:5.1f}% of a contiguous "
+                  f"copy of the layer ({layer_gbps:.2f} GB/s)")
+            r = row(group="concurrent", layout=layout, load_path="auto", backup_path="auto", slots=slots)
+            print(f"both    {layout:11s} {slots:9s} {r['gbps']:6.2f} GB/s = {r['vs_one_direction']:.2f}x one direction (target 1.6x)")
+            for factor in (0.5, 1.25):
+                try:
+                    r = row(group="beside_compute", path="auto", layout=layout, slots=slots, factor=factor)
+                except StopIteration:
+                    continue
+                print(f"beside  {layout:11s} {slots:9s} {factor}x compute: hidden {r['hidden_fraction']:5.2f} (target 0.9), "
+                      f"compute slowdown {r['compute_slowdown']:5.3f} (target 1.05)")
     for op in ("backup", "load61"):
         swept = [r for r in results if r.get("group") == "cta_sweep" and r["op"] == op and r["ctas"] <= 16]
         if not swept:
@@ -192,17 +221,41 @@ def id_sets(args, sets: int) -> tuple[list[torch.Tensor], dict[str, list[torch.T
     n = args.pages
     page_sets = [torch.randperm(args.device_pages - 1)[:n] + 1 for _ in range(sets)]
     run_starts = [int(torch.randint(0, args.host_slots - n + 1, ()).item()) for _ in range(sets)]
+    def runs_of(k: int) -> torch.Tensor:
+        blocks = torch.randperm(args.host_slots // k)[: -(-n // k)]
+        return (blocks[:, None] * k + torch.arange(k)).flatten()[:n]
+
     return page_sets, {"runs": [torch.arange(s, s + n) for s in run_starts],
-                       "scattered": [torch.randperm(args.host_slots)[:n] for _ in range(sets)]}
+                       "scattered": [torch.randperm(args.host_slots)[:n] for _ in range(sets)],
+                       "runs of 4": [runs_of(4) for _ in range(sets)],
+                       "runs of 16": [runs_of(16) for _ in range(sets)]}
 
 
-def backup_sets_beside(args, page_sets, run_slot_sets) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per id set, a backup of other pages into other slots (a run), disjoint from the load's."""
+#: Item 1's candidates, (name, path, options): copy engines only with staged layer blocks (page
+#: pitched rows), the UVA kernel with fewer CTAs, batched copies from the caller's thread or from
+#: library issue threads.
+VARIANTS = [
+    ("ce blocks 4", "mixed", TransferOptions(load_split=LoadSplit(1.0, layers_per_copy=4), issue_threads=0)),
+    ("ce blocks 4 on 1 issue thread", "mixed", TransferOptions(load_split=LoadSplit(1.0, layers_per_copy=4), issue_threads=1)),
+    ("ce blocks 8 on 1 issue thread", "mixed", TransferOptions(load_split=LoadSplit(1.0, layers_per_copy=8), issue_threads=1)),
+    ("kernel 8 ctas", "kernel", TransferOptions(num_ctas=8)),
+    ("batch caller thread", "batch", TransferOptions(issue_threads=0)),
+    ("batch 2 issue threads", "batch", TransferOptions(issue_threads=2)),
+    ("batch 4 issue threads", "batch", TransferOptions(issue_threads=4)),
+]
+
+
+def backup_sets_beside(args, page_sets, load_slot_sets, *, scattered: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per id set, a backup of other pages into other slots (a run, or ``scattered`` over the
+    free slots), disjoint from the load's."""
     n, out = args.pages, []
-    for pages, slots in zip(page_sets, run_slot_sets):
+    for pages, slots in zip(page_sets, load_slot_sets):
         pages_b = torch.randperm(args.device_pages - 1)[: 2 * n] + 1
         pages_b = pages_b[~torch.isin(pages_b, pages)][:n]
         free = torch.arange(args.host_slots)[~torch.isin(torch.arange(args.host_slots), slots)]
+        if scattered:
+            out.append((pages_b, free[torch.randperm(free.numel())[:pages_b.numel()]]))
+            continue
         start = int(torch.randint(0, free.numel() - pages_b.numel() + 1, ()).item())
         out.append((pages_b, free[start:start + pages_b.numel()]))
     return out
@@ -260,33 +313,34 @@ def main() -> int:
     sets = 4
     page_sets, slot_sets = id_sets(args, sets)
 
-    def backup(engine, slots_kind):
-        return lambda i: [engine.backup(page_sets[i % sets], slot_sets[slots_kind][i % sets]).event]
+    def backup(engine, slots_kind, options=None):
+        return lambda i: [engine.backup(page_sets[i % sets], slot_sets[slots_kind][i % sets], options=options).event]
 
-    def load(engine, slots_kind, layers=None):
+    def load(engine, slots_kind, layers=None, options=None):
         def issue(i):
-            handle = engine.load(slot_sets[slots_kind][i % sets], page_sets[i % sets], layers=layers)
-            return [handle.event(handle.layers[-1])]
+            return [engine.load(slot_sets[slots_kind][i % sets], page_sets[i % sets], layers=layers, options=options)]
         return issue
 
-    def run_ops(layout, path, slots_kind, reps, group="paths", ops=("backup", "load1", "load61")):
+    def run_ops(layout, path, slots_kind, reps, group="paths", ops=("backup", "load1", "load61"), options=None,
+                name=None):
         engine = engines[(layout, path)]
         rows = {}
         for op in ops:
             if op == "backup":
-                timing, nbytes = measure(backup(engine, slots_kind), reps), transfer_bytes
+                timing, nbytes = measure(backup(engine, slots_kind, options), reps), transfer_bytes
             elif op == "load61":
-                timing, nbytes = measure(load(engine, slots_kind), reps), transfer_bytes
+                timing, nbytes = measure(load(engine, slots_kind, options=options), reps), transfer_bytes
             else:
-                timing, nbytes = measure(load(engine, slots_kind, [spec.num_layers // 2]), reps), layer_bytes
+                timing, nbytes = measure(load(engine, slots_kind, [spec.num_layers // 2], options), reps), layer_bytes
             if path == "torch":
                 # The reference copies through pageable CPU memory synchronously: the device
                 # events miss the CPU half, the caller's wall time does not.
                 timing["ms"] = max(timing["ms"], timing["issue_ms"])
             frac = nbytes / timing["ms"] / 1e6 / ceiling[op]
             extra = {"frac_of_layer_copy": nbytes / timing["ms"] / 1e6 / layer_h2d["gbps"]} if op == "load1" else {}
-            rows[op] = b.add(f"{path:7s} {op:7s} {layout:11s} slots {slots_kind}", nbytes, timing, group=group, op=op,
-                             path=path, layout=layout, slots=slots_kind, frac_of_ceiling=frac, **extra)
+            rows[op] = b.add(f"{name or path:7s} {op:7s} {layout:11s} slots {slots_kind}", nbytes, timing, group=group,
+                             op=op, path=name or path, layout=layout, slots=slots_kind, frac_of_ceiling=frac,
+                             issue_share=timing["issue_ms"] / timing["ms"], **extra)
         return rows
 
     # --- naive torch baseline ------------------------------------------------------------------
@@ -296,19 +350,33 @@ def main() -> int:
 
     # --- every path, both layouts, slots in runs and scattered ---------------------------------
     for layout in hosts:
-        for path in ("kernel", "auto"):
+        for path in ("kernel", "auto", "staged", "mixed", "batch"):
             for slots_kind in ("runs", "scattered"):
                 run_ops(layout, path, slots_kind, b.reps)
-        for path in ("staged", "mixed", "batch"):
-            run_ops(layout, path, "runs", b.reps)
-        run_ops(layout, "batch", "scattered", b.reps, ops=("load1", "load61"))
-        run_ops(layout, "direct", "runs", 2)
+        for slots_kind in ("runs", "scattered"):
+            run_ops(layout, "direct", slots_kind, 2)
+        save(b, args, ceiling, layer_h2d, naive)
 
-    save(b, args, ceiling, layer_h2d, naive)
+    # --- item 1 candidates: the same ops with explicit options (copy engines only, staged layer
+    # blocks, fewer CTAs, library issue threads), and slots in short runs (what an allocator that
+    # keeps runs together gives after churn) ----------------------------------------------------
+    for layout in hosts:
+        for name, path, options in VARIANTS:
+            for slots_kind in ("scattered", "runs"):
+                if slots_kind == "runs" and not name.startswith("ce blocks"):
+                    continue
+                run_ops(layout, path, slots_kind, b.reps, group="variants", ops=("backup", "load61") if path in
+                        ("kernel", "batch") else ("load61",), options=options, name=name)
+        for slots_kind in ("runs of 4", "runs of 16"):
+            for path in ("auto", "kernel"):
+                run_ops(layout, path, slots_kind, b.reps, group="allocator", ops=("backup", "load61"))
+        save(b, args, ceiling, layer_h2d, naive)
 
     def finish() -> int:
-        """Load + backup at once, then the summary (the last sections of every run)."""
+        """Load + backup at once, beside compute, then the summary (the last sections of every run)."""
         concurrent_section(b, args, engines, hosts, page_sets, slot_sets, sets, transfer_bytes, page_bytes, h2d, d2h, ceiling)
+        save(b, args, ceiling, layer_h2d, naive)
+        beside_compute(b, engines, hosts, page_sets, slot_sets, sets)
         save(b, args, ceiling, layer_h2d, naive, done=True)
         summarize(b.results, ceiling, layer_h2d["gbps"], naive)
         print(f"wrote {args.out}")
@@ -323,12 +391,12 @@ def main() -> int:
     for layout in hosts:
         engine = engines[(layout, "mixed")]
         for fraction in (0.0, 0.25, 0.4, 0.5, 0.6, 0.75, 1.0):
-            engine.ce_fraction = fraction
+            engine.options = replace(engine.options, ce_fraction=fraction)
             rows = run_ops(layout, "mixed", "runs", b.reps, group="ce_fraction", ops=("load1", "load61"))
             for row in rows.values():
                 row["ce_fraction"] = fraction
                 row["name"] += f" ce {fraction:.2f}"
-        engine.ce_fraction = None  # back to the measured defaults
+        engine.options = replace(engine.options, ce_fraction=None)  # back to the measured defaults
 
     # --- staging kernel budget (gather / scatter on the device) ---------------------------------
     for layout in hosts:
@@ -353,7 +421,7 @@ def main() -> int:
     for layout in hosts:
         engine = engines[(layout, "kernel")]
         for ctas in budgets:
-            engine.num_ctas = ctas
+            engine.options = replace(engine.options, num_ctas=ctas)
             t = measure(backup(engine, "runs"), b.reps)
             b.add(f"kernel backup {layout:11s} ctas {ctas:3d}", transfer_bytes, t, group="cta_sweep", op="backup",
                   layout=layout, ctas=ctas, frac_of_ceiling=transfer_bytes / t["ms"] / 1e6 / ceiling["backup"])
@@ -363,7 +431,7 @@ def main() -> int:
             t = measure(load(engine, "runs", [spec.num_layers // 2]), b.reps)
             b.add(f"kernel load1  {layout:11s} ctas {ctas:3d}", layer_bytes, t, group="cta_sweep", op="load1",
                   layout=layout, ctas=ctas, frac_of_layer_copy=layer_bytes / t["ms"] / 1e6 / layer_h2d["gbps"])
-        engine.num_ctas = None
+        engine.options = replace(engine.options, num_ctas=None)
 
     save(b, args, ceiling, layer_h2d, naive)
 
@@ -394,18 +462,20 @@ def main() -> int:
 def concurrent_section(b, args, engines, hosts, page_sets, slot_sets, sets, transfer_bytes, page_bytes, h2d, d2h,
                        ceiling) -> None:
     """Load (61 layers) and backup (all layers) at the same time on the engine's two streams."""
-    backup_sets = backup_sets_beside(args, page_sets, slot_sets["runs"])
-    backup_bytes = statistics.mean(p.numel() for p, _ in backup_sets) * page_bytes
+    beside = {"runs": backup_sets_beside(args, page_sets, slot_sets["runs"]),
+              "scattered": backup_sets_beside(args, page_sets, slot_sets["scattered"], scattered=True)}
+    backup_bytes = statistics.mean(p.numel() for p, _ in beside["runs"]) * page_bytes
 
-    def concurrent(layout, load_path, backup_path, split=None):
+    def concurrent(layout, load_path, backup_path, split=None, slots_kind="runs", options=None):
         le, be = engines[(layout, load_path)], engines[(layout, backup_path)]
+        if split is not None:
+            options = replace(options or TransferOptions(), load_split=split)
 
         def issue(i):
             k = i % sets
-            bh = be.backup(*backup_sets[k])
-            le.load_split = split
-            lh = le.load(slot_sets["runs"][k], page_sets[k])
-            return [bh.event, lh.event(lh.layers[-1])]
+            bh = be.backup(*beside[slots_kind][k])
+            lh = le.load(slot_sets[slots_kind][k], page_sets[k], options=options)
+            return [bh.event, lh]
         return issue
 
     spec = b.spec
@@ -416,15 +486,113 @@ def concurrent_section(b, args, engines, hosts, page_sets, slot_sets, sets, tran
                 ("mixed", "staged", LoadSplit(1.0, layers_per_copy=4), "staged, blocks of 4 layers"),
                 ("mixed", "staged", LoadSplit(1.0, layers_per_copy=16), "staged, blocks of 16 layers"),
                 ("mixed", "staged", LoadSplit(1.0, layers_per_copy=spec.num_layers), "staged, whole slots")]
+    scattered_variants = [("auto", "auto", None, "auto"), ("mixed", "staged", None, "mixed"),
+                          ("kernel", "kernel", None, "kernel"), ("batch", "staged", None, "batch"),
+                          ("batch", "kernel", None, "batch"),
+                          ("mixed", "staged", LoadSplit(1.0, layers_per_copy=4), "staged, blocks of 4 layers"),
+                          ("mixed", "staged", LoadSplit(1.0, layers_per_copy=8), "staged, blocks of 8 layers"),
+                          ("mixed", "kernel", LoadSplit(1.0, layers_per_copy=8), "staged, blocks of 8 layers")]
     for layout in hosts:
-        for load_path, backup_path, split, name in variants:
-            t = measure(concurrent(layout, load_path, backup_path, split), b.reps)
-            nbytes = int(transfer_bytes + backup_bytes)
-            b.add(f"load {name} + backup {backup_path} {layout}", nbytes, t, group="concurrent", op="both",
-                  layout=layout, load_path=load_path if split is None else name, backup_path=backup_path,
-                  frac_of_ceiling=nbytes / t["ms"] / 1e6 / ceiling["both"],
-                  vs_one_direction=nbytes / t["ms"] / 1e6 / max(h2d["gbps"], d2h["gbps"]))
-        engines[(layout, "mixed")].load_split = None
+        for slots_kind, chosen in (("runs", variants), ("scattered", scattered_variants)):
+            for load_path, backup_path, split, name in chosen:
+                t = measure(concurrent(layout, load_path, backup_path, split, slots_kind), b.reps)
+                nbytes = int(transfer_bytes + backup_bytes)
+                b.add(f"load {name} + backup {backup_path} {layout} {slots_kind}", nbytes, t, group="concurrent", op="both",
+                      layout=layout, slots=slots_kind, load_path=load_path if split is None else name,
+                      backup_path=backup_path, frac_of_ceiling=nbytes / t["ms"] / 1e6 / ceiling["both"],
+                      vs_one_direction=nbytes / t["ms"] / 1e6 / max(h2d["gbps"], d2h["gbps"]))
+
+
+#: Beside compute: (name, path, options) of the loads timed beside the model's matmuls.
+BESIDE = [("auto", "auto", None), ("kernel", "kernel", None), ("kernel 8 ctas", "kernel", TransferOptions(num_ctas=8)),
+          ("mixed caller thread", "mixed", TransferOptions(issue_threads=0)),
+          ("ce blocks 4 on 1 issue thread", "mixed",
+           TransferOptions(load_split=LoadSplit(1.0, layers_per_copy=4), issue_threads=1)),
+          ("ce blocks 1 on 1 issue thread", "mixed", TransferOptions(load_split=LoadSplit(1.0), issue_threads=1)),
+          ("batch caller thread", "batch", TransferOptions(issue_threads=0)),
+          ("batch 4 issue threads", "batch", TransferOptions(issue_threads=4))]
+
+
+def beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps: int = 3) -> None:
+    """A 61-layer load consumed layer by layer by the model's stream: per layer ``wait_layer``,
+    then a bf16 matmul ``[m, 4096] x [4096, 4096]`` sized to about 0.5x and 1.25x the load's own
+    time per layer. No sleep before the start event: the caller issues the load and then the
+    compute, as an engine does, so issue time on the caller's thread delays the compute."""
+    spec = b.spec
+    num_layers = spec.num_layers
+    k = 4096
+    weight = torch.randn(k, k, device="cuda", dtype=torch.bfloat16)
+    rows_max = 16384
+    x_all = torch.randn(rows_max, k, device="cuda", dtype=torch.bfloat16)
+    y_all = torch.empty(rows_max, k, device="cuda", dtype=torch.bfloat16)
+    model = torch.cuda.Stream()
+
+    def matmul_ms(m: int) -> float:
+        with torch.cuda.stream(model):
+            for _ in range(3):
+                torch.matmul(x_all[:m], weight, out=y_all[:m])
+            s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s0.record()
+            for _ in range(20):
+                torch.matmul(x_all[:m], weight, out=y_all[:m])
+            s1.record()
+        torch.cuda.synchronize()
+        return s0.elapsed_time(s1) / 20
+
+    per_row = matmul_ms(8192) / 8192
+
+    def run(engine, slots_kind, i, options, m):
+        """One rep: (load handle or None, model start/end event pairs per layer, start event)."""
+        torch.cuda.synchronize()
+        with torch.cuda.stream(model):
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            handle = None
+            if engine is not None:
+                handle = engine.load(slot_sets[slots_kind][i % sets], page_sets[i % sets], options=options)
+            marks = []
+            if m:
+                for layer in range(num_layers):
+                    if handle is not None:
+                        handle.wait_layer(layer)
+                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    e0.record()
+                    torch.matmul(x_all[:m], weight, out=y_all[:m])
+                    e1.record()
+                    marks.append((e0, e1))
+        if handle is not None:
+            handle.synchronize()
+        torch.cuda.synchronize()
+        load_ms = max(start.elapsed_time(e) for e in _end_events(handle)) if handle is not None else 0.0
+        compute_end = start.elapsed_time(marks[-1][1]) if marks else 0.0
+        busy = sum(e0.elapsed_time(e1) for e0, e1 in marks)
+        return load_ms, compute_end, busy
+
+    def median_of(engine, slots_kind, options, m):
+        out = [run(engine, slots_kind, i, options, m) for i in range(reps + 1)][1:]
+        return [statistics.median(v) for v in zip(*out)]
+
+    for layout in hosts:
+        for name, path, options in BESIDE:
+            engine = engines[(layout, path)]
+            for slots_kind in ("runs", "scattered"):
+                try:
+                    load_ms = median_of(engine, slots_kind, options, 0)[0]
+                    for factor in (0.5, 1.25):
+                        m = max(128, min(rows_max, int(round(factor * load_ms / num_layers / per_row / 128)) * 128))
+                        _, compute_ms, busy_alone = median_of(None, slots_kind, options, m)
+                        load_both, both_end, busy_both = median_of(engine, slots_kind, options, m)
+                        both_ms = max(load_both, both_end)
+                        row = {"name": f"beside {factor}x {name} {layout} {slots_kind}", "group": "beside_compute",
+                               "path": name, "layout": layout, "slots": slots_kind, "factor": factor, "rows": m,
+                               "load_ms": load_ms, "compute_ms": compute_ms, "both_ms": both_ms,
+                               "hidden_fraction": (load_ms + compute_ms - both_ms) / load_ms,
+                               "compute_slowdown": busy_both / busy_alone}
+                        b.results.append(row)
+                        print(f"{row['name']:60s} load {load_ms:6.2f} compute {compute_ms:6.2f} both {both_ms:6.2f} ms "
+                              f"hidden {row['hidden_fraction']:5.2f} slowdown {row['compute_slowdown']:5.3f}", flush=True)
+                except Exception as exc:  # a failed variant is reported, the others still run
+                    print(f"beside {name} {layout} {slots_kind}: FAILED {exc!r}", flush=True)
 
 
 # --- `--compare`: candidate load splits against the `auto` of before, in one run ---------------------
@@ -548,7 +716,7 @@ def compare(args) -> int:
             for view in (host.chunk_view(ci, layer) for layer in range(spec.num_layers) for ci in range(len(spec.components))):
                 view[b_slots] = torch.randint(0, 256, (b_slots.numel(), view.shape[1]), dtype=torch.uint8, device="cuda").cpu()
         torch.cuda.synchronize()
-        engine.load_split = split
+        engine.options = replace(engine.options, load_split=split)
         backup = auto[layout].backup(b_pages, b_slots, path="staged") if op == "both" else None
         engine.load(slots, pages, layers=layers).synchronize()
         ok = all(torch.equal(views[ci][layer], exp) for (ci, layer), exp in expected.items())
@@ -562,7 +730,7 @@ def compare(args) -> int:
 
     def timed(layout: str, op: str, name: str, split: LoadSplit | None) -> None:
         engine = engines[layout] if split is not None else auto[layout]
-        engine.load_split = split
+        engine.options = replace(engine.options, load_split=split)
         layers = [mid] if op == "load1" else None
         backuper = auto[layout] if split is None else engines[layout]
 
@@ -625,7 +793,7 @@ def compare_batch(args) -> int:
     engines = {(layout, flags): TransferEngine(device_pool, host, path="batch", timing=True)
                for layout, host in hosts.items() for flags in (0, FLAG_PREFER_OVERLAP_WITH_COMPUTE)}
     for (layout, flags), engine in engines.items():
-        engine.batch_flags = flags
+        engine.options = replace(engine.options, batch_flags=flags)
     auto = {layout: TransferEngine(device_pool, host, path="auto", timing=True) for layout, host in hosts.items()}
     sets = 4
     page_sets, slot_sets = id_sets(args, sets)
@@ -700,7 +868,7 @@ def compare_batch(args) -> int:
             self.engine, self.split, self.path = mixed[layout], split, "mixed"
 
         def load(self, *a, **k):
-            self.engine.load_split = self.split
+            self.engine.options = replace(self.engine.options, load_split=self.split)
             return self.engine.load(*a, **k)
 
     wrong = 0
@@ -752,17 +920,17 @@ def compare_batch(args) -> int:
                                    auto[layout])
             timed(layout, "load1", "auto", auto[layout])
             for ctas in (8, 16, 24, 32, 64, 132):
-                engine.num_ctas = ctas
+                engine.options = replace(engine.options, num_ctas=ctas)
                 timed(layout, "load1", f"batch latent + kernel indexer, {ctas} CTAs", batch_split)
-            engine.num_ctas = None
+            engine.options = replace(engine.options, num_ctas=None)
             for streams in (2, 3):
                 timed(layout, "load1", f"batch latent on {streams} streams + kernel indexer",
                       WithSplit(layout, LoadSplit(by="components", ce_path="batch", copy_streams=streams)))
                 timed(layout, "load1", f"batch everything on {streams} streams",
                       WithSplit(layout, LoadSplit(1.0, ce_path="batch", copy_streams=streams)))
-            engine.batch_flags = FLAG_PREFER_OVERLAP_WITH_COMPUTE
+            engine.options = replace(engine.options, batch_flags=FLAG_PREFER_OVERLAP_WITH_COMPUTE)
             timed(layout, "load1", "batch latent + kernel indexer, overlap flag", batch_split)
-            engine.batch_flags = 0
+            engine.options = replace(engine.options, batch_flags=0)
             timed(layout, "load1", "auto (again)", auto[layout])
         b.add("contiguous h2d of one layer's bytes (again, at the end)", layer_bytes,
               measure(lambda i: [side_copy(dev_layer_ref, host_layer_ref, ref_stream)], b.reps), group="ceiling", op="layer_h2d")

@@ -24,6 +24,17 @@ Shared semantics, implemented here once so backends cannot drift:
   is cancelled or times out, the slots of that call stay held in the pool (``HostPool.hold``)
   until the worker thread has returned, so no late write lands in a slot given to someone else;
 - hits, misses, corrupt and foreign records, bytes and errors are counted from the start (``stats``).
+  ``stats.foreign`` counts misses on records that are intact but not this reader's (another spec
+  fingerprint, key or page size, or an object that is no record at all, see ``NotARecord``): each
+  is left in place, never deleted, and the first one of a backend logs a warning, since two specs
+  under one key mean two caches share a namespace (``tiered_kv.keys.Namespace``).
+
+Key-only backends: ``open_backend(url, None)`` (``Backend(pool=None, ...)``) opens a backend that
+holds no host memory, for the metadata half in a process of its own (the scheduler's, with a bare
+``SlotAllocator`` for L2): ``exists`` and ``delete`` work as usual, over the same medium and keys
+as the workers' backends; ``get_into`` / ``put_from`` raise ``NoHostPoolError`` (a ``PoolError``)
+before touching anything. A backend needs its pool only in data calls (file's slot size for direct
+I/O, Mooncake's buffer registration and record size): it connects, scans or sets up without one.
 
 A backend subclass implements four primitives on distinct keys: ``_exists``, ``_get``, ``_put``,
 ``_delete`` (see their docstrings), a ``scheme``, ``capabilities`` and ``from_url``. ``_get`` tells
@@ -43,8 +54,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from .. import record
-from ..errors import (BackendError, BackendTimeoutError, ForeignRecordError, IndexValidationError, PoolError,
-                      RecordError, UnsealedSlotError)
+from ..errors import (BackendError, BackendTimeoutError, ForeignRecordError, IndexValidationError, NoHostPoolError,
+                      PoolError, RecordError, UnsealedSlotError)
 from ..host_pool import HostPool
 from ..keys import check_keys
 
@@ -117,15 +128,18 @@ async def all_or_nothing(calls: Iterable[Awaitable[T]]) -> list[T]:
 
 
 class Backend(ABC):
-    """Base class of every L3 backend. One instance serves one page_first ``HostPool``."""
+    """Base class of every L3 backend. One instance serves one page_first ``HostPool``, or none
+    (``pool=None``: a key-only backend, see the module docstring)."""
 
     scheme: ClassVar[str]
     capabilities: ClassVar[Capabilities]
 
-    def __init__(self, pool: HostPool, *, max_workers: int = 4, timeout_s: float | None = 30.0) -> None:
-        if not pool.holds_records:
+    def __init__(self, pool: HostPool | None, *, max_workers: int = 4, timeout_s: float | None = 30.0) -> None:
+        if pool is not None and not isinstance(pool, HostPool):
+            raise PoolError(f"an L3 backend serves a page_first HostPool or None (key-only), got {type(pool).__name__}")
+        if pool is not None and not pool.holds_records:
             raise PoolError(f"L3 backends move whole page records and need a page_first host pool; got {pool.layout}")
-        self.pool = pool
+        self._pool = pool
         self.timeout_s = timeout_s
         self.stats = BackendStats()
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"tkv-{self.scheme}")
@@ -134,8 +148,22 @@ class Backend(ABC):
     # --- construction ------------------------------------------------------------------------
     @classmethod
     @abstractmethod
-    def from_url(cls, url: str, pool: HostPool, **options: Any) -> "Backend":
-        """Parse ``url`` (and keyword options) into a typed config and open the backend."""
+    def from_url(cls, url: str, pool: HostPool | None, **options: Any) -> "Backend":
+        """Parse ``url`` (and keyword options) into a typed config and open the backend
+        (key-only where ``pool`` is None)."""
+
+    @property
+    def key_only(self) -> bool:
+        """True for a backend opened without a host pool: ``exists`` and ``delete`` only."""
+        return self._pool is None
+
+    @property
+    def pool(self) -> HostPool:
+        """The host pool data calls move records through; NoHostPoolError on a key-only backend."""
+        if self._pool is None:
+            raise NoHostPoolError(f"{self.scheme} backend was opened without a host pool (key-only): it answers "
+                                  "exists and delete; get_into / put_from need open_backend(url, pool)")
+        return self._pool
 
     @classmethod
     def measure_raw_ceiling(cls, url: str, *, page_bytes: int, pages: int, batch: int | None = None) -> dict[str, float] | None:
@@ -230,6 +258,7 @@ class Backend(ABC):
 
     async def get_into(self, keys: Sequence[str], slots: Sequence[int]) -> list[bool]:
         """Fill ``slots`` with the records of ``keys``; True only for the verified leading run."""
+        self.pool  # noqa: B018 - NoHostPoolError on a key-only backend, before the keys are read
         keys, slots = self._check_batch(keys, slots)
         if not keys:
             return []
@@ -316,6 +345,7 @@ class Backend(ABC):
 
     async def put_from(self, keys: Sequence[str], slots: Sequence[int]) -> list[bool]:
         """Store the sealed records in ``slots`` under ``keys``; per key, False if it did not fit."""
+        self.pool  # noqa: B018 - NoHostPoolError on a key-only backend, before the keys are read
         keys, slots = self._check_batch(keys, slots)
         for k, s in zip(keys, slots):
             if not self.pool.is_sealed(s, k):
@@ -371,5 +401,5 @@ class Backend(ABC):
             raise
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.scheme}, pool={self.pool!r})"
+        return f"{type(self).__name__}({self.scheme}, pool={self._pool!r})"
 

@@ -96,7 +96,7 @@ class FileBackend(Backend):
     scheme = "file"
     capabilities = Capabilities(zero_copy=True, persistent=True, shared_across_processes=True, shared_across_nodes=False)
 
-    def __init__(self, pool: HostPool, options: FileOptions) -> None:
+    def __init__(self, pool: HostPool | None, options: FileOptions) -> None:
         super().__init__(pool, max_workers=options.workers, timeout_s=options.timeout_s)
         self.options = options
         self.root = _checked_root(options.path)
@@ -106,7 +106,9 @@ class FileBackend(Backend):
             if exc.errno in _BAD_PATH:
                 raise ConfigError(f"file backend: {self.root} cannot be the store's directory: {exc}") from exc
             raise BackendUnavailableError(f"file backend: cannot create {self.root}: {exc}") from exc
-        self.file_bytes = pool.slot_bytes  # whole padded slots, so direct I/O works both ways
+        # Whole padded slots, so direct I/O works both ways. Only data calls read it: a key-only
+        # backend (no pool) finds pages by name alone.
+        self.file_bytes = pool.slot_bytes if pool is not None else None
         # The capacity account, all under _lock: _index holds linked page files only (name ->
         # bytes, least recent first), _used is their sum, _in_flight the bytes reserved by writes
         # whose files are not linked yet, and _used + _in_flight <= capacity. A page file and its
@@ -119,7 +121,7 @@ class FileBackend(Backend):
         self._scan()
 
     @classmethod
-    def from_url(cls, url: str, pool: HostPool, **options: Any) -> "FileBackend":
+    def from_url(cls, url: str, pool: HostPool | None, **options: Any) -> "FileBackend":
         parts = split_url(url)
         if parts.netloc not in ("", "localhost"):
             raise ConfigError(f"{url}: file URLs name a local directory (file:///abs/dir), not host {parts.netloc!r}")

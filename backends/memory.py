@@ -45,17 +45,18 @@ class MemoryBackend(Backend):
     scheme = "memory"
     capabilities = Capabilities(zero_copy=False, persistent=False, shared_across_processes=False, shared_across_nodes=False)
 
-    def __init__(self, pool: HostPool, options: MemoryOptions = MemoryOptions(), *, store: "_Store | None" = None) -> None:
+    def __init__(self, pool: HostPool | None, options: MemoryOptions = MemoryOptions(), *, store: "_Store | None" = None) -> None:
         super().__init__(pool, max_workers=1, timeout_s=None)
         self.options = options
         self._store = _Store() if store is None else store
 
-    def on_same_store(self, pool: HostPool) -> "MemoryBackend":
-        """Another backend, serving ``pool``, on this one's records and capacity (same options)."""
+    def on_same_store(self, pool: HostPool | None) -> "MemoryBackend":
+        """Another backend, serving ``pool``, on this one's records and capacity (same options);
+        ``pool=None``: a key-only one (``exists`` / ``delete``), as a scheduler process would open."""
         return type(self)(pool, self.options, store=self._store)
 
     @classmethod
-    def from_url(cls, url: str, pool: HostPool, **options: Any) -> "MemoryBackend":
+    def from_url(cls, url: str, pool: HostPool | None, **options: Any) -> "MemoryBackend":
         return cls(pool, options_from_url(MemoryOptions, url, options))
 
     @property

@@ -19,7 +19,9 @@ What the store is, and what that means here:
   not persistent. ``contribute_segment=false`` makes a pure client
   (say, when another process on the host already contributes: pages are not held twice in one
   host's RAM); ``python -m tiered_kv.backends.mooncake hold-segment URL`` runs such a process
-  (until SIGTERM / SIGINT).
+  (until SIGTERM / SIGINT). A key-only backend (``open_backend(url, None)``, for a scheduler
+  process) registers no buffer; open it with ``contribute_segment=false``, or the pages stored in
+  its segment go when the scheduler does.
 - a master restart loses every object; the client reconnects and remounts by itself, so the same
   backend object serves again (earlier pages read as misses).
 - a put of a key already present stores nothing (the store answers OK or OBJECT_ALREADY_EXISTS):
@@ -248,7 +250,7 @@ class MooncakeBackend(Backend):
     scheme = "mooncake"
     capabilities = Capabilities(zero_copy=True, persistent=False, shared_across_processes=True, shared_across_nodes=True)
 
-    def __init__(self, pool: HostPool, options: MooncakeOptions) -> None:
+    def __init__(self, pool: HostPool | None, options: MooncakeOptions) -> None:
         super().__init__(pool, max_workers=options.workers, timeout_s=options.timeout_s)
         self.options = options
         try:
@@ -256,12 +258,13 @@ class MooncakeBackend(Backend):
         except BaseException:
             self._executor.shutdown(wait=False)
             raise
-        # Once, for the whole pool: every slot is then a valid source and target.
-        rc = self._store.register_buffer(pool.memory.address, pool.nbytes)
+        # Once, for the whole pool: every slot is then a valid source and target. A key-only
+        # backend (no pool) registers nothing: exists and delete move no bytes.
+        rc = OK if pool is None else self._store.register_buffer(pool.memory.address, pool.nbytes)
         if rc != OK:
             self._store.close()
             self._executor.shutdown(wait=False)
-            raise mooncake_error(rc, f"register_buffer of the host pool ({pool.nbytes} B)")
+            raise mooncake_error(rc, f"register_buffer of the host pool ({self.pool.nbytes} B)")
         # One store batch already moves its pages in parallel; several at once contend for the
         # same cores and the same sockets (measured: four in flight on 2 cores, a third of one).
         self._transfer_slots = threading.BoundedSemaphore(options.transfers_in_flight)
@@ -273,7 +276,7 @@ class MooncakeBackend(Backend):
             self._replicate.replica_num = options.replica_num
 
     @classmethod
-    def from_url(cls, url: str, pool: HostPool, **options: Any) -> "MooncakeBackend":
+    def from_url(cls, url: str, pool: HostPool | None, **options: Any) -> "MooncakeBackend":
         return cls(pool, MooncakeOptions.from_url(url, options))
 
     # --- primitives --------------------------------------------------------------------------
@@ -365,6 +368,7 @@ class MooncakeBackend(Backend):
     async def measure_raw_round(self, src_slots: list[int], dst_slots: list[int], *, batch: int) -> dict[str, float] | None:
         """``batch_put_from`` / ``batch_get_into`` of the slots' bytes on this backend's own store
         client and registered pool: the ceiling on the same pages, with nothing of ours around it."""
+        self.pool  # noqa: B018 - NoHostPoolError on a key-only backend: it registered no buffer
         return await self.run_blocking(self._raw_round, src_slots, dst_slots, batch, hold_slots=dst_slots)
 
     def _raw_round(self, src_slots: list[int], dst_slots: list[int], batch: int) -> dict[str, float]:
@@ -400,7 +404,8 @@ class MooncakeBackend(Backend):
             log.warning("mooncake: closing the store took longer than %ss; it finishes in the background", self.timeout_s)
 
     def _close_store(self) -> None:
-        self._store.unregister_buffer(self.pool.memory.address)
+        if not self.key_only:
+            self._store.unregister_buffer(self.pool.memory.address)
         self._store.close()
 
     # --- benchmarks --------------------------------------------------------------------------

@@ -106,7 +106,7 @@ class RedisBackend(Backend):
     scheme = "redis"
     capabilities = Capabilities(zero_copy=True, persistent=False, shared_across_processes=True, shared_across_nodes=True)
 
-    def __init__(self, pool: HostPool, options: RedisOptions) -> None:
+    def __init__(self, pool: HostPool | None, options: RedisOptions) -> None:
         import redis.asyncio  # only whoever opens a redis URL needs redis-py
 
         super().__init__(pool, max_workers=1, timeout_s=options.socket_timeout_s)
@@ -143,7 +143,7 @@ class RedisBackend(Backend):
         return redis.asyncio.ConnectionPool(host=options.host, port=options.port, **common)
 
     @classmethod
-    def from_url(cls, url: str, pool: HostPool, **options: Any) -> "RedisBackend":
+    def from_url(cls, url: str, pool: HostPool | None, **options: Any) -> "RedisBackend":
         return cls(pool, parse_redis_url(url, options))
 
     @classmethod
@@ -416,7 +416,7 @@ class RedisBackend(Backend):
         return BackendError(f"redis at {self.options.address}: {what}: server error: {message}{self._hint(message)}")
 
     def _hint(self, message: str) -> str:
-        if "invalid bulk length" in message:
+        if "invalid bulk length" in message and not self.key_only:  # only a SET (a data call) meets it
             return f" (the server's proto-max-bulk-len is below the record size, {self.pool.record_bytes} B)"
         return ""
 

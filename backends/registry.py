@@ -53,8 +53,12 @@ def backend_class(scheme: str) -> type[Backend]:
     return cls
 
 
-def open_backend(url: str, pool: HostPool, **options: Any) -> Backend:
-    """Open the backend named by ``url`` for ``pool`` (page_first). Options override URL query values."""
+def open_backend(url: str, pool: HostPool | None, **options: Any) -> Backend:
+    """Open the backend named by ``url`` for ``pool`` (page_first). Options override URL query values.
+
+    ``pool=None`` opens a key-only backend: ``exists`` and ``delete`` only, no host memory needed
+    (the metadata half in a process of its own); its data calls raise ``NoHostPoolError``.
+    """
     if not isinstance(url, str) or "://" not in url:
         raise ConfigError(f"backend URL must look like scheme://..., got {url!r}")
     return backend_class(split_url(url).scheme.lower()).from_url(url, pool, **options)

@@ -10,7 +10,8 @@
     │   ├── PoolExhaustedError   not enough free host slots
     │   ├── DoubleFreeError      a slot freed twice
     │   ├── ForeignSlotError     a slot id this pool never handed out
-    │   └── UnsealedSlotError    a slot put to L3 that is not sealed for its key
+    │   ├── UnsealedSlotError    a slot put to L3 that is not sealed for its key
+    │   └── NoHostPoolError      a data call on a key-only backend (opened without a host pool)
     ├── RecordError              a stored page record failed verification: callers treat it as a miss
     │   ├── TruncatedRecordError
     │   ├── CorruptRecordError   bad magic, header or payload checksum
@@ -69,6 +70,14 @@ class UnsealedSlotError(PoolError, ValueError):
     """A slot handed to ``put_from`` is not sealed for its key (``HostPool.seal`` after the bytes land).
 
     Also a ValueError, which ``put_from`` raised before this class existed.
+    """
+
+
+class NoHostPoolError(PoolError):
+    """A data call (``get_into`` / ``put_from``) on a backend opened without a host pool.
+
+    Such a key-only backend (``open_backend(url, None)``) answers ``exists`` and ``delete`` only:
+    the metadata half in a process that holds no host memory.
     """
 
 

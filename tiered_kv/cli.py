@@ -4,6 +4,7 @@
     tiered-kv plan --model deepseek-v3.2 [--layers N | --layer-range START:END] [--page-size N]
                    [--latent-dtype fp8|bf16] [--gpu-mem SIZE] [--host-mem SIZE] [--disk SIZE] [--json]
     tiered-kv bench storage --backend URL [--pages N] [--batch N] [--json]
+    tiered-kv config check FILE | config show [FILE] [--json]
 
 Subcommands are registered from ``COMMANDS`` (name -> ``register(subparsers, common)``, which adds
 the command's parser with ``parents=[common]``, for ``--debug``, and sets ``func``: a function of the
@@ -27,6 +28,7 @@ import traceback
 from collections.abc import Callable
 
 from . import __version__
+from .config import cli as config_cli
 from .errors import ConfigError, SpecError, TieredKVError
 from .plan import describe_page_sizes, plan_json, plan_tiers
 from .replay import cli as replay_cli
@@ -191,6 +193,7 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction, argparse.ArgumentParse
     "plan": register_plan,
     "bench": register_bench,
     "replay": replay_cli.register,
+    "config": config_cli.register,
 }
 
 

@@ -1,0 +1,41 @@
+"""``tiered-kv config check FILE`` and ``tiered-kv config show [FILE] [--json]``.
+
+``check`` loads FILE as a run would (the file, then ``TIERED_KV_*`` variables) and prints ``ok`` and
+a one-line summary; a bad config is the loader's one-line ConfigError, which ``tiered_kv.cli.main``
+prints and turns into exit code 2. ``show`` prints every effective value and its source (default,
+file, env, argument); with no FILE, ``$TIERED_KV_CONFIG`` or the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .loader import load_config, show
+
+
+def run_check(args: argparse.Namespace) -> int:
+    config = load_config(args.file)
+    print(f"ok: {args.file}: {config.summary()}")
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    print(show(load_config(args.file), as_json=args.json))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """The ``tiered-kv`` command table's entry."""
+    config = sub.add_parser("config", parents=[common], help="check a config file, or show the effective values")
+    commands = config.add_subparsers(dest="config_command", required=True, metavar="{check,show}")
+    check = commands.add_parser("check", parents=[common], help="validate a config file (exit 0 ok, 2 bad)")
+    check.add_argument("file", metavar="FILE", help="a YAML (.yaml, .yml) or TOML (.toml) config file")
+    check.set_defaults(func=run_check)
+    show_ = commands.add_parser("show", parents=[common], help="every effective value and where it came from")
+    show_.add_argument("file", metavar="FILE", nargs="?", default=None,
+                       help="a config file (default: $TIERED_KV_CONFIG, else only defaults and environment)")
+    show_.add_argument("--json", action="store_true", help="one JSON object: key -> value, source, origin")
+    show_.set_defaults(func=run_show)
+
+
+__all__ = ["register", "run_check", "run_show"]

@@ -5,11 +5,14 @@
                      [--model NAME] [--page-size N] [--layers N] [--gpu-mem SIZE] [--host-mem SIZE] [--disk SIZE]
                      [--config FILE] [--l3 URL] [--simulate] [--inflight N] [--prefetch POLICY] [--write POLICY]
                      [--no-verify] [--json] [--plot FILE.png] [--quiet]
+                     [--metrics-port N [--metrics-host ADDR] [--hold-s S]]
 
 With no config and no sizing flags it runs the embedded default (``replay.setup``). ``--model``
 switches to that preset's spec, with the tiers sized like ``plan`` (64GiB / 512GiB / 4TiB unless
 given). Sizing flags win over the config file. Exit codes: 0 ok, 1 a loaded page was wrong
 (``pages_wrong`` > 0) or the run failed, 2 bad usage or input (a malformed trace line included).
+``--metrics-port`` (or the config's ``metrics`` section) serves the run's Prometheus metrics
+(``tiered_kv.metrics``) while it runs and, with ``--hold-s``, that long after the summary is printed.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import dataclasses
 import importlib.util
 import sys
+import time
 from typing import Any
 
 from ..errors import ConfigError
@@ -106,6 +110,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     run_.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     run_.add_argument("--plot", metavar="FILE.png", help="draw the hit rate per tier over time (needs the 'plot' extra)")
     run_.add_argument("--quiet", action="store_true", help="no progress bar")
+    met = p.add_argument_group("metrics (default: the config's metrics section, else off)")
+    met.add_argument("--metrics-port", type=_non_negative_int, metavar="N",
+                     help="serve Prometheus metrics on this port (0: any free port, printed on stderr)")
+    met.add_argument("--metrics-host", metavar="ADDR", help="address to serve them on (default 127.0.0.1)")
+    met.add_argument("--hold-s", type=_positive_float, metavar="S",
+                     help="keep serving metrics S seconds after the run, so a scraper reads the final values")
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -205,21 +215,57 @@ def run(args: argparse.Namespace) -> int:
         # Refuse a missing extra before the run, not after minutes of it.
         if importlib.util.find_spec("matplotlib") is None:
             raise ConfigError("--plot needs matplotlib: install the 'plot' extra (pip install 'tiered-kv[plot]')")
+    address = metrics_address(args)
     bar, step = _progress_bar(len(requests), args.quiet, settings.spec.page_size)
     h = build(settings)
+    server = None
     try:
-        result = replay(h, requests, inflight=args.inflight, progress=step)
+        try:
+            if address is not None:
+                server = _serve(h, address)
+            result = replay(h, requests, inflight=args.inflight, progress=step)
+        finally:
+            if bar is not None:
+                bar.close()
+            h.close()
+        summary = summarize(result, workload=("trace " + args.trace) if args.trace else "synthetic chat",
+                            l3=("simulated" if settings.simulate else (settings.l3_url or "file:// (temporary directory)")))
+        print(to_json(summary) if args.json else format_table(summary), flush=True)
+        if args.plot:
+            plot(result, args.plot)
+        if server is not None and args.hold_s:
+            time.sleep(args.hold_s)  # the closed hierarchy's counters stay readable: the final values
     finally:
-        if bar is not None:
-            bar.close()
-        h.close()
+        if server is not None:
+            server.close()
         h.release_memory()
-    summary = summarize(result, workload=("trace " + args.trace) if args.trace else "synthetic chat",
-                        l3=("simulated" if settings.simulate else (settings.l3_url or "file:// (temporary directory)")))
-    print(to_json(summary) if args.json else format_table(summary))
-    if args.plot:
-        plot(result, args.plot)
     return exit_code(summary)
+
+
+def metrics_address(args: argparse.Namespace) -> tuple[str, int] | None:
+    """Where to serve metrics: the flags, else the config file's ``metrics`` section, else None."""
+    from ..metrics import DEFAULT_HOST, check_address
+
+    host, port = args.metrics_host, args.metrics_port
+    if port is None and args.config:
+        from ..config import load_config
+
+        section = load_config(args.config).metrics
+        if section.enabled:
+            host, port = host or section.host, section.port
+    if port is None:
+        if host is not None or args.hold_s is not None:
+            raise ConfigError("--metrics-host and --hold-s go with --metrics-port (or metrics.enabled in --config)")
+        return None
+    return check_address(host or DEFAULT_HOST, port)
+
+
+def _serve(h: Any, address: tuple[str, int]) -> Any:
+    from ..metrics import cache_registry, serve_metrics
+
+    server = serve_metrics(cache_registry(l1=h.l1), *address)
+    print(f"metrics on {server.url}", file=sys.stderr, flush=True)
+    return server
 
 
 def exit_code(summary: dict[str, Any]) -> int:
@@ -227,4 +273,4 @@ def exit_code(summary: dict[str, Any]) -> int:
     return 1 if summary["pages_wrong"] else 0
 
 
-__all__ = ["add_arguments", "exit_code", "add_parser", "register", "run", "settings_from_args", "workload_from_args"]
+__all__ = ["add_arguments", "exit_code", "metrics_address", "add_parser", "register", "run", "settings_from_args", "workload_from_args"]

@@ -131,6 +131,7 @@ class L3Controller:
         self._bytes_in_flight = {READ: 0, WRITE: 0}
         self._running = {READ: 0, WRITE: 0}
         self._closing = False
+        self._stopping = False  # workers return at their next turn (close)
         self._closed = False
         self._left_over = 0  # tasks still alive when the loop stopped (must be 0)
         self._loop = asyncio.new_event_loop()
@@ -218,6 +219,10 @@ class L3Controller:
         for queue in (self._reads, self._writes):
             while queue:
                 self._refuse(queue.popleft())
+        # The flag, not only cancel(): Python 3.11's wait_for swallows a cancellation that arrives
+        # as its awaitable completes (a wake-up at close), and the worker would loop on forever.
+        self._stopping = True
+        self._wake_workers()
         for task in self._tasks + ([self._probe] if self._probe else []):
             task.cancel()
         await asyncio.gather(*self._tasks, *([self._probe] if self._probe else []), return_exceptions=True)
@@ -327,7 +332,7 @@ class L3Controller:
 
     async def _worker(self, kind: str) -> None:
         assert self._wake is not None
-        while True:
+        while not self._stopping:
             job = self._next_job(kind)
             if job is None:
                 self._wake.clear()

@@ -1,0 +1,149 @@
+"""Failures: pages gone from L3 between match and load, a write flood while a prefetch waits,
+and the L3 server killed during a run of requests (and coming back)."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import statistics
+import time
+
+import pytest
+
+from tiered_kv import HostPool
+from tiered_kv.backends import open_backend
+from tiered_kv.hierarchy import ControllerLimits
+
+from ..backends.redis_server import REDIS_SERVER, RedisServer
+from .conftest import SPEC, keys_of, make_stack, prompts
+
+
+def delete_behind_our_back(url: str, options: dict, keys: list[str]) -> None:
+    """Another instance (its own pool and backend object) deletes ``keys`` from the medium."""
+    async def go():
+        with HostPool(SPEC, 1) as pool:
+            async with open_backend(url, pool, **options) as other:
+                await other.delete(keys)
+                assert await other.exists(keys) == 0
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("l3_kind", ["file", "redis"])
+def test_pages_deleted_from_l3_between_match_and_load(l3_kind, l3_opener):
+    url, options = l3_opener
+    keys = keys_of(prompts(31, [8])[0])
+    warm = make_stack(url, open_options=options)
+    try:
+        warm.serve("warm", keys)
+        warm.settle()
+        assert warm.controller.stats.pages_written == len(keys)
+    finally:
+        warm.close()
+
+    s = make_stack(url, open_options=options)
+    try:
+        while (m := s.l1.lookup("r", keys)) is None:
+            time.sleep(0.0005)
+        assert m.l3_pages == len(keys)
+        delete_behind_our_back(url, options, keys[5:])  # after the match, before the load
+        s.l1.start("r")
+        deadline = time.monotonic() + 10
+        while not s.manager.prefetch_done("r"):
+            assert time.monotonic() < deadline, "a prefetch of missing pages hung"
+            time.sleep(0.0005)
+        served = s.l1.run("r")
+        assert (served.l3_pages, served.computed_pages) == (5, 3)  # shortened, the rest recomputed
+        assert served.verified_pages == 5 and served.wrong_pages == 0
+        assert s.manager.stats.prefetch_pages_missing == 3
+        assert not s.manager.index.entry(keys[5]) or not s.manager.index.entry(keys[5]).on_l3
+    finally:
+        s.close()
+
+
+def _prefetch_latency(s, keys, rid) -> float:
+    while (m := s.manager.lookup(rid, keys)) is None:
+        time.sleep(0.0002)
+    assert m.l3_pages == len(keys)
+    t0 = time.perf_counter()
+    s.manager.start_prefetch(rid, keys, m)
+    while not s.manager.prefetch_done(rid):
+        time.sleep(0.0001)
+    elapsed = time.perf_counter() - t0
+    plan = s.manager.prepare_load(keys, rid)
+    assert len(plan) == len(keys)
+    s.manager.complete_load(plan)
+    for k in plan.keys:  # leave L2 so the next run reads L3 again
+        s.manager.index.drop_l2(k)
+    return elapsed
+
+
+def test_a_write_flood_does_not_delay_a_waiting_prefetch(tmp_path):
+    url = f"file://{tmp_path / 'l3'}"
+    runs = 5
+    chains = [keys_of(t) for t in prompts(41, [8] * (2 * runs + 1))]
+    warm = make_stack(url, host_slots=32, l1_pages=16)
+    try:
+        for i, keys in enumerate(chains):
+            warm.serve(i, keys)
+            warm.settle()
+    finally:
+        warm.close()
+
+    flood_pages = 192
+    s = make_stack(url, host_slots=flood_pages + 64, l1_pages=8,
+                   limits=ControllerLimits(write_workers=2, batch_pages=16))
+    try:
+        flood_slots = s.host.allocate(flood_pages)
+        _prefetch_latency(s, chains[-1], "warm-up")  # first reads open files, fill caches
+        idle = [_prefetch_latency(s, chains[i], ("idle", i)) for i in range(runs)]
+        busy = []
+        for i in range(runs):
+            # fresh keys every round: put-if-absent would skip pages already written
+            keys = [secrets.token_hex(16) for _ in flood_slots]
+            for k, slot in zip(keys, flood_slots):
+                s.host.seal(slot, k)
+            puts = [s.controller.put_from(keys[j:j + 16], flood_slots[j:j + 16]) for j in range(0, flood_pages, 16)]
+            time.sleep(0.002)  # the flood is under way
+            busy.append(_prefetch_latency(s, chains[runs + i], ("busy", i)))
+            assert all(all(f.result(30)) for f in puts)  # the flood did land, after the reads
+        idle_ms, busy_ms = statistics.median(idle) * 1e3, statistics.median(busy) * 1e3
+        assert busy_ms <= 2 * idle_ms, f"prefetch {busy_ms:.2f} ms under a write flood vs {idle_ms:.2f} ms idle"
+    finally:
+        s.host.free(flood_slots)
+        s.close()
+
+
+@pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")
+def test_backend_killed_during_a_run_and_back():
+    with RedisServer() as server:
+        chains = [keys_of(t) for t in prompts(51, [5] * 12, shared=1)]
+        s = make_stack(server.url, host_slots=24, l1_pages=10,
+                       limits=ControllerLimits(retry_base_s=0.02, retry_max_s=0.2))
+        try:
+            for i, keys in enumerate(chains[:4]):
+                s.serve(("up", i), keys)
+            s.settle()
+            assert s.controller.stats.pages_written > 0
+            server.kill()
+            # Serving goes on from L1 / L2 (and recomputation); Stack.serve asserts every byte.
+            for rnd in range(2):
+                for i, keys in enumerate(chains):
+                    s.serve(("down", rnd, i), keys, timeout_s=10)
+            assert s.controller.degraded
+            stats = s.controller.stats
+            assert stats.backend_errors >= 1 and stats.degraded_episodes == 1
+            assert sum(sv.l2_pages for _, sv in s.served[4:]) > 0  # L2 kept serving
+            server.start()  # same port, empty (no persistence)
+            deadline = time.monotonic() + 10
+            while s.controller.degraded:
+                assert time.monotonic() < deadline, "the tier never came back"
+                time.sleep(0.01)
+            assert stats.recoveries >= 1
+            written = stats.pages_written
+            for i, keys in enumerate(chains[6:], 6):
+                fresh = keys_of(prompts(60 + i, [4])[0])
+                s.serve(("back", i), fresh)
+            s.settle()
+            assert stats.pages_written > written  # the tier takes writes again
+        finally:
+            s.close()

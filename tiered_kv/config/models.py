@@ -27,10 +27,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Annotated, Any, ClassVar, Literal
+from enum import Enum
+from typing import Annotated, Any, ClassVar, Literal, get_type_hints
 from urllib.parse import parse_qsl, unquote, urlencode
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationInfo, create_model, field_validator,
+                      model_validator)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ..backends.file import FileOptions
@@ -39,7 +41,7 @@ from ..backends.mooncake import MooncakeOptions
 from ..backends.redis_options import RedisOptions, parse_redis_url
 from ..backends.url_options import HostName, options_from_url, split_url
 from ..errors import ConfigError, SpecError
-from ..hierarchy import ControllerLimits, Policies, PrefetchPolicy, PrefetchTimeout, WritePolicy
+from ..hierarchy import ControllerLimits, Policies, PrefetchTimeout
 from ..plan import plan_tiers
 from ..sizes import format_size, parse_size
 from ..spec import MODEL_PRESETS, KVSpec, mha_spec, mla_spec, model_spec, nsa_spec
@@ -333,7 +335,10 @@ class L3Config(Section):
             return None
         if "://" not in self.url:
             raise Problem("url", f"backend URL must look like scheme://..., got {self.url!r}")
-        return split_url(self.url).scheme.lower()
+        try:
+            return split_url(self.url).scheme.lower()
+        except ConfigError as exc:
+            raise Problem("url", str(exc)) from None
 
     @property
     def effective_url(self) -> str | None:
@@ -354,37 +359,39 @@ class L3Config(Section):
 
 
 # --- policies, controller, metrics -------------------------------------------------------------
-class PrefetchTimeoutConfig(Mirror):
-    target: ClassVar[type] = PrefetchTimeout
-    base_s: Float = _default(PrefetchTimeout, "base_s")
-    per_1k_tokens_s: Float = _default(PrefetchTimeout, "per_1k_tokens_s")
-    max_s: Float = _default(PrefetchTimeout, "max_s")
+#: A mirrored dataclass field's type -> the config's type for it (text read as URL queries are).
+_MIRROR_TYPES: dict[Any, Any] = {int: Int, float: Float, bool: Bool}
 
 
-class PoliciesConfig(Mirror):
-    target: ClassVar[type] = Policies
-    write: WritePolicy = _default(Policies, "write")
-    selective_hits: Int = _default(Policies, "selective_hits")
-    l3_admission_hits: Int = _default(Policies, "l3_admission_hits")
-    prefetch: PrefetchPolicy = _default(Policies, "prefetch")
-    prefetch_timeout: PrefetchTimeoutConfig = Field(default_factory=PrefetchTimeoutConfig)
-    min_hit_tokens: Int = _default(Policies, "min_hit_tokens")
-    l3_writer: Bool = _default(Policies, "l3_writer")
-    agree_deadline_s: Float = _default(Policies, "agree_deadline_s")
+def mirror(name: str, target: type, nested: dict[str, type[Mirror]] | None = None) -> type[Mirror]:
+    """A ``Mirror`` section with exactly ``target``'s fields, types and defaults, made from the
+    dataclass itself so a field added there is a key here (and the docs test asks for its row).
+    Fields counting bytes take sizes (``1GiB``); ``nested`` names sections for dataclass fields."""
+    hints = get_type_hints(target)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(target):
+        if nested and f.name in nested:
+            fields[f.name] = (nested[f.name], Field(default_factory=nested[f.name]))
+            continue
+        kind = hints[f.name]
+        if "bytes" in f.name and kind is int:
+            kind = Size
+        elif isinstance(kind, type) and issubclass(kind, Enum):
+            pass
+        elif kind in _MIRROR_TYPES:
+            kind = _MIRROR_TYPES[kind]
+        else:
+            raise TypeError(f"{target.__name__}.{f.name}: no config type for {kind!r}")
+        fields[f.name] = (kind, _default(target, f.name))
+    section = create_model(name, __base__=Mirror, __module__=__name__, **fields)
+    section.target = target
+    section.__doc__ = f"The config of ``{target.__module__}.{target.__name__}``, field by field."
+    return section
 
 
-class ControllerConfig(Mirror):
-    target: ClassVar[type] = ControllerLimits
-    read_workers: Int = _default(ControllerLimits, "read_workers")
-    write_workers: Int = _default(ControllerLimits, "write_workers")
-    queue_depth: Int = _default(ControllerLimits, "queue_depth")
-    batch_pages: Int = _default(ControllerLimits, "batch_pages")
-    max_read_bytes_in_flight: Size = _default(ControllerLimits, "max_read_bytes_in_flight")
-    max_write_bytes_in_flight: Size = _default(ControllerLimits, "max_write_bytes_in_flight")
-    retry_base_s: Float = _default(ControllerLimits, "retry_base_s")
-    retry_max_s: Float = _default(ControllerLimits, "retry_max_s")
-    write_retries: Int = _default(ControllerLimits, "write_retries")
-    drain_timeout_s: Float = _default(ControllerLimits, "drain_timeout_s")
+PrefetchTimeoutConfig = mirror("PrefetchTimeoutConfig", PrefetchTimeout)
+PoliciesConfig = mirror("PoliciesConfig", Policies, {"prefetch_timeout": PrefetchTimeoutConfig})
+ControllerConfig = mirror("ControllerConfig", ControllerLimits)
 
 
 class MetricsConfig(Section):

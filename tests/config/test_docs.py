@@ -1,0 +1,81 @@
+"""docs/config.md lists every key of the config tree (and of each backend's options) with its
+default, and no key the models lack."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from enum import Enum
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from tiered_kv.config.loader import SIZE_KEYS
+from tiered_kv.config.models import OPTION_CLASSES, Config
+from tiered_kv.sizes import parse_size
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "config.md"
+ROW = re.compile(r"^\| `([a-z0-9_.:]+)` \| [^|]*(?:\\\|[^|]*)* \| ([^|]+) \| .+ \|$")
+
+
+def documented() -> dict[str, str]:
+    rows = {}
+    for line in DOCS.read_text().splitlines():
+        m = ROW.match(line)
+        if m:
+            assert m.group(1) not in rows, f"docs/config.md lists {m.group(1)} twice"
+            rows[m.group(1)] = m.group(2).strip()
+    return rows
+
+
+def model_keys(model: type[BaseModel] = Config, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for name, field in model.model_fields.items():
+        kind = field.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            out.update(model_keys(kind, prefix + name + "."))
+        else:
+            out[prefix + name] = field.get_default(call_default_factory=True)
+    return out
+
+
+def option_keys() -> dict[str, object]:
+    return {f"{scheme}:{f.name}": (None if f.default is dataclasses.MISSING else f.default)
+            for scheme, cls in OPTION_CLASSES.items() for f in dataclasses.fields(cls)}
+
+
+def read_default(text: str, value: object, size: bool) -> object:
+    """The docs' default cell as the value it names."""
+    if text == "(from the URL)":
+        return None
+    text = text.strip("`")
+    if text == "null":
+        return None
+    if isinstance(value, bool):
+        return {"true": True, "false": False}[text]
+    if isinstance(value, Enum):
+        return type(value)(text)
+    if size:
+        return parse_size(text)
+    if isinstance(value, float):
+        return float(text)
+    if isinstance(value, int):
+        return int(text)
+    if isinstance(value, dict):
+        return {} if text == "{}" else text
+    return "" if text == '""' else text
+
+
+def test_docs_list_every_key_with_its_default() -> None:
+    rows = documented()
+    keys = {**model_keys(), **option_keys()}
+    missing = sorted(set(keys) - set(rows))
+    assert not missing, f"docs/config.md lacks {missing}"
+    for key, default in keys.items():
+        size = key in SIZE_KEYS or key.split(":")[-1].endswith("_bytes")
+        assert read_default(rows[key], default, size) == default, f"{key}: docs say {rows[key]}, the model {default!r}"
+
+
+def test_docs_list_no_key_the_models_lack() -> None:
+    extra = sorted(set(documented()) - set(model_keys()) - set(option_keys()))
+    assert not extra, f"docs/config.md lists keys the models lack: {extra}"

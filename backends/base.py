@@ -39,7 +39,10 @@ I/O, Mooncake's buffer registration and record size): it connects, scans or sets
 A backend subclass implements four primitives on distinct keys: ``_exists``, ``_get``, ``_put``,
 ``_delete`` (see their docstrings), a ``scheme``, ``capabilities`` and ``from_url``. ``_get`` tells
 a stored value of another length than this pool's records (``OtherLength``) and an object that is
-no record at all and not ours to delete (``NotARecord``) apart from a plain hit or miss.
+no record at all and not ours to delete (``NotARecord``) apart from a plain hit or miss (both
+exported from ``tiered_kv.backends`` for backend authors). A subclass reads ``self.pool`` only in
+``_get`` / ``_put`` and other data paths (``self.key_only`` says whether there is one), so that it
+also opens key-only.
 """
 
 from __future__ import annotations

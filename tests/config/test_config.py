@@ -362,3 +362,17 @@ def test_config_show_bad_env_is_exit_2(capsys: pytest.CaptureFixture, monkeypatc
     monkeypatch.setenv("TIERED_KV_L2__SIZE", "lots")
     assert main(["config", "show"]) == 2
     assert capsys.readouterr().err.startswith("tiered-kv: error: TIERED_KV_L2__SIZE: malformed size 'lots'")
+
+
+def test_replay_runs_the_config_file_with_flags_winning(capsys: pytest.CaptureFixture,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TIERED_KV_CONFIG", raising=False)
+    embedded = str(EXAMPLES / "embedded.yaml")
+    settings = replay_settings(embedded, env={})
+    host = 2 * settings.l2_pages * (settings.spec.page_bytes + 4096)  # roughly twice the file's L2
+    code = main(["replay", "--config", embedded, "--simulate", "--clients", "2", "--rounds", "2", "--json", "--quiet",
+                 "--host-mem", str(host)])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tier_pages"]["l1"] == settings.l1_pages and out["tier_pages"]["l3"] == settings.l3_pages
+    assert out["tier_pages"]["l2"] == settings.with_sizes(host_bytes=host).l2_pages != settings.l2_pages

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 
 import pytest
 
+from tiered_kv.cli import main
 from tiered_kv.errors import ConfigError
 from tiered_kv.replay import build, embedded_default, read_trace, replay, summarize, synthetic_chat
 from tiered_kv.replay.cli import exit_code
-from tiered_kv.replay.report import format_table, hit_rate_series
+from tiered_kv.replay.report import format_table, hit_rate_series, plot
 
 from .conftest import (PAGE, TEST_SPEC, TINY_CHAT, TINY_TIERS, checked_replay, expected_hit_pages, run_cli, tier_flags,
                        trace_records, write_trace)
@@ -191,11 +193,16 @@ def test_cli_trace_json_and_table(tmp_path):
     (["--model", "deepseek-v3.2", "--gpu-mem", "1MiB", "--simulate"], "--gpu-mem"),
     (["--config", "/nonexistent.yaml"], "/nonexistent.yaml"),
 ])
-def test_cli_bad_usage_exits_2_with_one_line(args, message):
-    proc = run_cli("replay", *args)
-    assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    assert message in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
+def test_cli_bad_usage_exits_2_with_one_line(args, message, capsys):
+    # In process through the console script's own entry point (a subprocess each costs seconds).
+    try:
+        code = main(["replay", *args])
+    except SystemExit as exc:  # argparse's own usage errors exit from inside parse_args
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_cli_malformed_trace_exits_2_naming_the_line(tmp_path):
@@ -204,6 +211,19 @@ def test_cli_malformed_trace_exits_2_naming_the_line(tmp_path):
     proc = run_cli("replay", "--simulate", "--trace", str(path))
     assert proc.returncode == 2
     assert f"{path}:3" in proc.stderr and "not JSON" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_plot_without_matplotlib_names_the_extra(monkeypatch, tmp_path):
+    h = build(embedded_default(spec=TEST_SPEC, simulate=True, verify=False, **TINY_TIERS))
+    try:
+        result = replay(h, synthetic_chat(TINY_CHAT))
+    finally:
+        h.close()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an install without the extra sees
+    with pytest.raises(ConfigError, match=r"'plot' extra"):
+        plot(result, str(tmp_path / "x.png"))
+    assert not (tmp_path / "x.png").exists()
 
 
 def test_cli_plot(tmp_path):

@@ -207,14 +207,12 @@ def _progress_bar(total: int, quiet: bool, page_size: int) -> tuple[Any, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from .driver import replay
-    from .report import format_table, plot, summarize, to_json
+    from .report import format_table, plot, require_matplotlib, summarize, to_json
 
     settings = settings_from_args(args)
     requests = workload_from_args(args)
     if args.plot:
-        # Refuse a missing extra before the run, not after minutes of it.
-        if importlib.util.find_spec("matplotlib") is None:
-            raise ConfigError("--plot needs matplotlib: install the 'plot' extra (pip install 'tiered-kv[plot]')")
+        require_matplotlib()  # refuse a missing extra before the run, not after minutes of it
     address = metrics_address(args)
     bar, step = _progress_bar(len(requests), args.quiet, settings.spec.page_size)
     h = build(settings)

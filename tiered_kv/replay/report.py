@@ -134,12 +134,18 @@ def hit_rate_series(result: ReplayResult, buckets: int = 60) -> dict[str, Any]:
     return out
 
 
-def plot(result: ReplayResult, path: str, title: str = "tiered-kv replay") -> None:
-    """Hit rate per tier over the workload's time, as a PNG at ``path``."""
+def require_matplotlib() -> Any:
+    """The ``matplotlib`` module, or ConfigError naming the extra that installs it."""
     try:
         import matplotlib
     except ImportError:
         raise ConfigError("--plot needs matplotlib: install the 'plot' extra (pip install 'tiered-kv[plot]')") from None
+    return matplotlib
+
+
+def plot(result: ReplayResult, path: str, title: str = "tiered-kv replay") -> None:
+    """Hit rate per tier over the workload's time, as a PNG at ``path``."""
+    matplotlib = require_matplotlib()
     matplotlib.use("Agg")  # files only; no display on servers
     import matplotlib.pyplot as plt
 
@@ -160,4 +166,4 @@ def plot(result: ReplayResult, path: str, title: str = "tiered-kv replay") -> No
         plt.close(fig)
 
 
-__all__ = ["DIRECTIONS", "TIERS", "format_table", "hit_rate_series", "plot", "summarize", "to_json"]
+__all__ = ["DIRECTIONS", "TIERS", "format_table", "hit_rate_series", "plot", "require_matplotlib", "summarize", "to_json"]

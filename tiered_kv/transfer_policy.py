@@ -102,11 +102,12 @@ DIRECT_MIN_MEAN_RUN = 64
 #: through the copy engines: staged for backups, mixed (copy engines + kernel at once) for loads.
 #: Scattered slots, measured on the H200 (docs/benchmarks.md, "Serving conditions"):
 #: - ``page_first`` (pitched rows): a slot's pieces are contiguous, so the staging ring moves
-#:   whole-slot rows (backups) or rows of a block of layers (loads, ``SCATTERED_LOADS``), few
-#:   copies, one memcpy batch per unit; copy engines only, no SM beside the model.
+#:   whole-slot rows (backups: 95.4% of the ceiling) or rows of a block of layers (loads,
+#:   ``SCATTERED_LOADS``), few copies, one memcpy batch per unit; copy engines only.
 #: - ``layer_first`` (dense rows): every slot is its own row per (component, layer); backups stay
-#:   on the UVA kernel (copy-engine writes of 42 KB rows to scattered host rows ran at 38-46 GB/s),
-#:   loads of many layers go through ``batch`` issued by library threads (``ISSUE_THREADS``).
+#:   on the UVA kernel (52.0 GB/s, 94%; copy-engine writes of 42 KB rows to scattered host rows ran
+#:   at 38-46 GB/s), loads of many layers go through ``batch`` issued by library threads
+#:   (``ISSUE_THREADS``: 53.5 GB/s, 96.4%, caller 0.9 ms, 113 ms of CPU on those threads).
 #: - one layer alone: the latent rows in one memcpy batch, the indexer rows by the kernel
 #:   (``mixed``, single-layer split) where batched copies exist, else the kernel.
 AUTO_PATHS = {
@@ -123,10 +124,12 @@ AUTO_PATHS = {
 #: Where batched copies cannot run: scattered slots go through the UVA kernel.
 AUTO_PATHS_WITHOUT_BATCH = {"batch": "kernel"}
 #: Splits of ``mixed`` loads of several layers from scattered slots, by dense host rows: copy
-#: engines only, ``page_first`` rows of 4 adjacent layers per slot (one 168 KB latent and one 34 KB
-#: indexer row per slot and block; raw copies at 97.5% of the ceiling for 11.7 ms of CPU, against
-#: 85% and 84 ms for blocks of 2).
-SCATTERED_LOADS = {False: LoadSplit(1.0, layers_per_copy=4), True: LoadSplit(1.0)}
+#: engines only, ``page_first`` rows of 8 adjacent layers per slot (one 336 KB latent and one 67 KB
+#: indexer row per slot and block), issued on a library thread: 51.6 GB/s (93%) for 31 ms of CPU
+#: against 46.3 GB/s for blocks of 4 (H200, 2026-12-01 08:30 run), and 1.64x one direction beside
+#: a staged backup of scattered slots. ``batch`` on 4 issue threads moves the same load at 52.4
+#: GB/s but for 104 ms of CPU, which slowed the model's matmuls beside it by 1.39x.
+SCATTERED_LOADS = {False: LoadSplit(1.0, layers_per_copy=8), True: LoadSplit(1.0)}
 #: Library threads that issue a ``batch`` load of several layers, each on its own stream, ordered
 #: after the caller's stream by an event (1 024 row copies per NSA layer at about 1 us of CPU each:
 #: one thread issues a 61-layer load in 96 ms, four in 27 ms, under its 30 ms of copying).

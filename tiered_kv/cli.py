@@ -33,7 +33,7 @@ from .errors import ConfigError, SpecError, TieredKVError
 from .plan import describe_page_sizes, plan_json, plan_tiers
 from .replay import cli as replay_cli
 from .sizes import format_size, parse_size
-from .spec import MODEL_PRESETS, model_spec
+from .spec import LATENT_DTYPES, MODEL_PRESETS, model_spec
 
 #: Exit code per error class, looked up along the exception's MRO (the most specific class wins):
 #: wrong argument values are usage errors, every other library error a runtime failure.
@@ -98,9 +98,6 @@ def layer_range(text: str) -> tuple[int, int]:
 
 
 # --- plan ----------------------------------------------------------------------------------------
-#: Latent dtypes each model kind can store (the presets' MLA latent is bf16; MHA has no latent).
-LATENT_DTYPES = {"nsa": ("fp8", "bf16"), "mla": ("bf16",), "mha": ()}
-
 
 def register_plan(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("plan", parents=[common], help="bytes per token and page, and what fits in each tier")

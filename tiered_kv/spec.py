@@ -257,6 +257,9 @@ def mha_spec(
     )
 
 
+#: Latent dtypes each spec kind can store (MHA has no latent): the CLI and the config refuse others.
+LATENT_DTYPES = {"nsa": ("fp8", "bf16"), "mla": ("bf16",), "mha": ()}
+
 #: Named models for the CLI and configs: name -> (factory, default layer count, description).
 MODEL_PRESETS = {
     "deepseek-v3.2": ("nsa", 61, "DeepSeek-V3.2 NSA cache: latent + indexer keys"),

@@ -44,13 +44,12 @@ from ..errors import ConfigError, SpecError
 from ..hierarchy import ControllerLimits, Policies, PrefetchTimeout
 from ..plan import plan_tiers
 from ..sizes import format_size, parse_size
-from ..spec import MODEL_PRESETS, KVSpec, mha_spec, mla_spec, model_spec, nsa_spec
+from ..spec import LATENT_DTYPES, MODEL_PRESETS, KVSpec, mha_spec, mla_spec, model_spec, nsa_spec
 
 ENV_PREFIX = "TIERED_KV_"
 ENV_DELIMITER = "__"
 
 #: Latent dtypes each model kind can store (MLA's latent is bf16; MHA has separate k and v).
-LATENT_DTYPES = {"nsa": ("fp8", "bf16"), "mla": ("bf16",), "mha": ()}
 DEFAULT_LATENT = {"nsa": "fp8", "mla": "bf16"}
 
 

@@ -139,6 +139,13 @@ def _part(parts: CacheParts, name: str) -> Any:
     return _PARTS[name](parts)
 
 
+def _lookup_hits(parts: CacheParts) -> Iterator[Sample]:
+    if parts.manager is not None:
+        yield ("l2",), parts.manager.stats.l2_hit_pages
+        if parts.controller is not None:
+            yield ("l3",), parts.manager.stats.l3_hit_pages
+
+
 def _transfer_bytes(parts: CacheParts) -> Iterator[Sample]:
     if parts.worker is not None:
         yield ("l2", "read"), parts.worker.bytes_loaded
@@ -251,7 +258,7 @@ METRICS: tuple[Metric, ...] = (
            _field("manager", "lookups_pending")),
     Metric("tiered_kv_lookup_hit_pages", "counter", ("tier",),
            "Pages the lookups found on L2 / L3 beyond the engine's own L1 hit (before loading).",
-           _by_label("manager", {"l2": "l2_hit_pages", "l3": "l3_hit_pages"})),
+           _lookup_hits),
     Metric("tiered_kv_below_min_hit", "counter", (), "Lookups whose hit was shorter than min_hit_tokens (recomputed).",
            _field("manager", "below_min_hit")),
     Metric("tiered_kv_agree_timeouts", "counter", (), "Lookups whose ranks did not agree before the deadline.",

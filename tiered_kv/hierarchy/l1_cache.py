@@ -157,6 +157,11 @@ class L1PrefixCache:
             new_keys = plan.keys + computed_keys
             new_pages = loaded_pages + computed_pages
             for k, p in zip(new_keys, new_pages):
+                if k in self._pages:
+                    # Another request made this page meanwhile: keep its page, give ours back once
+                    # the load that may still write into it is done.
+                    self._pending.append(([p], as_completion(handle) if p in loaded_pages else DONE))
+                    continue
                 self._pages[k] = p
             self._touch(keys[:l1])
             if l1:

@@ -14,12 +14,34 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ..errors import SpecError
+
+
+_POOL_BYTES = 1 << 25  # 32 MiB of fixed random bytes; a chunk is a slice of it
+_pool: np.ndarray | None = None
+
+
+def _random_pool() -> np.ndarray:
+    global _pool
+    if _pool is None:
+        _pool = np.random.Generator(np.random.PCG64(0x746B76)).integers(0, 256, _POOL_BYTES, dtype=np.uint8)
+        _pool.flags.writeable = False
+    return _pool
+
 
 def oracle_bytes(key: str, component: int, layer: int, nbytes: int) -> np.ndarray:
-    """``nbytes`` pseudo-random bytes determined by the page key, component and layer."""
-    seed = hashlib.blake2b(f"{key}/{component}/{layer}".encode(), digest_size=8).digest()
-    rng = np.random.Generator(np.random.PCG64(int.from_bytes(seed, "little")))
-    return rng.integers(0, 256, nbytes, dtype=np.uint8)
+    """``nbytes`` pseudo-random bytes determined by the page key, component and layer.
+
+    A read-only slice of one fixed random buffer at an offset hashed from (key, component, layer):
+    as unpredictable as fresh random bytes for catching a page of another key or layer, another
+    write or a flipped byte, but free to make, so a replay's "prefill" costs a memcpy per chunk.
+    """
+    pool = _random_pool()
+    if nbytes > pool.size // 2:
+        raise SpecError(f"oracle chunks are at most {pool.size // 2} bytes, got {nbytes}")
+    digest = hashlib.blake2b(f"{key}/{component}/{layer}".encode(), digest_size=8).digest()
+    offset = int.from_bytes(digest, "little") % (pool.size - nbytes)
+    return pool[offset:offset + nbytes]
 
 
 def fill_pages(device_pool, keys: Sequence[str], pages: Sequence[int]) -> None:
@@ -29,7 +51,7 @@ def fill_pages(device_pool, keys: Sequence[str], pages: Sequence[int]) -> None:
         for layer in range(spec.num_layers):
             view = device_pool.chunk_view(ci, layer)
             for key, page in zip(keys, pages):
-                view[page].copy_(torch.from_numpy(oracle_bytes(key, ci, layer, comp.bytes_per_layer)))
+                view[page].copy_(torch.from_numpy(oracle_bytes(key, ci, layer, comp.bytes_per_layer).copy()))
 
 
 def verify_pages(device_pool, keys: Sequence[str], pages: Sequence[int]) -> list[bool]:

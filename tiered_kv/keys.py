@@ -20,6 +20,7 @@ Pure Python + numpy; no torch, so the scheduler side can compute keys.
 
 from __future__ import annotations
 
+import array
 import hashlib
 import json
 from collections.abc import Sequence
@@ -128,6 +129,17 @@ def _token_array(token_ids: Any) -> np.ndarray:
     """Token ids as a 1-D little-endian uint32 array; IndexValidationError names a bad one."""
     if hasattr(token_ids, "detach") and hasattr(token_ids, "cpu"):  # a torch tensor, without importing torch
         token_ids = token_ids.detach().cpu().numpy()
+    if isinstance(token_ids, (list, tuple)) and token_ids and type(token_ids[0]) is not bool:
+        # The common case, a list of Python ints: array('I') converts 128k of them in ~1 ms (numpy
+        # takes ~3 ms) and refuses floats, negatives and values above 2**32 - 1 by itself; anything
+        # it refuses goes the slow way below, which names the bad element. (A list of bools goes
+        # the slow way too and is refused; a bool inside a list of ints counts as the int it is.)
+        try:
+            fast = array.array("I", token_ids)
+        except (TypeError, OverflowError, ValueError):
+            fast = None
+        if fast is not None and fast.itemsize == _TOKEN_DTYPE.itemsize:
+            return np.frombuffer(fast, dtype=np.uint32).astype(_TOKEN_DTYPE, copy=False)
     if isinstance(token_ids, np.ndarray):
         arr = token_ids
     else:

@@ -43,6 +43,12 @@ no record at all and not ours to delete (``NotARecord``) apart from a plain hit 
 exported from ``tiered_kv.backends`` for backend authors). A subclass reads ``self.pool`` only in
 ``_get`` / ``_put`` and other data paths (``self.key_only`` says whether there is one), so that it
 also opens key-only.
+
+For inspection (``tiered-kv inspect``), a backend that can list its medium also implements ``scan``
+(stored name and size of every object in its namespace) and ``read_stored`` (raw bytes by stored
+name), with ``stored_name`` / ``stored_length`` saying where and how long a record of a key is
+stored; ``open_for_reading`` opens it without changing anything. Benchmark ceilings of the media
+live in ``tiered_kv.bench``, not here.
 """
 
 from __future__ import annotations
@@ -52,12 +58,12 @@ import concurrent.futures
 import logging
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from .. import record
-from ..errors import (BackendError, BackendTimeoutError, ForeignRecordError, IndexValidationError, NoHostPoolError,
+from ..errors import (BackendError, BackendTimeoutError, ConfigError, ForeignRecordError, IndexValidationError, NoHostPoolError,
                       PoolError, RecordError, UnsealedSlotError)
 from ..host_pool import HostPool
 from ..keys import check_keys
@@ -169,23 +175,38 @@ class Backend(ABC):
         return self._pool
 
     @classmethod
-    def measure_raw_ceiling(cls, url: str, *, page_bytes: int, pages: int, batch: int | None = None) -> dict[str, float] | None:
-        """The medium's own put/get throughput for ``pages`` values of ``page_bytes`` (blocking);
-        ``batch``: pages per call where the medium's own calls take batches (the benchmark passes
-        its own batch size, so both sides move the same pages per call).
+    def open_for_reading(cls, url: str) -> "Backend":
+        """A key-only backend on ``url`` for tools that only look (``tiered-kv inspect``): opening
+        it must change nothing on the medium. Default: ``from_url(url, None)``; a backend whose
+        open writes (the file backend trims and tidies its directory) overrides this."""
+        return cls.from_url(url, None)
 
-        For benchmarks: returns ``{"raw_put_gbps", "raw_get_gbps", "raw_method"}`` measured the way the
-        backend's docs name (direct I/O for files, redis-benchmark, Mooncake's own zero-copy calls),
-        or None where there is no such ceiling.
-        """
-        return None
+    # --- listing, for inspection (read-only; never deletes, never verifies) -------------------
+    async def scan(self) -> AsyncIterator[tuple[str, int | None]]:
+        """Every object stored in this backend's namespace: ``(stored name, bytes)``, bytes None for
+        an object that is no byte value (a Redis list, say). The stored name is what
+        ``read_stored`` takes and ``stored_name(key)`` gives for a page key. Objects may come and
+        go while it runs. Where the medium has no call that lists its objects, ConfigError."""
+        raise ConfigError(f"{self.scheme}:// cannot list what it stores{self.cannot_list_because}")
+        yield  # pragma: no cover - makes this an async generator, as the overrides are
 
-    async def measure_raw_round(self, src_slots: list[int], dst_slots: list[int], *, batch: int) -> dict[str, float] | None:
-        """For benchmarks: the medium's own calls moving the pages in ``src_slots`` out and back
-        into ``dst_slots`` through this backend's client, ``batch`` pages per call, no records
-        involved; ``{"raw_put_s", "raw_get_s"}``, or None where the medium has no such calls.
-        Lets a benchmark set its rounds beside the medium on the very same pages and client."""
-        return None
+    #: Why the medium cannot be listed (for ``scan``'s error), where a backend knows it.
+    cannot_list_because: ClassVar[str] = ""
+
+    async def read_stored(self, name: str, length: int | None = None) -> "bytes | None | NotARecord":
+        """The stored bytes of ``name`` (from ``scan``): all of them, or the first ``length``;
+        None if it is gone, ``NotARecord`` if it is no byte value. Reads only: nothing is verified,
+        touched or deleted."""
+        raise ConfigError(f"{self.scheme}:// cannot read stored objects by name{self.cannot_list_because}")
+
+    def stored_name(self, key: str) -> str:
+        """The name ``scan`` reports for the record of page ``key``. Default: the key itself."""
+        return key
+
+    def stored_length(self, record_bytes: int) -> int:
+        """How many bytes this medium stores for a record of ``record_bytes``; a stored value of
+        another length is no intact record here. Default: exactly the record."""
+        return record_bytes
 
     async def __aenter__(self) -> "Backend":
         return self

@@ -31,23 +31,24 @@ from __future__ import annotations
 import asyncio
 import errno
 import hashlib
-import mmap
 import os
 import secrets
 import stat
 import threading
-from concurrent.futures import ThreadPoolExecutor
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 from pydantic import Field
 
-from ..errors import BackendError, BackendUnavailableError, ConfigError
+from ..errors import BackendError, BackendUnavailableError, ConfigError, PoolError
 from ..host_pool import HostPool
+from ..host_layouts import round_up
+from ..record import HEADER_BYTES
 from .base import Backend, Capabilities, NotARecord, OtherLength
 from .url_options import MAX_TTL_S, ByteSize, TimeoutSeconds, Workers, check_fields, options_from_url, split_url
 
@@ -96,10 +97,23 @@ class FileBackend(Backend):
     scheme = "file"
     capabilities = Capabilities(zero_copy=True, persistent=True, shared_across_processes=True, shared_across_nodes=False)
 
-    def __init__(self, pool: HostPool | None, options: FileOptions) -> None:
+    def __init__(self, pool: HostPool | None, options: FileOptions, *, read_only: bool = False) -> None:
+        if read_only and pool is not None:
+            raise PoolError("a read-only file backend is key-only: open it without a host pool")
         super().__init__(pool, max_workers=options.workers, timeout_s=options.timeout_s)
         self.options = options
         self.root = _checked_root(options.path)
+        self.read_only = read_only
+        if read_only:
+            # For tools that only look: no directory made, no probe file, no stale temp file
+            # removed, nothing evicted; there is no index to keep, nothing is written.
+            self._index, self._used, self._in_flight, self._lock = OrderedDict(), 0, 0, threading.Lock()
+            self.file_bytes = None
+            self.direct_io = False
+            if not self.root.is_dir():
+                self._executor.shutdown(wait=False)
+                raise ConfigError(f"file backend: {self.root} is no directory: there is no store to read")
+            return
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -122,10 +136,19 @@ class FileBackend(Backend):
 
     @classmethod
     def from_url(cls, url: str, pool: HostPool | None, **options: Any) -> "FileBackend":
+        return cls(pool, cls._options(url, options))
+
+    @classmethod
+    def open_for_reading(cls, url: str) -> "FileBackend":
+        """Read-only and key-only: ``scan`` / ``read_stored`` / ``exists``; the directory must exist."""
+        return cls(None, cls._options(url, {}), read_only=True)
+
+    @staticmethod
+    def _options(url: str, options: dict[str, Any]) -> FileOptions:
         parts = split_url(url)
         if parts.netloc not in ("", "localhost"):
             raise ConfigError(f"{url}: file URLs name a local directory (file:///abs/dir), not host {parts.netloc!r}")
-        return cls(pool, options_from_url(FileOptions, url, options, path=unquote(parts.path)))
+        return options_from_url(FileOptions, url, options, path=unquote(parts.path))
 
     # --- layout on disk ----------------------------------------------------------------------
     def path_of(self, key: str) -> Path:
@@ -142,7 +165,7 @@ class FileBackend(Backend):
             return dict(self._index)
 
     def _probe_direct_io(self) -> bool:
-        return self._direct_ok(self.root)
+        return direct_io_works(self.root)
 
     def _scan(self) -> None:
         """Rebuild the LRU index from the directory, trimmed to the capacity; drop stale temp files."""
@@ -179,6 +202,83 @@ class FileBackend(Backend):
                 path.unlink()
         except FileNotFoundError:
             pass
+
+    # --- listing, for inspection (reads only) -------------------------------------------------
+    def stored_name(self, key: str) -> str:
+        return str(self.path_of(key).relative_to(self.root))
+
+    def stored_length(self, record_bytes: int) -> int:
+        return round_up(record_bytes)  # whole 4 KiB-padded slots, as _write_one stores them
+
+    async def scan(self) -> AsyncIterator[tuple[str, int | None]]:
+        """Page files (``ab/<sha-256>.page``) with their sizes; temp files (writes in progress) and
+        anything outside the two-hex fan-out are not the store's. Other files under a page name
+        (a directory, a socket) are listed with bytes None."""
+        subdirs = await self.run_blocking(self._fan_out_dirs)
+        for sub in subdirs:
+            for item in await self.run_blocking(self._pages_in, sub):
+                yield item
+
+    def _fan_out_dirs(self) -> list[str]:
+        try:
+            return sorted(e.name for e in os.scandir(self.root) if len(e.name) == 2 and e.is_dir(follow_symlinks=False))
+        except OSError as exc:
+            raise BackendUnavailableError(f"file backend: cannot list {self.root}: {exc}") from exc
+
+    def _pages_in(self, sub: str) -> list[tuple[str, int | None]]:
+        found: list[tuple[str, int | None]] = []
+        try:
+            entries = sorted(os.scandir(self.root / sub), key=lambda e: e.name)
+        except FileNotFoundError:
+            return found  # emptied and removed meanwhile
+        except OSError as exc:
+            raise BackendUnavailableError(f"file backend: cannot list {self.root / sub}: {exc}") from exc
+        for entry in entries:
+            if not entry.name.endswith(SUFFIX) or entry.name.startswith(TEMP_PREFIX):
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # evicted meanwhile
+            except OSError as exc:
+                raise BackendUnavailableError(f"file backend: cannot stat {entry.path}: {exc}") from exc
+            found.append((f"{sub}/{entry.name}", st.st_size if stat.S_ISREG(st.st_mode) else None))
+        return found
+
+    async def read_stored(self, name: str, length: int | None = None) -> bytes | None | NotARecord:
+        sub, _, file_name = name.partition("/")
+        if len(sub) != 2 or not file_name.endswith(SUFFIX) or "/" in file_name or file_name.startswith("."):
+            raise ConfigError(f"file backend: {name!r} is no stored page name (ab/<sha-256>.page, as scan lists them)")
+        return await self.run_blocking(self._read_stored, self.root / sub / file_name, length)
+
+    @staticmethod
+    def _read_stored(path: Path, length: int | None) -> bytes | None | NotARecord:
+        # Buffered and read-only: a look at the store must not need aligned buffers, nor change it.
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return NotARecord(f"{path} is a symbolic link")
+            raise BackendUnavailableError(f"file backend: opening {path}: {exc}") from exc
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return NotARecord(f"{path} is not a regular file")
+            want = st.st_size if length is None else min(length, st.st_size)
+            chunks, got = [], 0
+            while got < want:
+                chunk = os.pread(fd, want - got, got)
+                if not chunk:
+                    break  # the file shrank under us
+                chunks.append(chunk)
+                got += len(chunk)
+            return b"".join(chunks)
+        except OSError as exc:
+            raise BackendUnavailableError(f"file backend: reading {path}: {exc}") from exc
+        finally:
+            os.close(fd)
 
     # --- blocking work, run on the executor --------------------------------------------------
     def _open_flags(self) -> int:
@@ -325,94 +425,18 @@ class FileBackend(Backend):
         return await self._spread(self._write_one, keys, slots, hold=False)
 
     async def _delete(self, keys: list[str]) -> None:
+        if self.read_only:
+            raise BackendError(f"file backend at {self.root} was opened read-only: it deletes nothing")
         await self._spread(lambda k, _s: self._delete_one(k), keys, [0] * len(keys), hold=False)
 
-    # --- benchmarks --------------------------------------------------------------------------
-    @classmethod
-    def measure_raw_ceiling(cls, url: str, *, page_bytes: int, pages: int, batch: int | None = None) -> dict[str, float] | None:
-        """Direct-I/O sequential write (fsynced) and cold read of ``pages * page_bytes`` in the same
-        directory, 8 MiB requests, by one stream and by as many streams as the backend has workers
-        (each on its own stretch of the file). ``raw_*`` is the faster of the two: the medium's
-        ceiling, which on a virtual disk a single stream may not reach."""
-        root = Path(unquote(urlsplit(url).path))
-        root.mkdir(parents=True, exist_ok=True)
-        workers = FileOptions(path=str(root)).workers if "workers=" not in url else cls._workers_of(url)
-        chunk = 8 << 20
-        chunks = max(workers, -(-pages * page_bytes // chunk))
-        total = chunks * chunk
-        path = root / f"{TEMP_PREFIX}raw-{secrets.token_hex(4)}"
-        flags = os.O_DIRECT if cls._direct_ok(root) else 0
-        buffers = [mmap.mmap(-1, chunk) for _ in range(workers)]
-        for b in buffers:
-            b.write(os.urandom(chunk))
-        result = {"raw_method": f"{'O_DIRECT' if flags else 'buffered'} 8 MiB requests, 1 and {workers} streams, best of the two"}
-        try:
-            for streams in (1, workers):
-                parts = [range(i, chunks, streams) for i in range(streams)]
-                fd = os.open(path, os.O_CREAT | os.O_WRONLY | flags, 0o644)
-                try:
-                    write_s = _timed_streams(lambda i: [os.pwrite(fd, buffers[i], c * chunk) for c in parts[i]], streams)
-                    start = time.perf_counter()
-                    os.fsync(fd)
-                    write_s += time.perf_counter() - start
-                finally:
-                    os.close(fd)
-                drop_page_cache(path)
-                fd = os.open(path, os.O_RDONLY | flags)
-                try:
-                    read_s = _timed_streams(lambda i: [os.preadv(fd, [buffers[i]], c * chunk) for c in parts[i]], streams)
-                finally:
-                    os.close(fd)
-                path.unlink()
-                result[f"raw_put_{streams}_streams_gbps"] = total / write_s / 1e9
-                result[f"raw_get_{streams}_streams_gbps"] = total / read_s / 1e9
-        finally:
-            path.unlink(missing_ok=True)
-            for b in buffers:
-                b.close()
-        result["raw_put_gbps"] = max(v for k, v in result.items() if k.startswith("raw_put_"))
-        result["raw_get_gbps"] = max(v for k, v in result.items() if k.startswith("raw_get_"))
-        return result
 
-    @staticmethod
-    def _workers_of(url: str) -> int:
-        # The same parse as from_url: a bad value is a ConfigError naming it, not int()'s ValueError.
-        return options_from_url(FileOptions, url, path=unquote(split_url(url).path)).workers
-
-    @staticmethod
-    def _direct_ok(root: Path) -> bool:
-        probe = root / f"{TEMP_PREFIX}probe-{secrets.token_hex(4)}"
-        try:
-            os.close(os.open(probe, os.O_CREAT | os.O_WRONLY | getattr(os, "O_DIRECT", 0), 0o644))
-            return hasattr(os, "O_DIRECT")
-        except OSError:
-            return False
-        finally:
-            probe.unlink(missing_ok=True)
-
-
-def _timed_streams(work, streams: int) -> float:
-    """Seconds for ``work(i)`` on ``streams`` threads at once."""
-    with ThreadPoolExecutor(streams) as pool:
-        start = time.perf_counter()
-        list(pool.map(work, range(streams)))
-        return time.perf_counter() - start
-
-
-def drop_page_cache(path: Path | None = None) -> bool:
-    """Best effort: evict cached file pages (whole cache as root, else this file). True if done."""
-    os.sync()
+def direct_io_works(root: Path) -> bool:
+    """Whether the filesystem under ``root`` takes O_DIRECT (tmpfs does not): a probe file, removed."""
+    probe = root / f"{TEMP_PREFIX}probe-{secrets.token_hex(4)}"
     try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("1\n")
-        return True
+        os.close(os.open(probe, os.O_CREAT | os.O_WRONLY | getattr(os, "O_DIRECT", 0), 0o644))
+        return hasattr(os, "O_DIRECT")
     except OSError:
-        pass
-    if path is None:
         return False
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
-        os.close(fd)
-    return True
+        probe.unlink(missing_ok=True)

@@ -10,6 +10,7 @@ URL: ``memory://?capacity_bytes=1GiB``.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -106,6 +107,18 @@ class MemoryBackend(Backend):
     async def _delete(self, keys: list[str]) -> None:
         for key in keys:
             self._delete_now(key)
+
+    # --- listing, for inspection -------------------------------------------------------------
+    async def scan(self) -> AsyncIterator[tuple[str, int | None]]:
+        # A snapshot: records put or evicted while the caller iterates do not break the walk.
+        for key, data in list(self._records.items()):
+            yield key, len(data)
+
+    async def read_stored(self, name: str, length: int | None = None) -> bytes | None:
+        data = self._records.get(name)  # get, not move_to_end: looking is no use for the LRU
+        if data is None:
+            return None
+        return data if length is None else data[:length]
 
     def store_for_tests(self, key: str, data: bytes) -> None:
         """Store raw ``data`` under ``key`` as a foreign or broken writer would (for tests)."""

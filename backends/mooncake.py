@@ -18,7 +18,7 @@ What the store is, and what that means here:
   refused (False) only when one batch needs more room than is free at once. So the capability is
   not persistent. ``contribute_segment=false`` makes a pure client
   (say, when another process on the host already contributes: pages are not held twice in one
-  host's RAM); ``python -m tiered_kv.backends.mooncake hold-segment URL`` runs such a process
+  host's RAM); ``python -m tiered_kv.bench.segment_holder hold-segment URL`` runs such a process
   (until SIGTERM / SIGINT). A key-only backend (``open_backend(url, None)``, for a scheduler
   process) registers no buffer; open it with ``contribute_segment=false``, or the pages stored in
   its segment go when the scheduler does.
@@ -46,21 +46,11 @@ The ``mooncake`` module (one of the wheels ``mooncake-transfer-engine``,
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import concurrent.futures
-import contextlib
-import dataclasses
 import logging
-import mmap
-import os
-import secrets
 import socket
-import statistics
-import subprocess
-import sys
 import threading
-import time
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -248,6 +238,7 @@ def open_store(options: MooncakeOptions) -> Any:
 
 class MooncakeBackend(Backend):
     scheme = "mooncake"
+    cannot_list_because = ": Mooncake Store's client has no call that lists its keys (only lookups by name)"
     capabilities = Capabilities(zero_copy=True, persistent=False, shared_across_processes=True, shared_across_nodes=True)
 
     def __init__(self, pool: HostPool | None, options: MooncakeOptions) -> None:
@@ -365,23 +356,17 @@ class MooncakeBackend(Backend):
                 raise mooncake_error(code, f"batch_put_from of key {key[:64]!r}")
         return stored
 
-    async def measure_raw_round(self, src_slots: list[int], dst_slots: list[int], *, batch: int) -> dict[str, float] | None:
-        """``batch_put_from`` / ``batch_get_into`` of the slots' bytes on this backend's own store
-        client and registered pool: the ceiling on the same pages, with nothing of ours around it."""
-        self.pool  # noqa: B018 - NoHostPoolError on a key-only backend: it registered no buffer
-        return await self.run_blocking(self._raw_round, src_slots, dst_slots, batch, hold_slots=dst_slots)
+    # --- for tools on this backend's own client (bench.raw_ceilings) ------------------------
+    @property
+    def store(self) -> Any:
+        """The ``MooncakeDistributedStore`` client, for tools that call the store's own API on the
+        pool this backend registered (the same-pages ceiling of ``bench storage``)."""
+        return self._store
 
-    def _raw_round(self, src_slots: list[int], dst_slots: list[int], batch: int) -> dict[str, float]:
-        size = self.pool.record_bytes
-        keys = [f"tkv-raw-{secrets.token_hex(6)}-{i}" for i in range(len(src_slots))]
-        with self._transfer_slots:
-            try:
-                return {"raw_put_s": _zero_copy_pass(self._store.batch_put_from, keys,
-                                                     [self.pool.slot_address(s) for s in src_slots], size, batch),
-                        "raw_get_s": _zero_copy_pass(self._store.batch_get_into, keys,
-                                                     [self.pool.slot_address(s) for s in dst_slots], size, batch)}
-            finally:
-                self._store.batch_remove(keys, True)
+    def transfer_slot(self) -> threading.BoundedSemaphore:
+        """One of the ``transfers_in_flight`` slots (``with backend.transfer_slot(): ...``, on a
+        worker thread): a tool's own transfers then never overlap more than the backend's do."""
+        return self._transfer_slots
 
     def _transfer(self, call: Any, *args: Any) -> list[int]:
         """Run a batch transfer in this worker thread, at most ``transfers_in_flight`` at once."""
@@ -407,240 +392,3 @@ class MooncakeBackend(Backend):
         if not self.key_only:
             self._store.unregister_buffer(self.pool.memory.address)
         self._store.close()
-
-    # --- benchmarks --------------------------------------------------------------------------
-    @classmethod
-    def measure_raw_ceiling(cls, url: str, *, page_bytes: int, pages: int, batch: int | None = None) -> dict[str, float] | None:
-        """Mooncake's own calls on ``pages`` values of ``page_bytes``, store memory in a second process.
-
-        The ceiling is its zero-copy ``batch_put_from`` / ``batch_get_into`` from and into one
-        registered buffer (``raw_*``); its bytes API ``put_batch`` / ``get_batch`` is the naive path
-        (``naive_*``), both medians of warm rounds. For a pure-client URL the calls use the store
-        memory already contributed (as the backend does), else a fresh second process's. ``raw_*_cold``: the first pass, into a fresh
-        segment and destinations never touched, to set beside a benchmark's own first pass. This
-        process is a pure client, as the backend under test should be.
-        """
-        return measure_raw(MooncakeOptions.from_url(url), page_bytes=page_bytes, pages=pages, batch=batch or RAW_BATCH)
-
-
-RAW_BATCH = 16  # pages per call in measure_raw, unless the caller names its own batch
-RAW_ROUNDS = 3
-
-
-def measure_raw(options: MooncakeOptions, *, page_bytes: int, pages: int, batch: int = RAW_BATCH) -> dict[str, Any]:
-    if page_bytes <= 0 or pages <= 0 or batch <= 0:
-        raise ConfigError(f"measure_raw: page_bytes, pages and batch must be > 0, got {page_bytes}, {pages}, {batch}")
-    total = page_bytes * pages
-    # Room for every page twice over (the store evicts above 95% full), whatever the allocator rounds.
-    donor = dataclasses.replace(options, contribute_segment=True, global_segment_bytes=2 * total + (64 << 20))
-    client = dataclasses.replace(options, contribute_segment=False, global_segment_bytes=None,
-                                 local_buffer_bytes=max(options.local_buffer_bytes, batch * page_bytes + (16 << 20)))
-    # A pure-client URL means segments are already contributed (the deployment's own holder): the
-    # ceiling then runs against that same store memory, as the backend under test does. Otherwise
-    # a fresh second process contributes it.
-    holder = SegmentHolder(donor) if options.contribute_segment else contextlib.nullcontext()
-    with holder:
-        store = open_store(client)
-        buffer = mmap.mmap(-1, 2 * total)  # sources, then the destinations of the gets
-        try:
-            return _measure(store, buffer, page_bytes, pages, batch)
-        finally:
-            store.close()
-            buffer.close()
-
-
-def _measure(store: Any, buffer: mmap.mmap, page_bytes: int, pages: int, batch_pages: int) -> dict[str, Any]:
-    import numpy as np
-
-    total = page_bytes * pages
-    np.frombuffer(buffer, dtype=np.uint8)[:total] = np.random.default_rng().integers(0, 256, total, dtype=np.uint8)
-    address = _buffer_address(buffer)
-    _check(store.register_buffer(address, len(buffer)), "register_buffer")
-    batches = [range(i, min(i + batch_pages, pages)) for i in range(0, pages, batch_pages)]
-    view = memoryview(buffer)
-    offsets = [i * page_bytes for i in range(pages)]
-
-    def timed(fn: Any) -> float:
-        start = time.perf_counter()
-        fn()
-        return time.perf_counter() - start
-
-    def one_round() -> dict[str, float]:
-        prefix = f"tkv-raw-{secrets.token_hex(6)}"
-        keys = [f"{prefix}-{i}" for i in range(pages)]
-
-        def put_bytes() -> None:
-            for batch in batches:
-                values = [view[i * page_bytes:(i + 1) * page_bytes] for i in batch]
-                _check(store.put_batch([f"{prefix}-b-{i}" for i in batch], values), "put_batch")
-
-        def get_bytes() -> None:
-            for batch in batches:
-                values = store.get_batch([f"{prefix}-b-{i}" for i in batch])
-                if [len(v) for v in values] != [page_bytes] * len(batch):
-                    raise BackendError("mooncake: get_batch returned values of the wrong length")
-
-        out = {"raw_put": _zero_copy_pass(store.batch_put_from, keys, [address + o for o in offsets], page_bytes, batch_pages),
-               "raw_get": _zero_copy_pass(store.batch_get_into, keys, [address + total + o for o in offsets], page_bytes,
-                                          batch_pages)}
-        store.batch_remove(keys, True)
-        out["naive_put"] = timed(put_bytes)
-        out["naive_get"] = timed(get_bytes)
-        store.batch_remove([f"{prefix}-b-{i}" for i in range(pages)], True)
-        return out
-
-    try:
-        # The first round is also the warm-up: the holder's segment and our destinations fault
-        # their pages in. Its zero-copy figures are reported apart, as the cold first pass.
-        cold = one_round()
-        rounds = [one_round() for _ in range(RAW_ROUNDS)]
-    finally:
-        del view
-        store.unregister_buffer(address)
-    gigabytes = page_bytes * pages / 1e9
-    result: dict[str, Any] = {f"{name}_gbps": gigabytes / statistics.median(r[name] for r in rounds)
-                              for name in rounds[0]}
-    result["raw_put_cold_gbps"] = gigabytes / cold["raw_put"]
-    result["raw_get_cold_gbps"] = gigabytes / cold["raw_get"]
-    result["raw_method"] = (f"mooncake batch_put_from / batch_get_into ({batch_pages} pages per call; naive_*: "
-                            f"put_batch / get_batch of bytes), store memory in a second process, "
-                            f"median of {RAW_ROUNDS} rounds after a warm-up (raw_*_cold: the warm-up, "
-                            f"into a fresh segment and untouched destinations)")
-    return result
-
-
-def _zero_copy_pass(call: Any, keys: list[str], addresses: list[int], size: int, batch: int) -> float:
-    """Seconds for ``call`` (``batch_put_from`` / ``batch_get_into``) to move every key from or
-    into its address, ``batch`` keys per call; a failed key raises."""
-    start = time.perf_counter()
-    for i in range(0, len(keys), batch):
-        codes = call(keys[i:i + batch], addresses[i:i + batch], [size] * len(keys[i:i + batch]))
-        for code in codes:
-            _check(code if code < 0 else OK, call.__name__)
-    return time.perf_counter() - start
-
-
-def _buffer_address(buffer: mmap.mmap) -> int:
-    import ctypes
-
-    return ctypes.addressof(ctypes.c_char.from_buffer(buffer))
-
-
-def _check(code: int, what: str) -> None:
-    if code < 0:
-        raise mooncake_error(code, what)
-
-
-# --- a process that contributes segment memory ----------------------------------------------
-class SegmentHolder:
-    """A child process contributing ``options.segment_bytes`` to the store, until ``stop``.
-
-    ``with SegmentHolder(options): ...``. The child runs ``hold_segment``; over TCP its
-    ``MC_TCP_BIND_ADDRESS`` defaults to ``options.local_hostname``.
-    """
-
-    def __init__(self, options: MooncakeOptions, *, ready_timeout_s: float = 60.0) -> None:
-        if not options.contribute_segment:
-            raise ConfigError("SegmentHolder: options must contribute a segment")
-        self.options = options
-        self.ready_timeout_s = ready_timeout_s
-        self.process: subprocess.Popen[str] | None = None
-
-    def start(self) -> "SegmentHolder":
-        env = dict(os.environ)
-        env.setdefault("MC_TCP_BIND_ADDRESS", self.options.local_hostname)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", __name__, "hold-segment", "--until-stdin-closes", options_url(self.options)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-        # The child prints one line once its segment is mounted (or exits with the reason).
-        ready = _read_line(self.process, self.ready_timeout_s)
-        if ready != "ready":
-            self.stop()
-            raise BackendUnavailableError(f"mooncake: segment holder did not start (said {ready!r})")
-        return self
-
-    def stop(self, timeout_s: float = 15.0) -> None:
-        if self.process is None:
-            return
-        process, self.process = self.process, None
-        if process.poll() is None:
-            process.stdin.close()  # EOF: the child unmounts its segment and exits
-            try:
-                process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        else:
-            process.stdin.close()
-        process.stdout.close()
-
-    def __enter__(self) -> "SegmentHolder":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def _read_line(process: subprocess.Popen[str], timeout_s: float) -> str:
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as runner:
-        future = runner.submit(process.stdout.readline)
-        try:
-            return future.result(timeout=timeout_s).strip()
-        except concurrent.futures.TimeoutError:
-            process.kill()  # unblocks readline
-            return f"nothing within {timeout_s}s"
-
-
-def options_url(options: MooncakeOptions) -> str:
-    """A mooncake:// URL that ``MooncakeOptions.from_url`` turns back into ``options``."""
-    from urllib.parse import urlencode
-
-    query = {f.name: getattr(options, f.name) for f in dataclasses.fields(options) if f.name != "master"}
-    query = {k: str(v).lower() if isinstance(v, bool) else v for k, v in query.items() if v is not None}
-    return f"mooncake://{options.master}?{urlencode(query)}"
-
-
-def hold_segment(url: str, *, until_stdin_closes: bool = False) -> None:
-    """Contribute the segment ``url`` describes until SIGTERM / SIGINT (blocking; a process's job).
-
-    ``until_stdin_closes``: stop at end of stdin too (how ``SegmentHolder`` ends its child). Either
-    way the store unmounts the segment before the process exits, so the master drops its pages now
-    rather than after the client's TTL.
-    """
-    import signal
-
-    options = MooncakeOptions.from_url(url)
-    if not options.contribute_segment:
-        raise ConfigError(f"{url}: hold-segment needs contribute_segment=true")
-    store = open_store(options)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    if until_stdin_closes:
-        threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
-    print("ready", flush=True)
-    try:
-        while not stop.wait(1.0):  # a timed wait lets the signal handlers run
-            pass
-    finally:
-        store.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tiered_kv.backends.mooncake",
-                                     description="Mooncake Store helpers for tiered-kv.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    hold = sub.add_parser("hold-segment", help="contribute segment memory until SIGTERM / SIGINT")
-    hold.add_argument("url", help="mooncake://master:port?global_segment_bytes=...")
-    hold.add_argument("--until-stdin-closes", action="store_true", help="also stop at end of stdin")
-    args = parser.parse_args(argv)
-    try:
-        hold_segment(args.url, until_stdin_closes=args.until_stdin_closes)
-    except (ConfigError, BackendError) as exc:
-        print(f"error: {exc}", flush=True)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

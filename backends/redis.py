@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -100,6 +100,11 @@ def _is_oom(message: str) -> bool:
 
 def _is_wrong_type(message: str) -> bool:
     return message.startswith("WRONGTYPE")
+
+
+def _glob_escape(prefix: bytes) -> bytes:
+    """``prefix`` as a literal in a Redis glob pattern (SCAN MATCH)."""
+    return b"".join(b"\\" + bytes([c]) if c in b"*?[]\\" else bytes([c]) for c in prefix)
 
 
 class RedisBackend(Backend):
@@ -146,77 +151,63 @@ class RedisBackend(Backend):
     def from_url(cls, url: str, pool: HostPool | None, **options: Any) -> "RedisBackend":
         return cls(pool, parse_redis_url(url, options))
 
-    @classmethod
-    def measure_raw_ceiling(cls, url: str, *, page_bytes: int, pages: int, batch: int | None = None) -> dict[str, float] | None:
-        """``redis-benchmark`` SET then GET of ``pages`` values of ``page_bytes`` on the same server,
-        with as many connections as this backend uses (``max_in_flight``), no pipelining."""
-        import shutil
-        import subprocess
-
-        import redis
-
-        options = parse_redis_url(url, {})
-        tool = shutil.which("redis-benchmark")
-        if tool is None:
-            raise BackendUnavailableError("redis-benchmark is not on PATH (Debian/Ubuntu: apt-get install redis-tools)")
-        args = [tool, "-t", "set,get", "-d", str(page_bytes), "-n", str(max(pages, 1)),
-                "-c", str(options.max_in_flight), "--dbnum", str(options.db), "--csv"]
-        args += ["-s", options.path] if options.path else ["-h", options.host, "-p", str(options.port)]
-        if options.password:
-            args += ["-a", options.password] + (["--user", options.username] if options.username else [])
-        if options.tls:
-            args += ["--tls"] + (["--cacert", options.ssl_ca_certs] if options.ssl_ca_certs else [])
-            args += (["--cert", options.ssl_certfile] if options.ssl_certfile else [])
-            args += (["--key", options.ssl_keyfile] if options.ssl_keyfile else [])
-            args += ["--insecure"] if options.ssl_cert_reqs == "none" else []
-        def requests_per_second(argv: list[str]) -> dict[str, float]:
-            try:
-                run = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=True)
-            except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-                raise BackendError(f"redis-benchmark against {options.address} failed: {exc}; {getattr(exc, 'stderr', '')}") from exc
-            found = {}
-            for line in run.stdout.splitlines():
-                fields = [f.strip('"') for f in line.split(",")]
-                if len(fields) > 1 and fields[0] in ("SET", "GET"):
-                    found[fields[0]] = float(fields[1])
-            if not found:
-                raise BackendError(f"redis-benchmark printed no SET/GET results: {run.stdout[-500:]} {run.stderr[-500:]}")
-            return found
-
-        rps = requests_per_second(args)
-        if set(rps) != {"SET", "GET"}:
-            raise BackendError(f"redis-benchmark gave {sorted(rps)}, expected SET and GET")
-        # Plain redis-benchmark rewrites one key, so the server reuses the same memory; a cache
-        # stores distinct keys. `-r` gives the same workload as put_from, for the record.
-        distinct_args = [a if a != "set,get" else "set" for a in args] + ["-r", "1000000000"]
-        distinct = requests_per_second(distinct_args)["SET"]
-        # redis-benchmark's own key (no -r: one key, rewritten); do not leave 3 MB behind.
-        client_options: dict[str, Any] = dict(db=options.db, username=options.username or None, password=options.password or None,
-                                              socket_timeout=options.socket_timeout_s, socket_connect_timeout=options.connect_timeout_s)
-        if options.path:
-            client = redis.Redis(unix_socket_path=options.path, **client_options)
-        elif options.tls:
-            client = redis.Redis(host=options.host, port=options.port, ssl=True, **client_options, **options.redis_py_tls())
-        else:
-            client = redis.Redis(host=options.host, port=options.port, **client_options)
-        try:
-            with client:
-                client.delete("key:__rand_int__")
-                # The -r run's keys are key:<12 digits>.
-                stale = list(client.scan_iter(match="key:" + "[0-9]" * 12, count=1000))
-                if stale:
-                    client.delete(*stale)
-        except redis.RedisError as exc:
-            raise BackendError(f"redis at {options.address}: removing redis-benchmark's key failed: {exc}") from exc
-        return {
-            "raw_put_gbps": rps["SET"] * page_bytes / 1e9,
-            "raw_get_gbps": rps["GET"] * page_bytes / 1e9,
-            "raw_put_distinct_keys_gbps": distinct * page_bytes / 1e9,
-            "raw_method": f"redis-benchmark -t set,get -d {page_bytes} -n {pages} -c {options.max_in_flight} (and -t set -r 1e9)",
-        }
-
     def _key(self, key: str) -> bytes:
         return self._prefix + key.encode("ascii")
+
+    # --- listing, for inspection (reads only) -------------------------------------------------
+    async def scan(self) -> AsyncIterator[tuple[str, int | None]]:
+        """``SCAN MATCH <prefix>*`` over this backend's key prefix, with each key's ``STRLEN``
+        (bytes None for a key of another Redis type); names are the keys without the prefix."""
+        pattern = _glob_escape(self._prefix) + b"*"
+        cursor: int = 0
+        while True:
+            cursor, found = await self._py("SCAN", lambda c=cursor: self._client.scan(c, match=pattern, count=1000))
+            if found:
+                for name, size in zip(found, await self._py("STRLEN", lambda f=found: self._lengths(f))):
+                    yield name[len(self._prefix):].decode("utf-8", "surrogateescape"), size
+            if int(cursor) == 0:
+                return
+
+    async def _lengths(self, keys: list[bytes]) -> list[int | None]:
+        import redis.exceptions as rex
+
+        async with self._client.pipeline(transaction=False) as pipe:
+            for k in keys:
+                pipe.strlen(k)
+            replies = await pipe.execute(raise_on_error=False)
+        lengths: list[int | None] = []
+        for reply in replies:
+            if isinstance(reply, rex.ResponseError) and _is_wrong_type(str(reply)):
+                lengths.append(None)
+            elif isinstance(reply, Exception):
+                raise reply
+            else:
+                lengths.append(int(reply))
+        return lengths
+
+    async def read_stored(self, name: str, length: int | None = None) -> bytes | None | NotARecord:
+        import redis.exceptions as rex
+
+        key = self._prefix + name.encode("utf-8", "surrogateescape")
+        if length is not None and length <= 0:
+            return b""
+
+        async def run() -> bytes | None | NotARecord:
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.exists(key)
+                if length is None:
+                    pipe.get(key)
+                else:
+                    pipe.getrange(key, 0, length - 1)
+                present, value = await pipe.execute(raise_on_error=False)
+            if isinstance(value, rex.ResponseError) and _is_wrong_type(str(value)):
+                return _NOT_A_STRING
+            for reply in (present, value):
+                if isinstance(reply, Exception):
+                    raise reply
+            # GETRANGE answers "" for an absent key: EXISTS in the same round trip tells them apart.
+            return bytes(value) if present and value is not None else None
+        return await self._py("GET", run)
 
     # --- error mapping ----------------------------------------------------------------------
     async def _mapped(self, what: str, call: Callable[[], Awaitable[T]]) -> T:

@@ -5,7 +5,7 @@ slots, and for the verification alone.
     MC_TCP_BIND_ADDRESS=127.0.0.1 python benchmarks/mooncake_get_cpu.py "mooncake://...&contribute_segment=false"
 
 Needs a running master and a process contributing store memory (``python -m
-tiered_kv.backends.mooncake hold-segment URL``). 64 DeepSeek-V3.2 pages, 2 gets of 32 at once as
+tiered_kv.bench.segment_holder hold-segment URL``). 64 DeepSeek-V3.2 pages, 2 gets of 32 at once as
 in ``tiered-kv bench storage --batch 32 --concurrency 2``, 8 rounds alternating which side goes
 first, medians printed. Never imported by the library or the tests.
 """
@@ -35,7 +35,7 @@ def cpu_seconds() -> float:
 async def main(url: str) -> None:
     with HostPool(nsa_spec(), 2 * PAGES) as pool:
         async with open_backend(url, pool) as backend:
-            store, size = backend._store, pool.record_bytes
+            store, size = backend.store, pool.record_bytes
             src, dst = list(range(PAGES)), list(range(PAGES, 2 * PAGES))
             rng = np.random.default_rng()
             wall: dict[str, list[float]] = {"ours": [], "store's own": [], "verification alone": []}

@@ -41,6 +41,7 @@ def test_same_pages_ceiling_is_used_and_alternates_with_ours(monkeypatch, capsys
     """A backend that can run the medium's own calls on the round's slots: the ratios use that
     ceiling, and rounds alternate which side goes first."""
     from tiered_kv.backends.memory import MemoryBackend
+    from tiered_kv.bench import raw_ceilings
 
     events: list[str] = []
     real_put = MemoryBackend.put_from
@@ -49,13 +50,14 @@ def test_same_pages_ceiling_is_used_and_alternates_with_ours(monkeypatch, capsys
         events.append("ours")
         return await real_put(self, keys, slots)
 
-    async def raw_round(self, src_slots, dst_slots, *, batch):
+    async def raw_round(backend, src_slots, dst_slots, *, batch):
+        assert isinstance(backend, MemoryBackend)
         assert len(src_slots) == len(dst_slots) == 4 and batch == 2
         events.append("raw")
         return {"raw_put_s": 0.5, "raw_get_s": 0.25}
 
     monkeypatch.setattr(MemoryBackend, "put_from", put_from)
-    monkeypatch.setattr(MemoryBackend, "measure_raw_round", raw_round)
+    monkeypatch.setitem(raw_ceilings.SAME_PAGE_ROUNDS, "memory", raw_round)
     assert main(["bench", "storage", "--backend", "memory://?capacity_bytes=256MiB", "--pages", "4", "--batch", "2",
                  "--repeat", "2", "--warmup", "0", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)

@@ -14,6 +14,7 @@ from tiered_kv import HostPool
 from tiered_kv.backends import open_backend
 from tiered_kv.backends.file import FileBackend, FileOptions
 from tiered_kv.backends.memory import MemoryOptions
+from tiered_kv.bench.raw_ceilings import measure_raw_ceiling
 from tiered_kv.backends.mooncake import MooncakeOptions
 from tiered_kv.backends.redis_options import RedisOptions, parse_redis_url
 from tiered_kv.backends.url_options import check_fields, options_from_url, split_url
@@ -212,4 +213,4 @@ def test_the_file_bench_reads_workers_through_the_same_parser(tmp_path):
     """``bench storage`` read ``workers`` with a bare int(): ``workers=x`` was a ValueError."""
     for value, reason in (("x", "not a valid int"), ("0", "need workers > 0"), ("1e9", "not a valid int")):
         with pytest.raises(ConfigError, match=f"option workers='{value}': {reason}"):
-            FileBackend.measure_raw_ceiling(f"file://{tmp_path}?workers={value}", page_bytes=4096, pages=1)
+            measure_raw_ceiling(f"file://{tmp_path}?workers={value}", page_bytes=4096, pages=1)

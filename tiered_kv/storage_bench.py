@@ -5,11 +5,11 @@ Put is timed from sealing (each batch sealed on a thread as it starts, overlappi
 batches' writes, as in an engine) to the backend's acknowledgement (the file backend fsyncs each page
 before it acknowledges, so the flush is included); get is timed cold (page cache dropped where
 the machine allows it) and then warm; every get is verified (checksums included in the time).
-In the same run, the backend class's ``measure_raw_ceiling`` gives the medium's own numbers:
+In the same run, ``bench.raw_ceilings.measure_raw_ceiling`` gives the medium's own numbers:
 direct I/O for files, ``redis-benchmark`` for Redis, Mooncake's own zero-copy calls (and its bytes
-API, the naive path). Where a backend can also run the medium's own calls on the round's very
-slots through its own client (``measure_raw_round``: Mooncake), that is the ceiling the ratios use,
-as the issue's "on the same pages" asks; rounds alternate which side goes first.
+API, the naive path). Where the medium's own calls can also run on the round's very slots through
+the backend's own client (``raw_ceilings.measure_raw_round``: Mooncake), that is the ceiling the
+ratios use, as the issue's "on the same pages" asks; rounds alternate which side goes first.
 
 Throughput counts stored records (payload + 4 KiB header; ``plan.describe_page_sizes``). The
 ``ours / raw`` ratios are computed per round and their median reported, which is not the ratio of
@@ -115,16 +115,16 @@ def _rmdir_if_empty(path: Path) -> None:
 
 
 async def _measure(url: str, *, pages: int, batch: int, concurrency: int, raw: bool, repeat: int, warmup: int) -> dict:
-    from .backends import backend_class, open_backend
+    from .backends import open_backend
+    from .bench.raw_ceilings import measure_raw_ceiling
 
     with HostPool(nsa_spec(), 2 * pages) as pool:
         async with open_backend(url, pool) as backend:
             for _ in range(warmup):
                 await _one_round(backend, pool, pages=pages, batch=batch, concurrency=concurrency)
-            backend_cls = backend_class(urlsplit(url).scheme)
 
             def measure_ceiling() -> dict | None:
-                return backend_cls.measure_raw_ceiling(url, page_bytes=pool.record_bytes, pages=pages, batch=batch)
+                return measure_raw_ceiling(url, page_bytes=pool.record_bytes, pages=pages, batch=batch)
 
             rounds = []
             for index in range(repeat):
@@ -178,7 +178,7 @@ async def _one_round(backend, pool: HostPool, *, pages: int, batch: int, concurr
     """Fresh random pages under fresh keys: put, cold get, warm get, verify, delete. With ``raw``,
     also the medium's own calls on the very same slots through the same client, where the backend
     has them (``measure_raw_round``): before ours when ``raw_first``, else after."""
-    from .backends.file import drop_page_cache
+    from .bench.raw_ceilings import drop_page_cache, measure_raw_round
 
     src = pool.allocate(pages)
     dst = pool.allocate(pages)
@@ -189,7 +189,7 @@ async def _one_round(backend, pool: HostPool, *, pages: int, batch: int, concurr
     total = pages * pool.record_bytes
     same_pages: dict | None = None
     if raw and raw_first:
-        same_pages = await backend.measure_raw_round(src, dst, batch=batch)
+        same_pages = await measure_raw_round(backend, src, dst, batch=batch)
 
     async def seal_and_put(batch_keys: list[str], batch_slots: list[int]) -> list[bool]:
         # As an engine would: each batch is sealed (on a thread: xxh3 releases the GIL)
@@ -218,7 +218,7 @@ async def _one_round(backend, pool: HostPool, *, pages: int, batch: int, concurr
             raise BackendError(f"{backend.scheme} backend returned a verified page that differs from the one written")
     await backend.delete(keys)
     if raw and not raw_first:
-        same_pages = await backend.measure_raw_round(src, dst, batch=batch)
+        same_pages = await measure_raw_round(backend, src, dst, batch=batch)
     pool.free(src + dst)
     result = {
         "put_gbps": total / put_s / 1e9,

@@ -24,6 +24,7 @@ import mooncake.store  # noqa: E402,F401 - fail loudly when installed but broken
 from tiered_kv import HostPool, nsa_spec  # noqa: E402
 from tiered_kv.backends import open_backend  # noqa: E402
 from tiered_kv.backends.mooncake import MooncakeBackend  # noqa: E402
+from tiered_kv.bench.raw_ceilings import measure_raw_ceiling, measure_raw_round  # noqa: E402
 from tiered_kv.errors import BackendError, BackendTimeoutError, BackendUnavailableError, ConfigError  # noqa: E402
 
 from .contract import SPEC, BackendContract, fill_and_seal, new_keys  # noqa: E402
@@ -347,7 +348,7 @@ async def test_raw_round_moves_the_same_slots_through_the_backends_client(shared
         for s in dst:
             pool.record_view(s)[:] = bytes(pool.record_bytes)
         before = shared_backend.stats.bytes_written
-        result = await shared_backend.measure_raw_round(src, dst, batch=2)
+        result = await measure_raw_round(shared_backend, src, dst, batch=2)
         assert result["raw_put_s"] > 0 and result["raw_get_s"] > 0
         assert [bytes(pool.record_view(d)) for d in dst] == [bytes(pool.record_view(s)) for s in src]
         assert shared_backend.stats.bytes_written == before  # not counted as our traffic
@@ -356,7 +357,7 @@ async def test_raw_round_moves_the_same_slots_through_the_backends_client(shared
 
 
 def test_raw_ceiling_is_measured(master):
-    result = MooncakeBackend.measure_raw_ceiling(master.url(timeout_s=20), page_bytes=256 << 10, pages=8)
+    result = measure_raw_ceiling(master.url(timeout_s=20), page_bytes=256 << 10, pages=8)
     for name in ("raw_put_gbps", "raw_get_gbps", "naive_put_gbps", "naive_get_gbps", "raw_put_cold_gbps", "raw_get_cold_gbps"):
         assert result[name] > 0.001, name
     assert "batch_put_from" in result["raw_method"]

@@ -23,6 +23,7 @@ import redis
 from tiered_kv import HostPool, nsa_spec
 from tiered_kv.backends import open_backend
 from tiered_kv.backends.redis import RedisBackend
+from tiered_kv.bench.raw_ceilings import measure_raw_ceiling
 from tiered_kv.errors import BackendError, BackendTimeoutError, BackendUnavailableError, ConfigError
 
 from .contract import SPEC, BackendContract, assert_round_trip, assert_settled, fill_and_seal, new_keys
@@ -515,7 +516,7 @@ async def test_tls_with_client_certificates():
 def test_raw_ceiling_runs_redis_benchmark(server, where):
     url = server.unix_url if where == "unix" else server.url
     before = raw_client(server).dbsize()
-    ceiling = RedisBackend.measure_raw_ceiling(url + ("&" if "?" in url else "?") + "max_in_flight=2", page_bytes=100_000, pages=20)
+    ceiling = measure_raw_ceiling(url + ("&" if "?" in url else "?") + "max_in_flight=2", page_bytes=100_000, pages=20)
     assert ceiling["raw_put_gbps"] > 0 and ceiling["raw_get_gbps"] > 0
     assert "-d 100000 -n 20 -c 2" in ceiling["raw_method"]
     assert raw_client(server).dbsize() == before  # its key was removed
@@ -525,7 +526,7 @@ def test_raw_ceiling_runs_redis_benchmark(server, where):
 @pytest.mark.skipif(shutil.which("redis-benchmark") is None, reason="redis-benchmark is not installed")
 def test_raw_ceiling_over_tls():
     with RedisServer(tls=True) as srv:
-        ceiling = RedisBackend.measure_raw_ceiling(srv.tls_url + "&max_in_flight=2", page_bytes=50_000, pages=10)
+        ceiling = measure_raw_ceiling(srv.tls_url + "&max_in_flight=2", page_bytes=50_000, pages=10)
         assert ceiling["raw_put_gbps"] > 0 and ceiling["raw_get_gbps"] > 0
         with redis.Redis(host="127.0.0.1", port=srv.port, ssl=True, ssl_ca_certs=srv.certs["ca.crt"],
                          ssl_certfile=srv.certs["client.crt"], ssl_keyfile=srv.certs["client.key"]) as direct:

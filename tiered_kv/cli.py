@@ -4,6 +4,8 @@
     tiered-kv plan --model deepseek-v3.2 [--layers N | --layer-range START:END] [--page-size N]
                    [--latent-dtype fp8|bf16] [--gpu-mem SIZE] [--host-mem SIZE] [--disk SIZE] [--json]
     tiered-kv bench storage --backend URL [--pages N] [--batch N] [--json]
+    tiered-kv bench transfer [--model M] [--layers N] [--pages N] [--layout L] [--path P] [--device D] [--json]
+    tiered-kv inspect URL [--verify] [--json]
     tiered-kv config check FILE | config show [FILE] [--json]
 
 Subcommands are registered from ``COMMANDS`` (name -> ``register(subparsers, common)``, which adds
@@ -28,6 +30,7 @@ import traceback
 from collections.abc import Callable
 
 from . import __version__
+from . import inspect as inspect_cli
 from .config import cli as config_cli
 from .errors import ConfigError, SpecError, TieredKVError
 from .plan import describe_page_sizes, plan_json, plan_tiers
@@ -170,9 +173,19 @@ def _register_bench_storage(bench: argparse._SubParsersAction, common: argparse.
     storage.set_defaults(func=storage_bench.run)
 
 
+def _register_bench_transfer(bench: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    from .bench import transfer
+
+    p = bench.add_parser("transfer", parents=[common],
+                         help="L1 <-> L2 copies through the transfer engine: backup, load, one layer (GB/s)")
+    transfer.add_arguments(p)
+    p.set_defaults(func=transfer.run)
+
+
 #: ``tiered-kv bench`` subcommands: name -> function adding its parser.
 BENCHES: dict[str, Callable[[argparse._SubParsersAction, argparse.ArgumentParser], None]] = {
     "storage": _register_bench_storage,
+    "transfer": _register_bench_transfer,
 }
 
 
@@ -191,6 +204,7 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction, argparse.ArgumentParse
     "bench": register_bench,
     "replay": replay_cli.register,
     "config": config_cli.register,
+    "inspect": inspect_cli.register,
 }
 
 

@@ -24,6 +24,9 @@ URL: ``file:///mnt/nvme/kv?capacity_bytes=2TiB&o_direct=true&fsync=true&workers=
 - Batches are split across the backend's executor threads; many reads and writes are in flight.
 
 Stale temp files (from a crash) older than ``stale_temp_s`` are removed on open.
+``FileBackend.open_for_reading(url)`` (for ``tiered-kv inspect``) opens the directory read-only and
+key-only: no directory made, no probe file, no temp file removed, nothing evicted or deleted;
+``scan`` lists the page files and ``read_stored`` reads them buffered.
 """
 
 from __future__ import annotations

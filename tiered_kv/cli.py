@@ -35,6 +35,7 @@ from .config import cli as config_cli
 from .errors import ConfigError, SpecError, TieredKVError
 from .plan import describe_page_sizes, plan_json, plan_tiers
 from .replay import cli as replay_cli
+from .cli_args import non_negative_int, positive_int, positive_size  # noqa: F401 (re-exported)
 from .sizes import format_size, parse_size
 from .spec import LATENT_DTYPES, MODEL_PRESETS, model_spec
 
@@ -56,36 +57,7 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see '{self.prog} --help')\n")
 
 
-# --- argument types ------------------------------------------------------------------------------
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def positive_size(text: str) -> int:
-    """A byte size such as ``64GiB``; zero is refused (a tier of no bytes holds nothing)."""
-    try:
-        value = parse_size(text)
-    except (ConfigError, ValueError, OverflowError) as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"size must be > 0, got {text!r}")
-    return value
+# --- argument types: tiered_kv.cli_args (shared with the subcommand modules) ---------------------
 
 
 def layer_range(text: str) -> tuple[int, int]:

@@ -34,7 +34,7 @@ from urllib.parse import unquote, urlsplit
 
 import torch
 
-from .cli import non_negative_int, positive_int
+from .cli_args import non_negative_int, positive_int
 from .errors import BackendError
 from .host_pool import HostPool
 from .plan import describe_page_sizes

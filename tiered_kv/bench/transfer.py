@@ -31,7 +31,7 @@ DEVICES = ("auto", "cpu", "cuda")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..cli import non_negative_int, positive_int
+    from ..cli_args import non_negative_int, positive_int
 
     p.add_argument("--model", default="deepseek-v3.2", choices=sorted(MODEL_PRESETS), help="model preset (default deepseek-v3.2)")
     p.add_argument("--layers", type=positive_int, default=None, help="the model's first N layers (default: all)")

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import sys
 import time
 from typing import Any
 
 from ..errors import ConfigError
 from ..hierarchy import Policies, PrefetchPolicy, WritePolicy
+from ..cli_args import non_negative_int, positive_float, positive_int, positive_size
 from ..sizes import parse_size
 from ..spec import MODEL_PRESETS, model_spec
 from .setup import ReplaySettings, build, embedded_default
@@ -34,87 +34,47 @@ from .workload import ChatWorkload, read_trace, synthetic_chat
 PLAN_DEFAULT_SIZES = {"gpu_mem": "64GiB", "host_mem": "512GiB", "disk": "4TiB"}
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
-
-
-def _size(text: str) -> int:
-    try:
-        value = parse_size(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"size must be > 0, got {text!r}")
-    return value
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = ChatWorkload()
     src = p.add_argument_group("workload (default: synthetic multi-turn chat)")
     src.add_argument("--trace", metavar="FILE", help="a Mooncake-format JSONL request trace instead of the synthetic chat")
-    src.add_argument("--limit", type=_positive_int, metavar="N", help="only the trace's first N requests")
-    src.add_argument("--duration", type=_positive_float, metavar="S", help="only the trace's first S seconds")
-    src.add_argument("--clients", type=_positive_int, default=d.clients, help=f"chat clients (default {d.clients})")
-    src.add_argument("--rounds", type=_positive_int, default=d.rounds, help=f"turns per client (default {d.rounds})")
-    src.add_argument("--system-tokens", type=_non_negative_int, default=d.system_tokens,
+    src.add_argument("--limit", type=positive_int, metavar="N", help="only the trace's first N requests")
+    src.add_argument("--duration", type=positive_float, metavar="S", help="only the trace's first S seconds")
+    src.add_argument("--clients", type=positive_int, default=d.clients, help=f"chat clients (default {d.clients})")
+    src.add_argument("--rounds", type=positive_int, default=d.rounds, help=f"turns per client (default {d.rounds})")
+    src.add_argument("--system-tokens", type=non_negative_int, default=d.system_tokens,
                      help=f"shared system prompt (default {d.system_tokens})")
-    src.add_argument("--turn-tokens", type=_non_negative_int, default=d.turn_tokens,
+    src.add_argument("--turn-tokens", type=non_negative_int, default=d.turn_tokens,
                      help=f"tokens of each user turn (default {d.turn_tokens})")
-    src.add_argument("--answer-tokens", type=_non_negative_int, default=d.answer_tokens,
+    src.add_argument("--answer-tokens", type=non_negative_int, default=d.answer_tokens,
                      help=f"tokens of each answer, added to the context (default {d.answer_tokens})")
-    src.add_argument("--rate", type=_positive_float, default=d.rate, help=f"requests per second, Poisson (default {d.rate})")
-    src.add_argument("--seed", type=_non_negative_int, default=d.seed, help=f"workload seed (default {d.seed})")
+    src.add_argument("--rate", type=positive_float, default=d.rate, help=f"requests per second, Poisson (default {d.rate})")
+    src.add_argument("--seed", type=non_negative_int, default=d.seed, help=f"workload seed (default {d.seed})")
     size = p.add_argument_group("hierarchy (default: the embedded setup; flags win over --config)")
     size.add_argument("--config", metavar="FILE", help="a tiered-kv config file (YAML or TOML)")
     size.add_argument("--model", choices=sorted(MODEL_PRESETS), help="model preset; tiers sized as 'plan' sizes them")
-    size.add_argument("--page-size", type=_positive_int, default=None, help="tokens per page (with --model; default 64)")
-    size.add_argument("--layers", type=_positive_int, default=None, help="the model's first N layers (with --model)")
-    size.add_argument("--gpu-mem", type=_size, metavar="SIZE", help="L1 capacity (with --model default 64GiB)")
-    size.add_argument("--host-mem", type=_size, metavar="SIZE", help="L2 capacity (with --model default 512GiB)")
-    size.add_argument("--disk", type=_size, metavar="SIZE", help="L3 capacity (with --model default 4TiB)")
+    size.add_argument("--page-size", type=positive_int, default=None, help="tokens per page (with --model; default 64)")
+    size.add_argument("--layers", type=positive_int, default=None, help="the model's first N layers (with --model)")
+    size.add_argument("--gpu-mem", type=positive_size, metavar="SIZE", help="L1 capacity (with --model default 64GiB)")
+    size.add_argument("--host-mem", type=positive_size, metavar="SIZE", help="L2 capacity (with --model default 512GiB)")
+    size.add_argument("--disk", type=positive_size, metavar="SIZE", help="L3 capacity (with --model default 4TiB)")
     size.add_argument("--l3", metavar="URL", help="an L3 backend URL (default: a file:// store in a temporary directory)")
     size.add_argument("--prefetch", choices=[m.value for m in PrefetchPolicy], help="prefetch policy (default wait_complete)")
     size.add_argument("--write", choices=[m.value for m in WritePolicy], help="write policy (default write_through)")
     run_ = p.add_argument_group("run")
     run_.add_argument("--simulate", action="store_true",
                       help="same index, policies and capacities, no bytes moved and no tier memory reserved")
-    run_.add_argument("--inflight", type=_positive_int, default=8,
+    run_.add_argument("--inflight", type=positive_int, default=8,
                       help="requests in flight at once (default 8; 1: serial, hits independent of timing)")
     run_.add_argument("--no-verify", action="store_true", help="skip the oracle fill and the check of loaded pages")
     run_.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     run_.add_argument("--plot", metavar="FILE.png", help="draw the hit rate per tier over time (needs the 'plot' extra)")
     run_.add_argument("--quiet", action="store_true", help="no progress bar")
     met = p.add_argument_group("metrics (default: the config's metrics section, else off)")
-    met.add_argument("--metrics-port", type=_non_negative_int, metavar="N",
+    met.add_argument("--metrics-port", type=non_negative_int, metavar="N",
                      help="serve Prometheus metrics on this port (0: any free port, printed on stderr)")
     met.add_argument("--metrics-host", metavar="ADDR", help="address to serve them on (default 127.0.0.1)")
-    met.add_argument("--hold-s", type=_positive_float, metavar="S",
+    met.add_argument("--hold-s", type=positive_float, metavar="S",
                      help="keep serving metrics S seconds after the run, so a scraper reads the final values")
 
 
@@ -134,19 +94,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def _from_config(path: str) -> ReplaySettings:
-    # The config loader is another module's (issue 11, item 1); until it is in this build,
-    # --config is refused by name rather than half-read.
-    if importlib.util.find_spec("tiered_kv.config") is None:
-        raise ConfigError(f"--config {path}: this build has no config loader (tiered_kv.config) yet")
-    from .. import config  # type: ignore[attr-defined]
+    from ..config import replay_settings  # pydantic is needed only when a config file is given
 
-    to_settings = getattr(config, "replay_settings", None)
-    if to_settings is None:
-        raise ConfigError(f"--config {path}: tiered_kv.config has no replay_settings(path) yet")
-    settings = to_settings(path)
-    if not isinstance(settings, ReplaySettings):
-        raise ConfigError(f"--config {path}: replay_settings returned {type(settings).__name__}, not ReplaySettings")
-    return settings
+    return replay_settings(path)
 
 
 def settings_from_args(args: argparse.Namespace) -> ReplaySettings:

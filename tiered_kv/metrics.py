@@ -230,8 +230,8 @@ def _controller_by_backend(attr: str) -> Callable[[CacheParts], Iterator[Sample]
 
 def _prefetch_seconds(parts: CacheParts) -> Iterator[Any]:
     if parts.manager is not None:
-        durations = list(parts.manager.stats.prefetch_seconds)  # a copy: the scheduler appends
-        yield (), (len(durations), sum(durations))
+        stats = parts.manager.stats
+        yield (), (stats.prefetches_completed, stats.prefetch_seconds_sum)
 
 
 _DIR = {"read": "reads", "write": "writes"}

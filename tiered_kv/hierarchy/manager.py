@@ -36,7 +36,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError, PoolError, TieredKVError
@@ -124,7 +124,7 @@ class ManagerStats:
     l3_puts: int = 0
     l3_puts_failed: int = 0
     load_pages: int = 0
-    prefetch_seconds: list[float] = field(default_factory=list)
+    prefetch_seconds_sum: float = 0.0  # over the completed prefetches (a counter, not a list: no growth)
 
 
 class CacheManager:
@@ -280,7 +280,7 @@ class CacheManager:
             return
         landed = self._landed(p.future, len(p.keys))
         self.stats.prefetches_completed += 1
-        self.stats.prefetch_seconds.append(self.clock() - p.started)
+        self.stats.prefetch_seconds_sum += self.clock() - p.started
         self.stats.prefetch_pages_landed += landed
         self.stats.prefetch_pages_missing += len(p.keys) - landed
         for k, s in zip(p.keys[:landed], p.slots[:landed]):

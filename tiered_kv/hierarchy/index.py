@@ -62,10 +62,17 @@ def free_slot_count(allocator: Any) -> int:
 class PageIndex:
     """L2 residency, L3 presence, locks, hits and LRU order of every page the cache knows."""
 
-    def __init__(self, allocator: Any) -> None:
+    #: Pages remembered as on L3 only (not on L2): beyond this the oldest are forgotten. L3 evicts
+    #: behind our back and never says so, so this memory is a hint (forgetting one costs at most a
+    #: put-if-absent that finds it present), and it must not grow with every page ever written.
+    MAX_L3_ONLY = 1 << 20
+
+    def __init__(self, allocator: Any, *, max_l3_only: int = MAX_L3_ONLY) -> None:
         self.allocator = allocator
         self.entries: dict[str, Entry] = {}
         self._lru: OrderedDict[str, None] = OrderedDict()  # resident L2 pages, least recent first
+        self._l3_only: OrderedDict[str, None] = OrderedDict()  # known on L3, not on L2; oldest first
+        self.max_l3_only = max_l3_only
 
     # --- queries -----------------------------------------------------------------------------
     def entry(self, key: str) -> Entry | None:
@@ -153,6 +160,7 @@ class PageIndex:
         if e.state is not None:
             raise PoolError(f"page {key[:32]} already has an L2 slot ({e.state})")
         e.slot, e.state = slot, STORING
+        self._l3_only.pop(key, None)
 
     def finish_store(self, key: str, success: bool, completion: object = None) -> int | None:
         """End a store; on success the page is resident. Returns the slot to free on failure."""
@@ -196,6 +204,7 @@ class PageIndex:
             e = self.entries.get(k)
             if e is not None:
                 e.on_l3 = False
+                self._forget_if_unused(k, e)
 
     # --- eviction ----------------------------------------------------------------------------
     def evict(self, needed: int, *, copy_down_allowed: Any = None) -> Eviction:
@@ -248,8 +257,25 @@ class PageIndex:
         # Entries with nothing but a hit count are dropped once nothing refers to them, so the
         # index does not grow with every key ever seen; an L3 copy keeps its entry (write_back
         # needs to know it), bounded by what this instance has written.
-        if e.state is None and not e.locks and not e.l3_put_in_flight and not e.on_l3:
+        if e.state is not None or e.locks or e.l3_put_in_flight:
+            return
+        if not e.on_l3:
             self.entries.pop(key, None)
+            self._l3_only.pop(key, None)
+            return
+        self._l3_only[key] = None
+        self._l3_only.move_to_end(key)
+        while len(self._l3_only) > self.max_l3_only:
+            old, _ = self._l3_only.popitem(last=False)
+            self.entries.pop(old, None)
+
+    def forget_unused(self, keys: Iterable[str]) -> None:
+        """Drop what the index keeps of ``keys`` beyond L2 and L3 (hit counts of pages that left
+        L1): called when the engine evicts them, so hit-only entries do not pile up."""
+        for k in keys:
+            e = self.entries.get(k)
+            if e is not None and not e.on_l3:
+                self._forget_if_unused(k, e)
 
     def clear(self) -> None:
         """Free every slot the index holds (close). Callers completed their stores and loads
@@ -266,6 +292,7 @@ class PageIndex:
                 e.slot, e.state = None, None
                 self.allocator.free([slot], completion=None if e.busy.done() else e.busy)
         self.entries.clear()
+        self._l3_only.clear()
 
 
 __all__ = ["Entry", "Eviction", "PageIndex", "RESIDENT", "STORING", "free_slot_count"]

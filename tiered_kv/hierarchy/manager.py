@@ -399,10 +399,9 @@ class CacheManager:
     def on_l1_evicting(self, keys: Sequence[str]) -> StorePlan | None:
         """The engine is about to free these L1 pages. ``write_back`` stores them now; the engine
         frees its pages only once the worker's copy completed."""
-        if self.policies.write is WritePolicy.WRITE_BACK:
-            plan = self.prepare_store(keys)
-            return plan if len(plan) else None
-        return None
+        plan = self.prepare_store(keys) if self.policies.write is WritePolicy.WRITE_BACK else None
+        self.index.forget_unused(keys)  # their L1 hit counts go with them (unless on L2 / L3)
+        return plan if plan is not None and len(plan) else None
 
     # --- L2 -> L3 ----------------------------------------------------------------------------
     def _wants_l3(self, entry: Entry | None) -> bool:

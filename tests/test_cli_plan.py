@@ -65,3 +65,35 @@ def test_bad_arguments_exit_2(argv):
     with pytest.raises(SystemExit) as info:
         main(argv)
     assert info.value.code == 2
+
+
+def _write_trace(path, requests) -> None:
+    with open(path, "w") as f:
+        for i, ids in enumerate(requests):
+            f.write(json.dumps({"timestamp": i, "input_length": 512 * len(ids), "output_length": 8, "hash_ids": ids}) + "\n")
+
+
+def test_plan_trace_gives_the_hits_the_block_ids_imply(tmp_path, capsys):
+    trace = tmp_path / "trace.jsonl"
+    _write_trace(trace, [[1, 2], [1, 2, 3], [4], [1, 2, 3, 5]])
+    assert main(["plan", "--model", "deepseek-v3.2", "--trace", str(trace), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)["trace"]
+    # Tiers far larger than the trace: every repeated leading block is an L1 hit.
+    assert out["requests"] == 4 and out["input_tokens"] == 512 * 10
+    assert out["hit_tokens"] == {"l1": 512 * (2 + 3), "l2": 0, "l3": 0}
+    assert out["tier_pages"]["l1"] > 0
+    # A GPU too small for a request's pages moves the hits down the tiers, the total stays.
+    assert main(["plan", "--model", "deepseek-v3.2", "--trace", str(trace), "--gpu-mem", "16GiB", "--layers", "61",
+                 "--json"]) == 0
+    small = json.loads(capsys.readouterr().out)["trace"]
+    assert sum(small["hit_tokens"].values()) <= 512 * 5
+
+
+def test_plan_trace_errors_are_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 10}\n')
+    assert main(["plan", "--trace", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.jsonl:1:" in err and "hash_ids" in err and len(err.strip().splitlines()) == 1
+    assert main(["plan", "--limit", "3"]) == 2
+    assert "--limit" in capsys.readouterr().err

@@ -87,6 +87,9 @@ def register_plan(sub: argparse._SubParsersAction, common: argparse.ArgumentPars
     p.add_argument("--gpu-mem", type=positive_size, default=parse_size("64GiB"), metavar="SIZE", help="GPU memory for KV pages (default 64GiB)")
     p.add_argument("--host-mem", type=positive_size, default=parse_size("512GiB"), metavar="SIZE", help="pinned host pool (default 512GiB)")
     p.add_argument("--disk", type=positive_size, default=parse_size("4TiB"), metavar="SIZE", help="L3 capacity (default 4TiB)")
+    p.add_argument("--trace", metavar="FILE", default=None,
+                   help="also replay this Mooncake-format trace with --simulate at these sizes: hit rate per tier")
+    p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="with --trace: its first N requests")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run_plan)
 
@@ -118,8 +121,14 @@ def run_plan(args: argparse.Namespace) -> int:
         if t.pages == 0:
             raise ConfigError(f"{_TIER_ARGUMENT[t.name]} {format_size(t.capacity_bytes)}: holds no page of "
                               f"{t.bytes_per_page:,} B ({args.model}, page size {spec.page_size})")
+    if args.limit is not None and args.trace is None:
+        raise ConfigError("--limit slices a --trace; give --trace too")
+    trace = _simulate_trace(args, spec) if args.trace else None
     if args.json:
-        print(json.dumps(plan_json(spec, tiers, args.model)))
+        out = plan_json(spec, tiers, args.model)
+        if trace is not None:
+            out["trace"] = trace
+        print(json.dumps(out))
         return 0
     parts = ", ".join(f"{c.name} {c.bytes_per_layer:,} B" for c in spec.components)
     print(f"model         {args.model}: {spec.kind}, layers [{spec.layer_start}, {spec.layer_end}), "
@@ -132,7 +141,33 @@ def run_plan(args: argparse.Namespace) -> int:
         print(f"{t.name:<6}{format_size(t.capacity_bytes):>14}{t.bytes_per_page:>14,}{t.pages:>14,}{t.tokens(spec.page_size):>16,}")
     print("(gpu: page payloads; host and disk: padded slots of one stored record each, as the host pool and the file\n"
           " backend hold them; Redis and Mooncake keep records unpadded, so they fit a few more)")
+    if trace is not None:
+        rates = trace["hit_rate"]
+        print()
+        print(f"trace         {args.trace}: {trace['requests']:,} requests, {trace['input_tokens']:,} input tokens "
+              f"(replayed with --simulate at these sizes)")
+        print(f"hit rate      l1 {rates['l1']:.1%}, l2 {rates['l2']:.1%}, l3 {rates['l3']:.1%}, all {rates['total']:.1%}")
     return 0
+
+
+def _simulate_trace(args: argparse.Namespace, spec) -> dict:
+    """``replay --simulate`` of ``args.trace`` at the plan's sizes: the hits capacity planning needs."""
+    import dataclasses
+
+    from .replay.driver import replay
+    from .replay.report import summarize
+    from .replay.setup import build, embedded_default
+    from .replay.workload import read_trace
+
+    requests = read_trace(args.trace, limit=args.limit)
+    settings = dataclasses.replace(embedded_default(), spec=spec, model=args.model, simulate=True, verify=False,
+                                   l3_url=None)
+    settings = settings.with_sizes(gpu_bytes=args.gpu_mem, host_bytes=args.host_mem, disk_bytes=args.disk)
+    with build(settings) as h:
+        result = replay(h, requests)
+    summary = summarize(result, workload="trace " + args.trace, l3="simulated")
+    return {k: summary[k] for k in ("requests", "input_tokens", "hit_tokens", "hit_rate", "prefill_tokens_saved",
+                                    "tier_pages")}
 
 
 # --- bench ---------------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """tiered-kv: a three-tier KV cache (GPU pages, pinned CPU pool, SSD / Redis / Mooncake Store).
 
-The core exports: specs (``KVSpec`` and presets), the L1 ``DevicePool`` wrapper, the L2
-``HostPool``, page records, and the torch transfer path. Backends live in ``tiered_kv.backends``,
-GPU kernels in ``tiered_kv.kernels``.
+The core exports: specs (``KVSpec`` and presets), page keys (``Namespace``, ``page_keys``), the L1
+``DevicePool`` wrapper, the L2 ``HostPool``, page records, and the torch transfer path. Backends live
+in ``tiered_kv.backends``, the cache itself (index, policies, controller, the two halves, an L1
+prefix cache) in ``tiered_kv.hierarchy``, GPU kernels in ``tiered_kv.kernels``, the config file in
+``tiered_kv.config``.
 """
 
 from .device_pool import DeviceBuffer, DevicePool, allocate_engine_like
@@ -16,6 +18,8 @@ from .errors import (
     ForeignRecordError,
     ForeignSlotError,
     IndexValidationError,
+    NoHostPoolError,
+    PageKeyError,
     PoolError,
     PoolExhaustedError,
     RecordError,
@@ -23,8 +27,10 @@ from .errors import (
     SpecMismatchError,
     TieredKVError,
     TruncatedRecordError,
+    UnsealedSlotError,
 )
 from .host_pool import HostPool
+from .keys import Namespace, check_key, page_keys
 from .spec import FORMAT_VERSION, Component, KVSpec, mha_spec, mla_spec, model_spec, nsa_spec
 from .transfer import pages_from_token_indices, torch_backup, torch_load, torch_load_layer
 
@@ -40,6 +46,8 @@ __all__ = [
     "ForeignRecordError",
     "ForeignSlotError",
     "IndexValidationError",
+    "NoHostPoolError",
+    "PageKeyError",
     "PoolError",
     "PoolExhaustedError",
     "RecordError",
@@ -47,6 +55,10 @@ __all__ = [
     "SpecMismatchError",
     "TieredKVError",
     "TruncatedRecordError",
+    "UnsealedSlotError",
+    "Namespace",
+    "check_key",
+    "page_keys",
     "FORMAT_VERSION",
     "Component",
     "DeviceBuffer",

@@ -146,3 +146,13 @@ def test_check_key_refuses(key):
 
 def test_empty_prompt_has_no_keys():
     assert page_keys(NS, []) == [] and page_keys(NS, np.array([], dtype=np.int32)) == []
+
+
+def test_page_keys_and_namespace_are_public_at_the_top():
+    import tiered_kv
+    from tiered_kv import keys as keys_module
+
+    assert tiered_kv.page_keys is keys_module.page_keys and tiered_kv.Namespace is keys_module.Namespace
+    ns = tiered_kv.Namespace(model="m", spec_fingerprint="00" * 16, page_size=4)
+    assert tiered_kv.page_keys(ns, list(range(9))) == keys_module.page_keys(ns, list(range(9)))
+    assert len(tiered_kv.page_keys(ns, list(range(9)))) == 2

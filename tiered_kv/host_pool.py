@@ -182,6 +182,17 @@ class HostPool:
         with self._lock:
             return self._allocator.is_allocated(self.check_slot(slot))
 
+    def allocated_slots(self) -> list[int]:
+        """Slots handed out and not waiting to be freed."""
+        with self._lock:
+            return self._allocator.allocated_slots()
+
+    @property
+    def pending_slots(self) -> int:
+        """Slots freed but waiting for the completion of work that may still touch them."""
+        with self._lock:
+            return self._allocator.pending_count
+
     def close(self) -> None:
         """Unpin the memory. Further use of the pool is an error of the caller."""
         self.memory.release()

@@ -105,6 +105,11 @@ class SlotAllocator:
         slot = slot_id(slot, self.num_slots)
         return bool(self._allocated[slot]) and slot not in self._pending_slots
 
+    def allocated_slots(self) -> list[int]:
+        """Slots handed out and not waiting to be freed (for tests, stats and shutdown)."""
+        pending = self._pending_slots
+        return [s for s, used in enumerate(self._allocated) if used and s not in pending]
+
     def runs(self) -> list[tuple[int, int]]:
         """Free runs as ``(start, end)``; for tests and stats."""
         return list(zip(self._starts, self._ends))

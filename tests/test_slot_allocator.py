@@ -210,3 +210,24 @@ def test_random_sequences_keep_invariants(ops, seed):
         assert all(a < b for a, b in runs)
         assert all(runs[i][1] < runs[i + 1][0] for i in range(len(runs) - 1))  # disjoint, merged
         assert sum(b - a for a, b in runs) == alloc.free_count
+
+
+def test_allocated_slots_lists_what_is_handed_out_and_not_pending():
+    from tiered_kv import HostPool, nsa_spec
+
+    class Flag:
+        is_done = False
+
+        def done(self):
+            return self.is_done
+
+    with HostPool(nsa_spec(num_layers=1, page_size=16), 6) as pool:
+        a = pool.allocate(4)
+        assert sorted(pool.allocated_slots()) == sorted(a) and pool.pending_slots == 0
+        flag = Flag()
+        pool.free(a[:2], completion=flag)
+        assert sorted(pool.allocated_slots()) == sorted(a[2:]) and pool.pending_slots == 2
+        flag.is_done = True
+        pool.free(a[2:])
+        pool.reap()
+        assert pool.allocated_slots() == [] and pool.pending_slots == 0 and pool.free_slots == 6

@@ -20,6 +20,13 @@ import pytest
 
 from tiered_kv.host_pool import HostPool
 
+try:  # the GPU machine has no pytest-asyncio; its GPU tests are synchronous
+    import pytest_asyncio  # noqa: F401
+
+    ASYNC_TESTS = True
+except ImportError:
+    ASYNC_TESTS = False
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "holds_slots: the test ends with host slots allocated on purpose")
@@ -35,7 +42,7 @@ def _every_host_slot_is_free_afterwards(request: pytest.FixtureRequest, monkeypa
         created.append(self)
 
     monkeypatch.setattr(HostPool, "__init__", tracked)
-    if inspect.iscoroutinefunction(getattr(request, "function", None)):
+    if ASYNC_TESTS and inspect.iscoroutinefunction(getattr(request, "function", None)):
         request.getfixturevalue("_no_task_is_pending_afterwards")
     yield
     if request.node.get_closest_marker("holds_slots"):

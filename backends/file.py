@@ -80,6 +80,14 @@ class FileOptions:
         if not self.path or not os.path.isabs(self.path):
             raise ConfigError(f"file backend: path must be absolute, got {self.path!r} (use file:///abs/dir)")
 
+    @classmethod
+    def from_url(cls, url: str, overrides: dict[str, Any] | None = None) -> "FileOptions":
+        """The options of ``file:///abs/dir?key=value`` (then ``overrides``), without opening anything."""
+        parts = split_url(url)
+        if parts.netloc not in ("", "localhost"):
+            raise ConfigError(f"{url}: file URLs name a local directory (file:///abs/dir), not host {parts.netloc!r}")
+        return options_from_url(cls, url, overrides, path=unquote(parts.path))
+
 
 def _checked_root(path: str) -> Path:
     """The store's directory as a Path; ConfigError for what no filesystem call takes."""
@@ -139,19 +147,12 @@ class FileBackend(Backend):
 
     @classmethod
     def from_url(cls, url: str, pool: HostPool | None, **options: Any) -> "FileBackend":
-        return cls(pool, cls._options(url, options))
+        return cls(pool, FileOptions.from_url(url, options))
 
     @classmethod
     def open_for_reading(cls, url: str) -> "FileBackend":
         """Read-only and key-only: ``scan`` / ``read_stored`` / ``exists``; the directory must exist."""
-        return cls(None, cls._options(url, {}), read_only=True)
-
-    @staticmethod
-    def _options(url: str, options: dict[str, Any]) -> FileOptions:
-        parts = split_url(url)
-        if parts.netloc not in ("", "localhost"):
-            raise ConfigError(f"{url}: file URLs name a local directory (file:///abs/dir), not host {parts.netloc!r}")
-        return options_from_url(FileOptions, url, options, path=unquote(parts.path))
+        return cls(None, FileOptions.from_url(url, {}), read_only=True)
 
     # --- layout on disk ----------------------------------------------------------------------
     def path_of(self, key: str) -> Path:

@@ -29,7 +29,7 @@ import math
 import re
 from enum import Enum
 from typing import Annotated, Any, ClassVar, Literal, get_type_hints
-from urllib.parse import parse_qsl, unquote, urlencode
+from urllib.parse import parse_qsl, urlencode
 
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationInfo, create_model, field_validator,
                       model_validator)
@@ -256,17 +256,9 @@ class L2Config(Section):
     layout: Literal["page_first", "layer_first"] = "page_first"
 
 
-def _file_options(url: str, overrides: dict[str, Any]) -> FileOptions:
-    # FileBackend.from_url's parse, without opening the directory.
-    parts = split_url(url)
-    if parts.netloc not in ("", "localhost"):
-        raise ConfigError(f"{url}: file URLs name a local directory (file:///abs/dir), not host {parts.netloc!r}")
-    return options_from_url(FileOptions, url, overrides, path=unquote(parts.path))
-
-
 #: scheme -> the backend's own parser of a URL and option overrides into its typed options.
 BACKEND_OPTIONS: dict[str, Any] = {
-    "file": _file_options,
+    "file": FileOptions.from_url,
     "memory": lambda url, overrides: options_from_url(MemoryOptions, url, overrides),
     "redis": parse_redis_url,
     "rediss": parse_redis_url,

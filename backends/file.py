@@ -51,7 +51,6 @@ from pydantic import Field
 from ..errors import BackendError, BackendUnavailableError, ConfigError, PoolError
 from ..host_pool import HostPool
 from ..host_layouts import round_up
-from ..record import HEADER_BYTES
 from .base import Backend, Capabilities, NotARecord, OtherLength
 from .url_options import MAX_TTL_S, ByteSize, TimeoutSeconds, Workers, check_fields, options_from_url, split_url
 

@@ -16,7 +16,6 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from ..errors import ConfigError
 from ..host_pool import HostPool
 from ..sizes import MAX_SIZE
 from .base import Backend, Capabilities, OtherLength

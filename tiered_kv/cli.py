@@ -35,7 +35,7 @@ from .config import cli as config_cli
 from .errors import ConfigError, SpecError, TieredKVError
 from .plan import describe_page_sizes, plan_json, plan_tiers
 from .replay import cli as replay_cli
-from .cli_args import non_negative_int, positive_int, positive_size  # noqa: F401 (re-exported)
+from .cli_args import positive_int, positive_size
 from .sizes import format_size, parse_size
 from .spec import LATENT_DTYPES, MODEL_PRESETS, model_spec
 

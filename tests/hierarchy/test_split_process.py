@@ -23,7 +23,6 @@ import queue
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np

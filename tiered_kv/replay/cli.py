@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from ..errors import ConfigError
-from ..hierarchy import Policies, PrefetchPolicy, WritePolicy
+from ..hierarchy import PrefetchPolicy, WritePolicy
 from ..cli_args import non_negative_int, positive_float, positive_int, positive_size
 from ..sizes import parse_size
 from ..spec import MODEL_PRESETS, model_spec

@@ -224,11 +224,11 @@ class CacheManager:
         l3_keys: list[str] = []
         if len(l2_keys) == match.l2_pages and match.l3_pages and self.l3 is not None:
             l3_keys = keys[start + match.l2_pages:start + match.l2_pages + match.l3_pages]
-            l3_keys = [k for k in l3_keys[:self._prefetch_budget()]]
-            # A page that became resident meanwhile (another request's prefetch) ends the run:
-            # the rest would not be contiguous with it on L2 anyway.
+            l3_keys = l3_keys[:self._prefetch_budget()]
+            # A page that has an L2 slot meanwhile (another request's prefetch or store) ends the
+            # run: the rest would not be contiguous with it on L2 anyway.
             for i, k in enumerate(l3_keys):
-                if self.index.entry(k) is not None and self.index.entry(k).state is not None:
+                if self._has_l2_slot(k):
                     l3_keys = l3_keys[:i]
                     break
         slots = self._allocate(len(l3_keys), protect=l2_keys) if l3_keys else []
@@ -242,6 +242,10 @@ class CacheManager:
         self._prefetches[request_id] = _Prefetch(l3_keys, slots, future, l2_keys, self.clock(),
                                                  self.policies.prefetch_wait_s(tokens))
         return len(l3_keys)
+
+    def _has_l2_slot(self, key: str) -> bool:
+        entry = self.index.entry(key)
+        return entry is not None and entry.state is not None
 
     def _prefetch_budget(self) -> int:
         return max(0, self.max_prefetch_slots - self._prefetch_slots)
@@ -284,7 +288,7 @@ class CacheManager:
         self.stats.prefetch_pages_landed += landed
         self.stats.prefetch_pages_missing += len(p.keys) - landed
         for k, s in zip(p.keys[:landed], p.slots[:landed]):
-            if self.index.entry(k) is not None and self.index.entry(k).state is not None:
+            if self._has_l2_slot(k):
                 self.allocator.free([s])  # resident meanwhile through another request
             else:
                 self.index.add_resident(k, s, on_l3=True)
@@ -306,9 +310,7 @@ class CacheManager:
     def abort(self, request_id: Any) -> None:
         """The request went away: drop its lookup and prefetch, free what they held."""
         self._lookups.pop(request_id, None)
-        p = self._prefetches.get(request_id)
-        if p is not None:
-            self._finish_prefetch(request_id)
+        self._finish_prefetch(request_id)
 
     # --- loads L2 -> L1 ----------------------------------------------------------------------
     def prepare_load(self, keys: Sequence[str], request_id: Any = None) -> LoadPlan:
@@ -337,8 +339,7 @@ class CacheManager:
         wanted: list[tuple[int, str]] = []
         seen: set[str] = set()
         for i, k in enumerate(keys):
-            entry = self.index.entry(k)
-            if k not in seen and (entry is None or entry.state is None):
+            if k not in seen and not self._has_l2_slot(k):
                 wanted.append((i, k))
             seen.add(k)
         if not wanted:

@@ -101,6 +101,8 @@ SPLITS = {
     "components_batch_streams": LoadSplit(by="components", ce_path="batch", copy_streams=3),
     "all_batch": LoadSplit(1.0, ce_path="batch"),
     "whole_slots": LoadSplit(1.0, layers_per_copy=1000),
+    "ramp_blocks": LoadSplit(1.0, layers_per_copy=4, ramp=True),
+    "pages_ramp_blocks": LoadSplit(0.5, layers_per_copy=2, ramp=True),
 }
 
 
@@ -117,6 +119,32 @@ def test_mixed_load_splits(split, layout, spec_name):
     layer = host.spec.num_layers - 1
     check_copy(load_pairs(host, device.pool, layer), slots, pages, device.roots,
                lambda: engine.load_layer(slots, pages, layer))
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("fraction", [0.0, 0.4, 1.0])
+def test_mixed_backup_splits_pages_between_copy_engines_and_kernel(fraction, layout):
+    """A mixed backup with a copy-engine share writes every byte once, whatever the share."""
+    device, host = _pools("nsa", layout)
+    engine = TransferEngine(device.pool, host, path="mixed", options=TransferOptions(backup_ce_fraction=fraction))
+    pages, slots = random_ids(9, 1, 20), torch.randperm(16)[:9]
+    handles = []
+    check_copy(backup_pairs(device.pool, host), pages, slots, [host.buffer],
+               lambda: handles.append(engine.backup(pages, slots)))
+    assert handles[0].path == "mixed" and handles[0].done()
+
+
+def test_load_blocks_ramp_up_to_their_size():
+    """Ramped blocks: 1, 2, 4, ... layers up to ``layers_per_copy``, every layer once, in order."""
+    from tiered_kv.transfer_engine import _blocks
+
+    for layers, per in ((61, 8), (5, 4), (1, 8), (7, 1)):
+        blocks = _blocks(layers, LoadSplit(layers_per_copy=per, ramp=True))
+        assert [i for block in blocks for i in block] == list(range(layers))
+        sizes = [len(block) for block in blocks]
+        assert sizes[0] == 1 and max(sizes) <= per
+        assert all(b == min(per, 2 * a) for a, b in zip(sizes, sizes[1:-1]))
+    assert [len(b) for b in _blocks(61, LoadSplit(layers_per_copy=8))] == [8] * 7 + [5]
 
 
 def test_component_split_sends_the_largest_component_to_the_copy_engines():
@@ -269,7 +297,7 @@ def test_scattered_splits_use_copy_engines_only():
     assert issue_threads("kernel", 61, TransferOptions(issue_threads=2)) == 2
 
 
-@pytest.mark.parametrize("bad", [{"ce_fraction": -0.1}, {"num_ctas": 0}, {"issue_threads": -1}, {"issue_threads": 99}])
+@pytest.mark.parametrize("bad", [{"ce_fraction": -0.1}, {"backup_ce_fraction": 1.5}, {"num_ctas": 0}, {"issue_threads": -1}, {"issue_threads": 99}])
 def test_options_reject_nonsense(bad):
     with pytest.raises(ValueError, match="TransferOptions"):
         TransferOptions(**bad)

@@ -54,6 +54,7 @@ from .host_pool import HostPool
 from .kernels import copy_pages_reference
 from .transfer import IdsLike, PageCopy, backup_pairs, load_pairs, validate
 from .transfer_policy import (
+    LOAD_STREAM_PRIORITY,
     MAX_COPY_STREAMS,
     MAX_ISSUE_THREADS,
     MIXED_LOADS,
@@ -62,6 +63,7 @@ from .transfer_policy import (
     SINGLE_LAYER_WITHOUT_BATCH,
     LoadSplit,
     TransferOptions,
+    choose_backup_split,
     choose_path,
     choose_split,
     is_scattered,
@@ -209,9 +211,9 @@ class _IssueThreads:
     thread run in order; the engine's lock serialises what they share with other loads.
     """
 
-    def __init__(self, device: torch.device, count: int) -> None:
+    def __init__(self, device: torch.device, count: int, priority: int = 0) -> None:
         self.device = device
-        self.streams = [torch.cuda.Stream(device) for _ in range(count)]
+        self.streams = [torch.cuda.Stream(device, priority=priority) for _ in range(count)]
         self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(count)]
         self._threads = [threading.Thread(target=self._work, args=(k,), name=f"tiered-kv-issue-{k}", daemon=True)
                          for k in range(count)]
@@ -497,11 +499,40 @@ class StagedPath(CopyPath):
 
 
 class MixedPath(StagedPath):
-    """Loads: copy engines and the UVA kernel at once, split by ``LoadSplit``; backups: staged
-    (device -> host copy engines already run at full rate)."""
+    """Loads: copy engines and the UVA kernel at once, split by ``LoadSplit``. Backups: with a
+    copy-engine share (``TransferOptions.backup_ce_fraction``, else ``choose_backup_split``) that
+    share of the pages goes out as one memcpy batch straight from the device pages while the UVA
+    kernel writes the rest, both at once; without one, staged (its copy engines already run at
+    full rate on host runs)."""
 
     name = "mixed"
-    backup_as = "staged"
+
+    def backup(self, job: _Backup) -> None:
+        engine = job.engine
+        fraction = job.options.backup_ce_fraction
+        if fraction is None:
+            fraction = choose_backup_split(dense_host_rows=engine._dense_host_rows,
+                                           scattered=is_scattered(job.copy.host_slots))
+        if fraction is None:
+            StagedPath.backup(self, job)
+            return
+        from .kernels.batch_copy import plan_copy_list, run_copy_list
+
+        # Both halves in host-slot order, so the copy engines' share keeps whatever runs exist.
+        order = torch.argsort(job.copy.host_slots, stable=True)
+        slots, pages = job.copy.host_slots[order], job.copy.device_pages[order]
+        k = int(round(fraction * len(slots)))
+        kernel_stream, copy_stream = job.stream("backup_stream"), job.stream("backup_copy_stream")
+        if k < len(slots):
+            with torch.cuda.stream(kernel_stream) if kernel_stream is not None else _nothing():
+                engine._uva(engine._plan("backup", job.pairs), pages[k:], slots[k:], job.options.num_ctas)
+        if k:
+            copies = plan_copy_list(job.pairs, pages[:k], slots[:k])
+            run_copy_list(copies, stream=copy_stream, on_gpu=engine.on_gpu, flags=job.options.batch_flags)
+        job.done_on = kernel_stream
+        if kernel_stream is not None:
+            # The completion follows both halves: the kernel's stream waits for the batch.
+            kernel_stream.wait_stream(copy_stream)
 
     def load(self, job: _Load) -> None:
         engine = job.engine
@@ -532,11 +563,16 @@ class TransferEngine:
         staging_bytes, staging_buffers, staging_ctas: the device staging ring per direction
             (``staged`` / ``mixed`` paths, allocated on first use) and its kernel's CTA budget.
         timing: create the handles' events with timing enabled (benchmarks; slightly costlier).
+        high_priority_loads: load streams (and the issue threads' streams) get the device's
+            highest stream priority, so the CTAs of a load's kernels (UVA half, staging scatter)
+            are scheduled before the model's queued CTAs as SMs free up: a load waited on layer by
+            layer is on the model's critical path (docs/benchmarks.md, "Serving conditions").
+            Backups keep the default priority.
     """
 
     def __init__(self, device_pool: DevicePool, host_pool: HostPool, *, path: str = "auto", num_ctas: int | None = None,
                  staging_bytes: int | None = None, staging_buffers: int = 2, staging_ctas: int | None = None,
-                 timing: bool = False, options: TransferOptions | None = None) -> None:
+                 timing: bool = False, options: TransferOptions | None = None, high_priority_loads: bool = True) -> None:
         if device_pool.spec.fingerprint != host_pool.spec.fingerprint:
             raise SpecMismatchError(
                 f"device pool spec ({device_pool.spec.describe()}) differs from host pool spec ({host_pool.spec.describe()})"
@@ -555,6 +591,8 @@ class TransferEngine:
         self._staging_buffers = staging_buffers
         self._staging_ctas = staging_ctas
         self._timing = timing
+        #: Stream priority of loads: torch maps a number below the device's range to its highest.
+        self._load_priority = LOAD_STREAM_PRIORITY if high_priority_loads else 0
         self._last_backup: torch.cuda.Event | None = None
         self._word: int | None = None
         self._copiers: dict[str, object] = {}
@@ -575,13 +613,14 @@ class TransferEngine:
                 # UVA kernels and async copy-engine copies both need page-locked host memory.
                 raise PoolError("a GPU transfer engine needs a pinned host pool (HostPool(..., pin=True))")
             with torch.cuda.device(self.device):
-                self.load_stream = torch.cuda.Stream(self.device)
-                self.load_copy_stream = torch.cuda.Stream(self.device)
+                high = self._load_priority
+                self.load_stream = torch.cuda.Stream(self.device, priority=high)
+                self.load_copy_stream = torch.cuda.Stream(self.device, priority=high)
                 self.backup_stream = torch.cuda.Stream(self.device)
                 self.backup_copy_stream = torch.cuda.Stream(self.device)
-                self.load_uva_stream = torch.cuda.Stream(self.device)  # the kernel half of ``mixed`` loads
+                self.load_uva_stream = torch.cuda.Stream(self.device, priority=high)  # the kernel half of ``mixed`` loads
                 # More copy streams for staged loads split over several copy engines.
-                self._load_copy_extra = [torch.cuda.Stream(self.device) for _ in range(MAX_COPY_STREAMS - 1)]
+                self._load_copy_extra = [torch.cuda.Stream(self.device, priority=high) for _ in range(MAX_COPY_STREAMS - 1)]
                 # Join events of ``mixed`` loads, re-recorded per layer (a wait binds to the record
                 # before it, so reuse across layers is safe).
                 self._uva_done = [torch.cuda.Event() for _ in range(4)]
@@ -705,7 +744,7 @@ class TransferEngine:
             raise ValueError(f"at most {MAX_ISSUE_THREADS} issue threads, asked for {count}")
         if self._issuer is None or len(self._issuer) < count:
             self.close()
-            self._issuer = _IssueThreads(self.device, count)
+            self._issuer = _IssueThreads(self.device, count, self._load_priority)
         return self._issuer
 
     def _load_split(self, num_layers: int, options: TransferOptions | None = None,
@@ -827,9 +866,15 @@ class TransferEngine:
 
 
 def _blocks(num_layers: int, split: LoadSplit) -> list[list[int]]:
-    """Indices of a load's layers in blocks of ``split.layers_per_copy`` (the staged groups)."""
+    """Indices of a load's layers in blocks of ``split.layers_per_copy`` (the staged groups); with
+    ``split.ramp`` the blocks grow 1, 2, 4, ... up to that size."""
     per = max(1, split.layers_per_copy)
-    return [list(range(start, min(start + per, num_layers))) for start in range(0, num_layers, per)]
+    blocks, start, size = [], 0, 1 if split.ramp else per
+    while start < num_layers:
+        blocks.append(list(range(start, min(start + size, num_layers))))
+        start += size
+        size = min(per, 2 * size)
+    return blocks
 
 
 __all__ = ["COPY_PATHS", "MIXED_LOADS", "MIXED_LOADS_BESIDE_BACKUP", "PATHS", "SINGLE_LAYER_WITHOUT_BATCH", "BackupHandle",

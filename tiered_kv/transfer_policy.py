@@ -17,6 +17,10 @@ import torch
 
 PATHS = ("auto", "kernel", "direct", "batch", "staged", "mixed", "torch")
 
+#: Stream priority of loads (``TransferEngine(high_priority_loads=True)``): below any device's
+#: range, which torch maps to the device's highest priority.
+LOAD_STREAM_PRIORITY = -100
+
 #: Streams a staged load may split its copy-engine copies over (``LoadSplit.copy_streams``).
 MAX_COPY_STREAMS = 4
 
@@ -41,6 +45,9 @@ class LoadSplit:
         and ``page_first`` slots (components layer-major) that is one ``layers_per_copy`` x 42 KB
         row per slot and copy instead of one 42 KB row per layer. The events of a block's layers
         are recorded once the whole block landed, so the first layers are ready later.
+    ramp: blocks grow 1, 2, 4, ... layers up to ``layers_per_copy``, so the first layers are
+        ready after one layer's copy (a model waiting on layer 0 starts early) and the rest move
+        in wide rows.
     """
 
     ce_fraction: float = 1.0
@@ -50,6 +57,7 @@ class LoadSplit:
     staging_ctas: int | None = None
     layers_per_copy: int = 1
     ce_path: str = "staged"
+    ramp: bool = False
 
     def __post_init__(self) -> None:
         if self.by not in ("pages", "components") or not 0.0 <= self.ce_fraction <= 1.0:
@@ -143,6 +151,8 @@ class TransferOptions:
 
     load_split: the whole split of ``mixed`` / ``staged`` loads (None: ``choose_split``).
     ce_fraction: only the copy-engine share of pages of a ``mixed`` load (over the split chosen).
+    backup_ce_fraction: share of a ``mixed`` backup's pages that the copy engines move (one
+        memcpy batch from the device pages) beside the UVA kernel (None: ``choose_backup_split``).
     batch_flags: ``cudaMemcpyFlags`` of the ``batch`` path's calls.
     num_ctas: CTA budget of the UVA kernel launches (None: measured per direction).
     issue_threads: library threads that issue a GPU load (0: the caller's thread; None:
@@ -151,13 +161,16 @@ class TransferOptions:
 
     load_split: LoadSplit | None = None
     ce_fraction: float | None = None
+    backup_ce_fraction: float | None = None
     batch_flags: int = 0
     num_ctas: int | None = None
     issue_threads: int | None = None
 
     def __post_init__(self) -> None:
-        if self.ce_fraction is not None and not 0.0 <= self.ce_fraction <= 1.0:
-            raise ValueError(f"TransferOptions.ce_fraction must be in [0, 1]: {self}")
+        for name in ("ce_fraction", "backup_ce_fraction"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise ValueError(f"TransferOptions.{name} must be in [0, 1]: {self}")
         if self.num_ctas is not None and self.num_ctas < 1:
             raise ValueError(f"TransferOptions.num_ctas must be positive: {self}")
         if self.issue_threads is not None and not 0 <= self.issue_threads <= MAX_ISSUE_THREADS:
@@ -222,6 +235,18 @@ def choose_split(*, dense_host_rows: bool, num_layers: int, backup_in_flight: bo
     return split
 
 
+#: Copy-engine share of the pages of a ``mixed`` backup by (dense host rows, scattered slots);
+#: None: staged (copy engines on host runs or whole-slot rows, the kernel gathers on the device).
+MIXED_BACKUPS: dict[tuple[bool, bool], float | None] = {
+    (False, False): None, (False, True): None, (True, False): None, (True, True): None,
+}
+
+
+def choose_backup_split(*, dense_host_rows: bool, scattered: bool) -> float | None:
+    """Copy-engine share of a ``mixed`` backup's pages (``MIXED_BACKUPS``); None: staged."""
+    return MIXED_BACKUPS[(dense_host_rows, scattered)]
+
+
 #: Library threads that issue a GPU load of several layers by path, when the options say nothing:
 #: ``batch`` (1 024 row copies per layer) on ``ISSUE_THREADS``; ``staged`` and ``mixed`` (10-20 ms
 #: of the caller's thread for a 61-layer load with slots in runs, up to ~100 ms with scattered
@@ -237,6 +262,6 @@ def issue_threads(path: str, num_layers: int, options: TransferOptions) -> int:
     return ISSUE_THREADS_BY_PATH.get(path, 0) if num_layers > 1 else 0
 
 
-__all__ = ["AUTO_PATHS", "DIRECT_MIN_MEAN_RUN", "ISSUE_THREADS", "ISSUE_THREADS_BY_PATH", "MAX_COPY_STREAMS", "MAX_ISSUE_THREADS", "MIXED_LOADS",
-           "MIXED_LOADS_BESIDE_BACKUP", "PATHS", "SCATTERED_LOADS", "SINGLE_LAYER_WITHOUT_BATCH", "STAGED_MIN_MEAN_RUN",
-           "LoadSplit", "TransferOptions", "choose_path", "choose_split", "is_scattered", "issue_threads"]
+__all__ = ["AUTO_PATHS", "DIRECT_MIN_MEAN_RUN", "ISSUE_THREADS", "ISSUE_THREADS_BY_PATH", "LOAD_STREAM_PRIORITY", "MAX_COPY_STREAMS", "MAX_ISSUE_THREADS", "MIXED_LOADS",
+           "MIXED_BACKUPS", "MIXED_LOADS_BESIDE_BACKUP", "PATHS", "SCATTERED_LOADS", "SINGLE_LAYER_WITHOUT_BATCH", "STAGED_MIN_MEAN_RUN",
+           "LoadSplit", "TransferOptions", "choose_backup_split", "choose_path", "choose_split", "is_scattered", "issue_threads"]

@@ -1,0 +1,219 @@
+"""Probe: candidate paths for issue 13's unmet serving targets, one H200 run, one JSON.
+
+Measures, in the same run as the ceilings (2 GiB contiguous pinned copies), with DeepSeek-V3.2 NSA
+fp8, 512 random device pages of 2048 and host slots scattered (a random subset of 2048) or in one
+run:
+- ``load61``: 61-layer loads of scattered ``page_first`` slots: copy-engine layer blocks (8, 16,
+  ramped 1, 2, 4, 8), with 2 copy streams, with a larger staging ring, and with a share of the
+  pages through the UVA kernel at the same time;
+- ``backup``: backups of scattered slots, both layouts: UVA kernel (CTA budgets), ``mixed`` with
+  a copy-engine share (one memcpy batch from the device pages beside the kernel), batch, staged;
+- ``both``: load + backup of scattered slots at once with those backups beside the chosen load;
+- ``beside_compute``: the main benchmark's ``beside_compute`` (bf16 matmuls per layer at 0.5x and
+  1.25x the load's per-layer time) for the candidates, with the load streams at the device's
+  highest priority (the engine's default now) and at the default priority.
+Every candidate's bytes are checked against the source once before it is timed.
+
+    python3 benchmarks/serving_probe.py [--reps 6] [--out docs/benchmarks/serving_probe.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import transfer_gpu as tg  # noqa: E402  (the main benchmark's measuring helpers)
+
+from tiered_kv.transfer import backup_pairs, load_pairs  # noqa: E402
+from tiered_kv.transfer_engine import LoadSplit, TransferEngine, TransferOptions  # noqa: E402
+
+B8 = LoadSplit(1.0, layers_per_copy=8)
+B8R = LoadSplit(1.0, layers_per_copy=8, ramp=True)
+
+#: 61-layer loads of scattered page_first slots: (name, path, options, engine kwargs).
+LOADS = [
+    ("auto", "auto", None, {}),
+    ("ce blocks 8", "mixed", TransferOptions(load_split=B8, issue_threads=1), {}),
+    ("ce blocks 8 ramp", "mixed", TransferOptions(load_split=B8R, issue_threads=1), {}),
+    ("ce blocks 16 ramp", "mixed", TransferOptions(load_split=LoadSplit(1.0, layers_per_copy=16, ramp=True),
+                                                   issue_threads=1), {}),
+    ("ce blocks 8 ramp 2 streams", "mixed",
+     TransferOptions(load_split=LoadSplit(1.0, layers_per_copy=8, ramp=True, copy_streams=2), issue_threads=1), {}),
+    ("ce blocks 8 ramp, ring 2 x 64 MiB", "mixed", TransferOptions(load_split=B8R, issue_threads=1),
+     {"staging_bytes": 64 << 20}),
+    ("ce blocks 8 ramp, ring 3 x 32 MiB", "mixed", TransferOptions(load_split=B8R, issue_threads=1),
+     {"staging_buffers": 3}),
+    ("ce 0.8 blocks 8 ramp + kernel 0.2", "mixed",
+     TransferOptions(load_split=LoadSplit(0.8, layers_per_copy=8, ramp=True), issue_threads=1), {}),
+    ("ce 0.65 blocks 8 ramp + kernel 0.35", "mixed",
+     TransferOptions(load_split=LoadSplit(0.65, layers_per_copy=8, ramp=True), issue_threads=1), {}),
+    ("kernel", "kernel", None, {}),
+    ("batch 4 issue threads", "batch", TransferOptions(issue_threads=4), {}),
+]
+
+#: Backups of scattered slots (both layouts): (name, path, options).
+BACKUPS = [("auto", "auto", None), ("kernel", "kernel", None), ("kernel 32 ctas", "kernel", TransferOptions(num_ctas=32)),
+           ("kernel 8 ctas", "kernel", TransferOptions(num_ctas=8)), ("staged", "staged", None),
+           ("batch", "batch", None)] + [
+    (f"mixed ce {f}", "mixed", TransferOptions(backup_ce_fraction=f)) for f in (0.15, 0.3, 0.45)]
+
+#: Load + backup at once, scattered slots: (name, load path, load options, backup path, backup options).
+BOTH = [("auto + auto", "auto", None, "auto", None),
+        ("auto + batch", "auto", None, "batch", None),
+        ("auto + staged", "auto", None, "staged", None),
+        ("auto + mixed ce 0.3", "auto", None, "mixed", TransferOptions(backup_ce_fraction=0.3)),
+        ("auto + mixed ce 0.6", "auto", None, "mixed", TransferOptions(backup_ce_fraction=0.6)),
+        ("batch 4 thr + batch", "batch", TransferOptions(issue_threads=4), "batch", None),
+        ("ce blocks 8 ramp + staged", "mixed", TransferOptions(load_split=B8R, issue_threads=1), "staged", None)]
+
+#: Beside compute: (name, path, options, engine kwargs), keyed into the engines below.
+BESIDE = [
+    ("auto", "auto", None, {}),
+    ("auto normal priority", "auto", None, {"high_priority_loads": False}),
+    ("kernel", "kernel", None, {}),
+    ("kernel normal priority", "kernel", None, {"high_priority_loads": False}),
+    ("kernel 8 ctas", "kernel", TransferOptions(num_ctas=8), {}),
+    ("ce blocks 8 ramp", "mixed", TransferOptions(load_split=B8R, issue_threads=1), {}),
+    ("ce blocks 8 ramp normal priority", "mixed", TransferOptions(load_split=B8R, issue_threads=1),
+     {"high_priority_loads": False}),
+    ("ce blocks 4 ramp", "mixed", TransferOptions(load_split=LoadSplit(1.0, layers_per_copy=4, ramp=True),
+                                                  issue_threads=1), {}),
+    ("ce 0.8 blocks 8 ramp + kernel 0.2", "mixed",
+     TransferOptions(load_split=LoadSplit(0.8, layers_per_copy=8, ramp=True), issue_threads=1), {}),
+    ("mixed (runs split) on 1 issue thread", "mixed", TransferOptions(issue_threads=1), {}),
+    ("batch 4 issue threads", "batch", TransferOptions(issue_threads=4), {}),
+    ("batch 2 issue threads", "batch", TransferOptions(issue_threads=2), {}),
+]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="docs/benchmarks/serving_probe.json")
+    parser.add_argument("--reps", type=int, default=6)
+    parser.add_argument("--pages", type=int, default=512)
+    parser.add_argument("--device-pages", type=int, default=2048)
+    parser.add_argument("--host-slots", type=int, default=2048)
+    parser.add_argument("--skip", default="", help="comma-separated groups to skip (load61,backup,both,beside)")
+    args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    started = time.perf_counter()
+    torch.manual_seed(0)
+    b = tg.Bench(args)
+    spec, n = b.spec, args.pages
+    transfer_bytes = n * spec.page_bytes
+    layer_bytes = n * sum(c.bytes_per_layer for c in spec.components)
+    h2d, d2h, both, layer_h2d, _ = tg.measure_ceilings(b, layer_bytes)
+    torch.cuda.empty_cache()
+    ceiling = {"backup": d2h["gbps"], "load61": h2d["gbps"]}
+    device_pool, hosts = tg.random_pools(spec, args)
+    engines: dict[tuple, TransferEngine] = {}
+
+    def engine(layout: str, path: str, **kwargs) -> TransferEngine:
+        key = (layout, path, tuple(sorted(kwargs.items())))
+        if key not in engines:
+            engines[key] = TransferEngine(device_pool, hosts[layout], path=path, timing=True, **kwargs)
+        return engines[key]
+
+    sets = 4
+    page_sets, slot_sets = tg.id_sets(args, sets)
+    checks: list[dict] = []
+
+    def check_load(name, layout, e, options, slots_kind="scattered") -> None:
+        slots, pages = slot_sets[slots_kind][0], page_sets[0]
+        device_pool.chunk_view(0, 0)[pages.cuda()] = 0
+        e.load(slots, pages, options=options).synchronize()
+        torch.cuda.synchronize()
+        ok = all(torch.equal(h[slots], d[pages.cuda()].cpu()) for layer in (0, 7, 8, 30, 60)
+                 for h, d in load_pairs(hosts[layout], device_pool, layer))
+        checks.append({"what": f"load {name} {layout} {slots_kind}", "ok": ok})
+        print(f"check load {name} {layout} {slots_kind}: {'ok' if ok else 'WRONG BYTES'}", flush=True)
+
+    def check_backup(name, layout, e, options, slots_kind="scattered") -> None:
+        slots, pages = slot_sets[slots_kind][1], page_sets[1]
+        e.backup(pages, slots, options=options).synchronize()
+        ok = all(torch.equal(h[slots], d[pages.cuda()].cpu()) for d, h in backup_pairs(device_pool, hosts[layout]))
+        checks.append({"what": f"backup {name} {layout} {slots_kind}", "ok": ok})
+        print(f"check backup {name} {layout} {slots_kind}: {'ok' if ok else 'WRONG BYTES'}", flush=True)
+
+    def add(name, nbytes, timing, **fields):
+        return b.add(name, nbytes, timing, **fields)
+
+    def save(done=False):
+        out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "complete": done,
+               "device": torch.cuda.get_device_name(), "torch": torch.__version__, "reps": b.reps,
+               "ceiling_gbps": {"h2d": h2d["gbps"], "d2h": d2h["gbps"], "both": both["gbps"]},
+               "wall_s": time.perf_counter() - started, "checks": checks, "results": b.results}
+        Path(args.out).write_text(json.dumps(out, indent=1))
+
+    # --- 61-layer loads of scattered page_first slots -------------------------------------------
+    if "load61" not in skip:
+        for name, path, options, kwargs in LOADS:
+            for layout in ("page_first", "layer_first") if name in ("auto", "kernel", "batch 4 issue threads") else ("page_first",):
+                e = engine(layout, path, **kwargs)
+                check_load(name, layout, e, options)
+                for slots_kind in ("scattered",):
+                    t = tg.measure(lambda i: [e.load(slot_sets[slots_kind][i % sets], page_sets[i % sets], options=options)],
+                                   b.reps)
+                    add(f"load61 {name} {layout} {slots_kind}", transfer_bytes, t, group="load61", path=name, layout=layout,
+                        slots=slots_kind, frac_of_ceiling=transfer_bytes / t["ms"] / 1e6 / ceiling["load61"],
+                        issue_share=t["issue_ms"] / t["ms"])
+        save()
+
+    # --- backups of scattered slots -------------------------------------------------------------
+    if "backup" not in skip:
+        for layout in hosts:
+            for name, path, options in BACKUPS:
+                e = engine(layout, path)
+                check_backup(name, layout, e, options)
+                t = tg.measure(lambda i: [e.backup(page_sets[i % sets], slot_sets["scattered"][i % sets], options=options).event],
+                               b.reps)
+                add(f"backup {name} {layout} scattered", transfer_bytes, t, group="backup", path=name, layout=layout,
+                    slots="scattered", frac_of_ceiling=transfer_bytes / t["ms"] / 1e6 / ceiling["backup"])
+        save()
+
+    # --- load + backup at once, scattered slots -------------------------------------------------
+    if "both" not in skip:
+        beside = tg.backup_sets_beside(args, page_sets, slot_sets["scattered"], scattered=True)
+        backup_bytes = statistics.mean(p.numel() for p, _ in beside) * spec.page_bytes
+        nbytes = int(transfer_bytes + backup_bytes)
+        for layout in hosts:
+            for name, load_path, load_options, backup_path, backup_options in BOTH:
+                le, be = engine(layout, load_path), engine(layout, backup_path)
+
+                def issue(i, le=le, be=be, lo=load_options, bo=backup_options):
+                    k = i % sets
+                    bh = be.backup(*beside[k], options=bo)
+                    lh = le.load(slot_sets["scattered"][k], page_sets[k], options=lo)
+                    return [bh.event, lh]
+                t = tg.measure(issue, b.reps)
+                add(f"both {name} {layout} scattered", nbytes, t, group="both", path=name, layout=layout, slots="scattered",
+                    vs_one_direction=nbytes / t["ms"] / 1e6 / max(h2d["gbps"], d2h["gbps"]))
+        save()
+
+    # --- beside compute ---------------------------------------------------------------------------
+    if "beside" not in skip:
+        table, keyed = [], {}
+        for name, path, options, kwargs in BESIDE:
+            for layout in hosts:
+                keyed[(layout, name)] = engine(layout, path, **kwargs)
+            table.append((name, name, options))
+        tg.BESIDE = table
+        tg.beside_compute(b, keyed, hosts, page_sets, slot_sets, sets)
+    save(done=True)
+    print(f"wrote {args.out} in {time.perf_counter() - started:.0f} s")
+    for host in hosts.values():
+        host.close()
+    return 0 if all(c["ok"] for c in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

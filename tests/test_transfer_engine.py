@@ -103,6 +103,8 @@ SPLITS = {
     "whole_slots": LoadSplit(1.0, layers_per_copy=1000),
     "ramp_blocks": LoadSplit(1.0, layers_per_copy=4, ramp=True),
     "pages_ramp_blocks": LoadSplit(0.5, layers_per_copy=2, ramp=True),
+    "kernel_and_ce_blocks_differ": LoadSplit(0.5, layers_per_copy=2, kernel_blocks=3, ramp=True),
+    "components_kernel_blocks": LoadSplit(by="components", kernel_blocks=2),
 }
 
 
@@ -134,6 +136,21 @@ def test_mixed_backup_splits_pages_between_copy_engines_and_kernel(fraction, lay
     assert handles[0].path == "mixed" and handles[0].done()
 
 
+@pytest.mark.parametrize("split", [None, LoadSplit(kernel_blocks=4), LoadSplit(kernel_blocks=3, ramp=True)])
+def test_kernel_loads_in_blocks_of_layers_copy_every_layer(split):
+    """The kernel path launches blocks of layers (default ``KERNEL_LOADS``); every layer of a
+    load of 9 layers, or of some layers in another order, lands whatever the blocks."""
+    spec = nsa_spec(num_layers=9, page_size=4)
+    device, host = make_device_pool(spec, 20, "cpu"), make_host_pool(spec, 16, "page_first")
+    engine = TransferEngine(device.pool, host, path="kernel", options=TransferOptions(load_split=split))
+    slots, pages = random_ids(7, 0, 16), random_ids(7, 1, 20)
+    pairs = [pair for layer in range(9) for pair in load_pairs(host, device.pool, layer)]
+    check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages))
+    layers = [5, 0, 8, 3]
+    pairs = [pair for layer in layers for pair in load_pairs(host, device.pool, layer)]
+    check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages, layers=layers))
+
+
 def test_load_blocks_ramp_up_to_their_size():
     """Ramped blocks: 1, 2, 4, ... layers up to ``layers_per_copy``, every layer once, in order."""
     from tiered_kv.transfer_engine import _blocks
@@ -162,7 +179,7 @@ def test_component_split_sends_the_largest_component_to_the_copy_engines():
 
 
 @pytest.mark.parametrize("bad", [{"by": "layers"}, {"ce_fraction": 1.5}, {"copy_streams": 0}, {"copy_streams": 99},
-                                 {"unit_rows": 0}, {"layers_per_copy": 0}, {"ce_path": "dma"}])
+                                 {"unit_rows": 0}, {"layers_per_copy": 0}, {"kernel_blocks": 0}, {"ce_path": "dma"}])
 def test_load_split_rejects_nonsense(bad):
     with pytest.raises(ValueError, match="LoadSplit"):
         LoadSplit(**bad)

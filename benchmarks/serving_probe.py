@@ -14,7 +14,7 @@ run:
   highest priority (the engine's default now) and at the default priority.
 Every candidate's bytes are checked against the source once before it is timed.
 
-    python3 benchmarks/serving_probe.py [--reps 6] [--out docs/benchmarks/serving_probe.json]
+    python3 benchmarks/serving_probe.py [--set first|second] [--reps 6] [--out docs/benchmarks/serving_probe.json]
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -40,7 +41,7 @@ B8 = LoadSplit(1.0, layers_per_copy=8)
 B8R = LoadSplit(1.0, layers_per_copy=8, ramp=True)
 
 #: 61-layer loads of scattered page_first slots: (name, path, options, engine kwargs).
-LOADS = [
+FIRST_LOADS = [
     ("auto", "auto", None, {}),
     ("ce blocks 8", "mixed", TransferOptions(load_split=B8, issue_threads=1), {}),
     ("ce blocks 8 ramp", "mixed", TransferOptions(load_split=B8R, issue_threads=1), {}),
@@ -61,13 +62,13 @@ LOADS = [
 ]
 
 #: Backups of scattered slots (both layouts): (name, path, options).
-BACKUPS = [("auto", "auto", None), ("kernel", "kernel", None), ("kernel 32 ctas", "kernel", TransferOptions(num_ctas=32)),
+FIRST_BACKUPS = [("auto", "auto", None), ("kernel", "kernel", None), ("kernel 32 ctas", "kernel", TransferOptions(num_ctas=32)),
            ("kernel 8 ctas", "kernel", TransferOptions(num_ctas=8)), ("staged", "staged", None),
            ("batch", "batch", None)] + [
     (f"mixed ce {f}", "mixed", TransferOptions(backup_ce_fraction=f)) for f in (0.15, 0.3, 0.45)]
 
 #: Load + backup at once, scattered slots: (name, load path, load options, backup path, backup options).
-BOTH = [("auto + auto", "auto", None, "auto", None),
+FIRST_BOTH = [("auto + auto", "auto", None, "auto", None),
         ("auto + batch", "auto", None, "batch", None),
         ("auto + staged", "auto", None, "staged", None),
         ("auto + mixed ce 0.3", "auto", None, "mixed", TransferOptions(backup_ce_fraction=0.3)),
@@ -76,7 +77,7 @@ BOTH = [("auto + auto", "auto", None, "auto", None),
         ("ce blocks 8 ramp + staged", "mixed", TransferOptions(load_split=B8R, issue_threads=1), "staged", None)]
 
 #: Beside compute: (name, path, options, engine kwargs), keyed into the engines below.
-BESIDE = [
+FIRST_BESIDE = [
     ("auto", "auto", None, {}),
     ("auto normal priority", "auto", None, {"high_priority_loads": False}),
     ("kernel", "kernel", None, {}),
@@ -95,6 +96,52 @@ BESIDE = [
 ]
 
 
+K8R = LoadSplit(kernel_blocks=8, ramp=True)
+PF_MIX = LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True)
+LF_MIX2 = LoadSplit(0.2, ce_path="batch", kernel_blocks=8, ramp=True)
+LF_MIX3 = LoadSplit(0.3, ce_path="batch", kernel_blocks=8, ramp=True)
+
+#: Second probe: the first probe's winners with the kernel in ramped blocks, the copy-engine
+#: share with the kernel half in blocks too, and batch shares beside the kernel (layer_first).
+SECOND_LOADS = [
+    ("auto", "auto", None, {}),
+    ("kernel blocks 8 ramp", "kernel", None, {}),
+    ("ce 0.8 blocks 8 ramp + kernel 0.2 blocks", "mixed", TransferOptions(load_split=PF_MIX, issue_threads=1), {}),
+    ("ce 0.8 blocks 8 ramp + kernel 0.2 blocks, ring 3", "mixed", TransferOptions(load_split=PF_MIX, issue_threads=1),
+     {"staging_buffers": 3}),
+    ("ce 0.8 blocks 8 ramp + kernel 0.2 blocks caller thread", "mixed",
+     TransferOptions(load_split=PF_MIX, issue_threads=0), {}),
+    ("kernel 0.8 blocks + batch 0.2 on 1 thread", "mixed", TransferOptions(load_split=LF_MIX2, issue_threads=1), {}),
+    ("kernel 0.7 blocks + batch 0.3 on 1 thread", "mixed", TransferOptions(load_split=LF_MIX3, issue_threads=1), {}),
+    ("kernel 0.7 blocks + batch 0.3 on 2 threads", "mixed",
+     TransferOptions(load_split=replace(LF_MIX3, copy_streams=2), issue_threads=1), {}),
+]
+SECOND_BACKUPS = [("auto", "auto", None), ("kernel", "kernel", None)] + [
+    (f"mixed ce {f}", "mixed", TransferOptions(backup_ce_fraction=f)) for f in (0.1, 0.15, 0.2)] + [
+    (f"mixed ce {f} kernel 32 ctas", "mixed", TransferOptions(backup_ce_fraction=f, num_ctas=32)) for f in (0.1, 0.15)]
+SECOND_BOTH = [("auto + auto", "auto", None, "auto", None),
+               ("kernel blocks + staged", "kernel", None, "staged", None),
+               ("kernel blocks + kernel", "kernel", None, "kernel", None),
+               ("batch 4 threads + kernel", "batch", TransferOptions(issue_threads=4), "kernel", None),
+               ("kernel blocks + mixed ce 0.15", "kernel", None, "mixed", TransferOptions(backup_ce_fraction=0.15)),
+               ("kernel 0.7 + batch 0.3 + mixed ce 0.15", "mixed", TransferOptions(load_split=LF_MIX3, issue_threads=1),
+                "mixed", TransferOptions(backup_ce_fraction=0.15)),
+               ("ce 0.8 blocks 8 ramp + kernel 0.2 + staged", "mixed", TransferOptions(load_split=PF_MIX, issue_threads=1),
+                "staged", None)]
+SECOND_BESIDE = [
+    ("auto", "auto", None, {}),
+    ("kernel blocks 8 ramp", "kernel", None, {}),
+    ("kernel per layer", "kernel", TransferOptions(load_split=LoadSplit()), {}),
+    ("ce 0.8 blocks 8 ramp + kernel 0.2 blocks", "mixed", TransferOptions(load_split=PF_MIX, issue_threads=1), {}),
+    ("ce 0.8 blocks 8 ramp + kernel 0.2 blocks caller thread", "mixed",
+     TransferOptions(load_split=PF_MIX, issue_threads=0), {}),
+    ("kernel 0.8 blocks + batch 0.2 on 1 thread", "mixed", TransferOptions(load_split=LF_MIX2, issue_threads=1), {}),
+    ("kernel 0.7 blocks + batch 0.3 on 1 thread", "mixed", TransferOptions(load_split=LF_MIX3, issue_threads=1), {}),
+]
+SETS = {"first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
+        "second": (SECOND_LOADS, SECOND_BACKUPS, SECOND_BOTH, SECOND_BESIDE)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/benchmarks/serving_probe.json")
@@ -102,9 +149,13 @@ def main() -> int:
     parser.add_argument("--pages", type=int, default=512)
     parser.add_argument("--device-pages", type=int, default=2048)
     parser.add_argument("--host-slots", type=int, default=2048)
+    parser.add_argument("--set", choices=sorted(SETS), default="second", help="which candidates (first or second probe)")
+    parser.add_argument("--switch-interval", type=float, default=None,
+                        help="sys.setswitchinterval for the beside-compute group (seconds; default Python's 0.005)")
     parser.add_argument("--skip", default="", help="comma-separated groups to skip (load61,backup,both,beside)")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
+    LOADS, BACKUPS, BOTH, BESIDE = SETS[args.set]
     started = time.perf_counter()
     torch.manual_seed(0)
     b = tg.Bench(args)
@@ -157,7 +208,7 @@ def main() -> int:
     # --- 61-layer loads of scattered page_first slots -------------------------------------------
     if "load61" not in skip:
         for name, path, options, kwargs in LOADS:
-            for layout in ("page_first", "layer_first") if name in ("auto", "kernel", "batch 4 issue threads") else ("page_first",):
+            for layout in hosts:
                 e = engine(layout, path, **kwargs)
                 check_load(name, layout, e, options)
                 for slots_kind in ("scattered",):
@@ -207,6 +258,8 @@ def main() -> int:
                 keyed[(layout, name)] = engine(layout, path, **kwargs)
             table.append((name, name, options))
         tg.BESIDE = table
+        if args.switch_interval is not None:
+            sys.setswitchinterval(args.switch_interval)
         tg.beside_compute(b, keyed, hosts, page_sets, slot_sets, sets)
     save(done=True)
     print(f"wrote {args.out} in {time.perf_counter() - started:.0f} s")

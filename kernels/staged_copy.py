@@ -40,6 +40,8 @@ same code runs with CPU buffers and no streams (the path CI exercises).
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -73,15 +75,22 @@ def _round(value: int) -> int:
     return -(-value // _REGION_ALIGN) * _REGION_ALIGN
 
 
+#: Columns of a unit's host-copy table (``_Unit.host_copies``).
+_HOST, _HOST_PITCH, _OFFSET, _STAGE_PITCH, _WIDTH, _HEIGHT, _VIEW = range(7)
+
+
 @dataclass
 class _Unit:
     pairs: list[int]  # indices into the call's pairs
     r0: int  # rows [r0, r1) of the call's rows, sorted by host id
     r1: int
-    # Per run: (host addr, host pitch, staging offset, staging pitch, width, height, a host view in
-    # the same memory: the CPU path turns the address back into a tensor view through it).
-    host_copies: list[tuple[int, int, int, int, int, int, torch.Tensor]]
+    # int64 [copies, 7], one 2-D copy per row (columns ``_HOST``...): host addr, host pitch,
+    # staging offset, staging pitch, width, height, and an index into ``host_views`` of a view in
+    # the same memory (the CPU path turns the address back into a tensor view through it). Numpy
+    # columns, not tuples: scattered slots are thousands of copies per call.
+    host_copies: np.ndarray
     stage_views: list[tuple[int, int, int]]  # per pair: (staging offset, staging pitch, chunk)
+    host_views: Sequence[torch.Tensor]
 
 
 def _spans(host_views: Sequence[torch.Tensor]) -> list[tuple[int, int]] | None:
@@ -91,12 +100,16 @@ def _spans(host_views: Sequence[torch.Tensor]) -> list[tuple[int, int]] | None:
     ``page_first`` views of one slot do: all layers of all components tile the payload (one
     piece: whole-slot rows), and a block of adjacent layers is one latent and one indexer piece.
     """
-    pitch = host_views[0].stride(0)
-    if any(v.stride(0) != pitch for v in host_views):
+    return _spans_of([(v.data_ptr(), v.stride(0), v.shape[1]) for v in host_views])
+
+
+def _spans_of(info: Sequence[tuple[int, int, int]]) -> list[tuple[int, int]] | None:
+    """``_spans`` of views given as ``(address, row pitch, width)``."""
+    pitch = info[0][1]
+    if any(p != pitch for _, p, _ in info):
         return None
-    intervals = sorted((v.data_ptr(), v.shape[1]) for v in host_views)
     spans: list[list[int]] = []
-    for start, size in intervals:
+    for start, _, size in sorted(info):
         if spans and start < spans[-1][0] + spans[-1][1]:
             return None  # overlapping views
         if spans and start == spans[-1][0] + spans[-1][1]:
@@ -214,65 +227,92 @@ class StagedCopier:
         pair stages as its own dense block of rows.
         """
         n = host_sorted.size
-        spans = _spans(host_views)
+        info = [(v.data_ptr(), v.stride(0), v.shape[1]) for v in host_views]  # torch calls, once
+        spans = _spans_of(info)
         if spans is not None:
-            columns = np.cumsum([0] + [_round(width) for _, width in spans]).tolist()
+            columns = list(itertools.accumulate((_round(width) for _, width in spans), initial=0))
             stage_pitch = columns[-1]
             if stage_pitch > self.buffer_bytes:
                 spans = None
         if spans is not None:
             rows_per_unit = self.buffer_bytes // stage_pitch
         else:
-            sizes = [_round(v.shape[1]) for v in host_views]
-            if max(sizes) > self.buffer_bytes:
-                raise ValueError(f"a {max(sizes)}-byte chunk does not fit a {self.buffer_bytes}-byte staging buffer")
-            rows_per_unit = self.buffer_bytes // max(sizes)
+            biggest = _round(max(width for _, _, width in info))
+            if biggest > self.buffer_bytes:
+                raise ValueError(f"a {biggest}-byte chunk does not fit a {self.buffer_bytes}-byte staging buffer")
+            rows_per_unit = self.buffer_bytes // biggest
         if unit_rows is not None:
             rows_per_unit = max(1, min(rows_per_unit, unit_rows))
-        units = []
+        if n == 0:
+            return []
+        # The call's runs cut at unit boundaries, all at once: piece i is rows [starts[i], ends[i])
+        # of one unit, and unit u's pieces are [bounds[u], bounds[u + 1]). The runs tile [0, n),
+        # so a piece ends where the next one starts.
+        unit_starts = list(range(0, n, rows_per_unit))
+        if len(unit_starts) == 1:
+            starts, local, bounds, heights = run_starts, run_starts, [0, run_starts.size], run_ends - run_starts
+        else:  # a mask, not np.union1d: that one sorts, ten times the cost for 512 rows
+            is_start = np.zeros(n, dtype=bool)
+            is_start[run_starts] = True
+            is_start[unit_starts] = True
+            starts = np.flatnonzero(is_start)
+            local = starts % rows_per_unit  # the piece's first row within its unit
+            bounds = np.searchsorted(starts, unit_starts).tolist() + [starts.size]
+            ends = np.concatenate((starts, [n]))  # np.diff(append=) costs twice as much
+            heights = ends[1:] - ends[:-1]
+        unit_bounds = [(r0, min(n, r0 + rows_per_unit), p0, p1) for r0, p0, p1 in zip(unit_starts, bounds, bounds[1:])]
+
+        # One copy per (base row, piece): a base row per span (span layout) or per pair (dense
+        # blocks), plus the piece's terms. A unit's copies are table[its bases, its pieces], base-major.
         if spans is not None:
+            pitch = info[0][1]
+            span_starts = [start for start, _ in spans]
+            bases = [(start, pitch, column, stage_pitch, width, 0, 0) for (start, width), column in zip(spans, columns)]
+            # Each view's staging column: its span's plus its place in the span.
             span_stage = []
-            for v in host_views:
-                j = max(k for k, (start, _) in enumerate(spans) if start <= v.data_ptr())
-                span_stage.append((columns[j] + v.data_ptr() - spans[j][0], stage_pitch, v.shape[1]))
+            for ptr, _, width in info:
+                j = bisect.bisect_right(span_starts, ptr) - 1
+                span_stage.append((columns[j] + ptr - span_starts[j], stage_pitch, width))
+        else:
+            # Pair groups and staging offsets per unit row count: every unit but the last has the same.
+            groups_of = {rows: self._pair_groups(info, rows) for rows in {r1 - r0 for r0, r1, _, _ in unit_bounds}}
+            offsets = groups_of[unit_bounds[0][1] - unit_bounds[0][0]][1]
+            bases = [(ptr, pitch, offset, width, width, 0, k) for k, ((ptr, pitch, width), offset) in enumerate(zip(info, offsets))]
+        base = np.array(bases, dtype=np.int64)
+        table = np.empty((len(bases), starts.size, 7), dtype=np.int64)
+        table[:] = base[:, None, :]
+        table[..., _HOST] += base[:, _HOST_PITCH, None] * host_sorted[starts]
+        table[..., _OFFSET] += base[:, _STAGE_PITCH, None] * local
+        table[..., _HEIGHT] = heights
+        if spans is not None:
             span_pairs = list(range(len(host_views)))
-            host_pitch = host_views[0].stride(0)
-        for r0 in range(0, n, rows_per_unit):
-            r1 = min(n, r0 + rows_per_unit)
-            rows = r1 - r0
-            # The unit's runs: the call's runs clipped to [r0, r1).
-            first = np.searchsorted(run_ends, r0, side="right")
-            last = np.searchsorted(run_starts, r1, side="left")
-            clipped = [(max(int(s), r0), min(int(e), r1)) for s, e in zip(run_starts[first:last], run_ends[first:last])]
-            if spans is not None:
-                copies = [(start + int(host_sorted[s]) * host_pitch, host_pitch, (s - r0) * stage_pitch + column,
-                           stage_pitch, width, e - s, host_views[0])
-                          for (start, width), column in zip(spans, columns) for s, e in clipped]
-                units.append(_Unit(span_pairs, r0, r1, copies, span_stage))
-                continue
-            group, used = [], 0
-            for k, view in enumerate(host_views):
-                need = _round(rows * view.shape[1])
-                if group and used + need > self.buffer_bytes:
-                    units.append(self._pair_unit(group, r0, r1, host_views, host_sorted, clipped))
-                    group, used = [], 0
-                group.append(k)
-                used += need
-            units.append(self._pair_unit(group, r0, r1, host_views, host_sorted, clipped))
+            return [_Unit(span_pairs, r0, r1, table[:, p0:p1].reshape(-1, 7), span_stage, host_views)
+                    for r0, r1, p0, p1 in unit_bounds]
+        r0, r1, p0, p1 = unit_bounds[-1]
+        if groups_of[r1 - r0][1] != offsets:  # a short last unit: its own staging offsets
+            table[:, p0:p1, _OFFSET] += np.array(groups_of[r1 - r0][1], dtype=np.int64)[:, None] - base[:, _OFFSET, None]
+        units = []
+        for r0, r1, p0, p1 in unit_bounds:
+            ranges, unit_offsets = groups_of[r1 - r0]
+            for k0, k1 in ranges:
+                stage = [(unit_offsets[k], info[k][2], info[k][2]) for k in range(k0, k1)]
+                units.append(_Unit(list(range(k0, k1)), r0, r1, table[k0:k1, p0:p1].reshape(-1, 7), stage, host_views))
         return units
 
-    @staticmethod
-    def _pair_unit(group, r0, r1, host_views, host_sorted, clipped) -> _Unit:
-        stage, copies, offset = [], [], 0
-        for k in group:
-            view = host_views[k]
-            chunk, pitch = view.shape[1], view.stride(0)
-            stage.append((offset, chunk, chunk))
-            for s, e in clipped:
-                copies.append((view.data_ptr() + int(host_sorted[s]) * pitch, pitch, offset + (s - r0) * chunk, chunk, chunk,
-                               e - s, view))
-            offset += _round((r1 - r0) * chunk)
-        return _Unit(group, r0, r1, copies, stage)
+    def _pair_groups(self, info, rows: int) -> tuple[list[tuple[int, int]], list[int]]:
+        """The pairs of a ``rows``-row unit in groups that each fit one buffer (ranges ``[k0, k1)``
+        of pairs, in order), and each pair's staging offset in its group (a dense block of rows
+        per pair)."""
+        ranges, offsets, k0, used = [], [], 0, 0
+        for k, (_, _, width) in enumerate(info):
+            need = _round(rows * width)
+            if k > k0 and used + need > self.buffer_bytes:
+                ranges.append((k0, k))
+                k0, used = k, 0
+            offsets.append(used)
+            used += need
+        ranges.append((k0, len(info)))
+        return ranges, offsets
 
     def _table(self, unit: _Unit, slot: int, device_views: Sequence[torch.Tensor], to_device: bool) -> np.ndarray:
         """The unit's kernel table in bytes relative to the staging storage: int64 [pairs, 5]."""
@@ -378,32 +418,39 @@ class StagedCopier:
             return self.host_batch
         if not self._on_gpu or len(copies) < BATCH_MIN_COPIES:
             return False
-        rows = sum(c[5] for c in copies)
+        rows = int(copies[:, _HEIGHT].sum())
         return rows <= BATCH_MAX_MEAN_ROWS * len(copies) and _batch_available()
 
     @staticmethod
-    def _copy_list(copies, buffer_addr: int, to_device: bool):
-        """The unit's 2-D host copies as 1-D row copies (rows adjacent on both sides merged),
-        built with numpy in one pass: hundreds of copies per unit cost microseconds, not one
-        array operation each."""
+    def _copy_list(copies: np.ndarray, buffer_addr: int, to_device: bool):
+        """The unit's 2-D host copies (a ``host_copies`` table) as 1-D row copies (rows adjacent
+        on both sides merged), built with numpy in one pass: hundreds of copies per unit cost
+        microseconds, not one array operation each."""
         from .batch_copy import CopyList, merge_copy_list
 
-        table = np.array([c[:6] for c in copies], dtype=np.int64)  # host, pitch, offset, stage pitch, width, height
-        heights = table[:, 5]
+        heights, sizes = copies[:, _HEIGHT], copies[:, _WIDTH]
+        # A copy dense on both sides (one run of layer_first rows) is one row: its rows would merge
+        # anyway, so they are not listed one by one first.
+        dense = (copies[:, _HOST_PITCH] == sizes) & (copies[:, _STAGE_PITCH] == sizes)
+        if dense.any():
+            sizes, heights = np.where(dense, sizes * heights, sizes), np.where(dense, 1, heights)
         if np.all(heights == 1):
-            host, stage, sizes = table[:, 0], buffer_addr + table[:, 2], table[:, 4]
+            host, stage = copies[:, _HOST], buffer_addr + copies[:, _OFFSET]
         else:
-            which = np.repeat(np.arange(len(table)), heights)
-            row = np.arange(int(heights.sum())) - np.repeat(np.cumsum(heights) - heights, heights)
-            rows = table[which]
-            host, stage, sizes = rows[:, 0] + row * rows[:, 1], buffer_addr + rows[:, 2] + row * rows[:, 3], rows[:, 4]
-        host, stage, sizes = host.astype(np.uint64), stage.astype(np.uint64), sizes.astype(np.uint64)
+            which = np.repeat(np.arange(len(copies)), heights)
+            row = np.arange(which.size) - np.repeat(np.cumsum(heights) - heights, heights)
+            rows = copies[which]
+            host = rows[:, _HOST] + row * rows[:, _HOST_PITCH]
+            stage = buffer_addr + rows[:, _OFFSET] + row * rows[:, _STAGE_PITCH]
+            sizes = sizes[which]
+        # Addresses and sizes are >= 0: the same bits as uint64, without a copy.
+        host, stage, sizes = host.view(np.uint64), stage.view(np.uint64), sizes.view(np.uint64)
         dsts, srcs = (stage, host) if to_device else (host, stage)
         return merge_copy_list(CopyList(dsts, srcs, sizes))
 
     def _engine_copies(self, unit: _Unit, buffer_addr: int, to_device: bool, streams) -> None:
-        shares = [list(_share(unit.host_copies, k, len(streams))) for k in range(len(streams))]
-        if any(shares) and self._batched(unit.host_copies):
+        shares = [_share(unit.host_copies, k, len(streams)) for k in range(len(streams))]
+        if any(len(share) for share in shares) and self._batched(unit.host_copies):
             self._batch_copies(shares, buffer_addr, to_device, streams)
             return
         if self._on_gpu:
@@ -412,9 +459,10 @@ class StagedCopier:
                 self._fork.record(primary)
                 for stream in extra:
                     stream.wait_event(self._fork)
-            for k, stream in enumerate(streams):
+            for stream, share in zip(streams, shares):
                 handle = stream.cuda_stream
-                for host_addr, host_pitch, offset, stage_pitch, width, height, _ in _share(unit.host_copies, k, len(streams)):
+                # Long runs (the batch was not worth it): few copies, so a loop over Python ints.
+                for host_addr, host_pitch, offset, stage_pitch, width, height, _ in share.tolist():
                     stage_addr = buffer_addr + offset
                     if to_device:
                         cudart.memcpy_2d_async(stage_addr, stage_pitch, host_addr, host_pitch, width, height, handle)
@@ -426,8 +474,8 @@ class StagedCopier:
             return
         # CPU: the same copies (and the same split) through torch views of the host memory.
         storage_addr = self._storage.data_ptr()
-        pieces = [piece for k in range(len(streams)) for piece in _share(unit.host_copies, k, len(streams))]
-        for host_addr, host_pitch, offset, stage_pitch, width, height, ref in pieces:
+        for host_addr, host_pitch, offset, stage_pitch, width, height, view in np.concatenate(shares).tolist():
+            ref = unit.host_views[view]
             stage_start = buffer_addr - storage_addr + offset
             stage = torch.as_strided(self._storage, (height, width), (stage_pitch, 1), stage_start)
             host = torch.as_strided(ref, (height, width), (host_pitch, 1), ref.storage_offset() + host_addr - ref.data_ptr())
@@ -443,7 +491,7 @@ class StagedCopier:
 
         if not self._on_gpu:
             for share in shares:
-                if share:
+                if len(share):
                     run_copy_list(self._copy_list(share, buffer_addr, to_device), on_gpu=False)
             return
         primary, extra = streams[0], streams[1:]
@@ -452,7 +500,7 @@ class StagedCopier:
             for stream in extra:
                 stream.wait_event(self._fork)
         for stream, share in zip(streams, shares):
-            if share:
+            if len(share):
                 run_copy_list(self._copy_list(share, buffer_addr, to_device), stream=stream, on_gpu=True)
         for stream, joined in zip(extra, self._join):
             joined.record(stream)
@@ -475,12 +523,20 @@ def _batch_available() -> bool:
     return available()
 
 
-def _share(copies, k: int, parts: int):
-    """Copy-stream k's part of a unit's copies: rows ``[h*k/parts, h*(k+1)/parts)`` of each one."""
-    for host_addr, host_pitch, offset, stage_pitch, width, height, ref in copies:
-        r0, r1 = height * k // parts, height * (k + 1) // parts
-        if r1 > r0:
-            yield host_addr + r0 * host_pitch, host_pitch, offset + r0 * stage_pitch, stage_pitch, width, r1 - r0, ref
+def _share(copies, k: int, parts: int) -> np.ndarray:
+    """Copy-stream k's part of a unit's copies (a ``host_copies`` table, or rows like it): rows
+    ``[h*k/parts, h*(k+1)/parts)`` of each copy of height h, copies left empty dropped."""
+    table = np.asarray(copies)
+    if parts == 1:
+        return table
+    heights = table[:, _HEIGHT]
+    r0, r1 = heights * k // parts, heights * (k + 1) // parts
+    keep = r1 > r0
+    share, r0 = table[keep], r0[keep]  # a copy: boolean indexing
+    share[:, _HOST] += r0 * share[:, _HOST_PITCH]
+    share[:, _OFFSET] += r0 * share[:, _STAGE_PITCH]
+    share[:, _HEIGHT] = r1[keep] - r0
+    return share
 
 
 def copy_pages_staged_reference(pairs: Sequence[ChunkPair], src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:

@@ -33,6 +33,10 @@ its scatter runs behind the copy of the next unit instead of after the whole lay
 
 CPU cost matters as much as bytes: everything a call's kernels need (tables, ids) goes to the
 device in one pinned copy, so a unit costs one launch, a few copies and a few event operations.
+Planning is numpy, per group of pairs: the call's runs are cut at unit boundaries at once, and a
+unit's host copies are a slice of one int64 table (a row per span or pair and piece of a run);
+copy lists, stream shares and the ``cudaMemcpy2DAsync`` loop read those tables, so scattered
+slots (hundreds of runs) cost microseconds per unit, not per run.
 This module never synchronises the device and never validates ids. On a machine without CUDA the
 same code runs with CPU buffers and no streams (the path CI exercises).
 ``copy_pages_staged_reference`` is the pure torch reference.
@@ -224,7 +228,8 @@ class StagedCopier:
         Views with one row pitch stage as *spans*: a staging row holds each contiguous piece of a
         host row side by side, and one copy per run and piece moves it (whole-slot or layer-block
         rows: wide rows copy engines stream at full rate, also beside a backup). Otherwise each
-        pair stages as its own dense block of rows.
+        pair stages as its own dense block of rows. ``run_starts`` / ``run_ends``: the runs of
+        adjacent ids in ``host_sorted``, which tile it.
         """
         n = host_sorted.size
         info = [(v.data_ptr(), v.stride(0), v.shape[1]) for v in host_views]  # torch calls, once
@@ -277,7 +282,8 @@ class StagedCopier:
             # Pair groups and staging offsets per unit row count: every unit but the last has the same.
             groups_of = {rows: self._pair_groups(info, rows) for rows in {r1 - r0 for r0, r1, _, _ in unit_bounds}}
             offsets = groups_of[unit_bounds[0][1] - unit_bounds[0][0]][1]
-            bases = [(ptr, pitch, offset, width, width, 0, k) for k, ((ptr, pitch, width), offset) in enumerate(zip(info, offsets))]
+            bases = [(ptr, pitch, offset, width, width, 0, k)
+                     for k, ((ptr, pitch, width), offset) in enumerate(zip(info, offsets))]
         base = np.array(bases, dtype=np.int64)
         table = np.empty((len(bases), starts.size, 7), dtype=np.int64)
         table[:] = base[:, None, :]
@@ -434,19 +440,25 @@ class StagedCopier:
         dense = (copies[:, _HOST_PITCH] == sizes) & (copies[:, _STAGE_PITCH] == sizes)
         if dense.any():
             sizes, heights = np.where(dense, sizes * heights, sizes), np.where(dense, 1, heights)
-        if np.all(heights == 1):
-            host, stage = copies[:, _HOST], buffer_addr + copies[:, _OFFSET]
-        else:
+        host, stage = copies[:, _HOST], copies[:, _OFFSET] + buffer_addr
+        if not (heights == 1).all():
+            first = np.cumsum(heights)
+            total = int(first[-1])
+            first -= heights  # each copy's first row in the list
             which = np.repeat(np.arange(len(copies)), heights)
-            row = np.arange(which.size) - np.repeat(np.cumsum(heights) - heights, heights)
-            rows = copies[which]
-            host = rows[:, _HOST] + row * rows[:, _HOST_PITCH]
-            stage = buffer_addr + rows[:, _OFFSET] + row * rows[:, _STAGE_PITCH]
+            row = np.arange(total) - first[which]  # row j of copy i: its first row plus j pitches
+            host = host[which] + row * copies[:, _HOST_PITCH][which]
+            stage = stage[which] + row * copies[:, _STAGE_PITCH][which]
             sizes = sizes[which]
         # Addresses and sizes are >= 0: the same bits as uint64, without a copy.
-        host, stage, sizes = host.view(np.uint64), stage.view(np.uint64), sizes.view(np.uint64)
+        host, stage, sizes = (np.ascontiguousarray(a).view(np.uint64) for a in (host, stage, sizes))
         dsts, srcs = (stage, host) if to_device else (host, stage)
-        return merge_copy_list(CopyList(dsts, srcs, sizes))
+        copy_list = CopyList(dsts, srcs, sizes)
+        # Rows of scattered slots rarely join (pitched rows, other slots): test that first, which
+        # costs a third of a merge.
+        if len(sizes) > 1 and ((host[:-1] + sizes[:-1] == host[1:]) & (stage[:-1] + sizes[:-1] == stage[1:])).any():
+            return merge_copy_list(copy_list)
+        return copy_list
 
     def _engine_copies(self, unit: _Unit, buffer_addr: int, to_device: bool, streams) -> None:
         shares = [_share(unit.host_copies, k, len(streams)) for k in range(len(streams))]

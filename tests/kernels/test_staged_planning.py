@@ -1,0 +1,256 @@
+"""Planning of the staged copy (units, host copies, copy lists, stream shares), on CPU.
+
+The planner builds each group's host copies as numpy tables. These tests hold it to the per-run
+planner it replaced (``_reference_units`` below, tuple by tuple and in order), check the copy lists
+and stream shares made from the tables against row-by-row expansions, and run staged loads and
+backups by blocks of layers with scattered slots, runs cut at unit boundaries, ``unit_rows`` and
+several copy streams, byte for byte against the reference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tiered_kv import nsa_spec
+from tiered_kv.kernels import StagedCopier
+from tiered_kv.kernels.batch_copy import CopyList, merge_copy_list
+from tiered_kv.kernels.staged_copy import _share, _spans
+from tiered_kv.transfer import backup_pairs, load_pairs
+
+from .pools import adjacent_ids, check_copy, make_device_pool, make_host_pool, random_ids
+
+SPEC = nsa_spec(num_layers=4, page_size=4)  # latent 2624 B, indexer 528 B per layer and page
+NUM_PAGES = 40
+NUM_SLOTS = 36
+#: Span layout of a 2-layer block: staging rows of 5248 + 1280 bytes, so three rows per unit.
+THREE_BLOCK_ROWS = 3 * 6528 + 7
+
+
+def _round(value: int) -> int:
+    return -(-value // 256) * 256
+
+
+def _sorted_runs(host_ids: torch.Tensor):
+    """What ``_run`` hands the planner: host ids sorted, and their runs of adjacent ids."""
+    host_sorted = np.sort(host_ids.numpy().astype(np.int64), kind="stable")
+    breaks = np.flatnonzero(np.diff(host_sorted) != 1) + 1
+    return host_sorted, np.concatenate(([0], breaks)), np.concatenate((breaks, [host_sorted.size]))
+
+
+def _reference_units(buffer_bytes, host_views, host_sorted, run_starts, run_ends, unit_rows=None):
+    """The planner before the numpy tables: per unit ``(pairs, r0, r1, copies, stage_views)``,
+    copies as 7-tuples (the last one an index into ``host_views``), built run by run."""
+    n = host_sorted.size
+    spans = _spans(host_views)
+    if spans is not None:
+        columns = [0]
+        for _, width in spans:
+            columns.append(columns[-1] + _round(width))
+        stage_pitch = columns[-1]
+        if stage_pitch > buffer_bytes:
+            spans = None
+    if spans is not None:
+        rows_per_unit = buffer_bytes // stage_pitch
+    else:
+        rows_per_unit = buffer_bytes // max(_round(v.shape[1]) for v in host_views)
+    if unit_rows is not None:
+        rows_per_unit = max(1, min(rows_per_unit, unit_rows))
+    units = []
+    for r0 in range(0, n, rows_per_unit):
+        r1 = min(n, r0 + rows_per_unit)
+        clipped = [(max(s, r0), min(e, r1)) for s, e in zip(run_starts.tolist(), run_ends.tolist()) if s < r1 and e > r0]
+        if spans is not None:
+            stage = []
+            for v in host_views:
+                j = max(k for k, (start, _) in enumerate(spans) if start <= v.data_ptr())
+                stage.append((columns[j] + v.data_ptr() - spans[j][0], stage_pitch, v.shape[1]))
+            pitch = host_views[0].stride(0)
+            copies = [(start + int(host_sorted[s]) * pitch, pitch, (s - r0) * stage_pitch + column, stage_pitch, width, e - s, 0)
+                      for (start, width), column in zip(spans, columns) for s, e in clipped]
+            units.append((list(range(len(host_views))), r0, r1, copies, stage))
+            continue
+        group, used = [], 0
+        groups = []
+        for k, view in enumerate(host_views):
+            need = _round((r1 - r0) * view.shape[1])
+            if group and used + need > buffer_bytes:
+                groups.append(group)
+                group, used = [], 0
+            group.append(k)
+            used += need
+        groups.append(group)
+        for group in groups:
+            stage, copies, offset = [], [], 0
+            for k in group:
+                view = host_views[k]
+                chunk, pitch = view.shape[1], view.stride(0)
+                stage.append((offset, chunk, chunk))
+                copies += [(view.data_ptr() + int(host_sorted[s]) * pitch, pitch, offset + (s - r0) * chunk, chunk, chunk, e - s, k)
+                           for s, e in clipped]
+                offset += _round((r1 - r0) * chunk)
+            units.append((group, r0, r1, copies, stage))
+    return units
+
+
+def _groups(host, device, layers_per_group: int):
+    """Load pairs of all layers in groups of adjacent layers (latent and indexer of each)."""
+    layers = SPEC.num_layers
+    return [[pair for layer in range(s, min(s + layers_per_group, layers)) for pair in load_pairs(host, device, layer)]
+            for s in range(0, layers, layers_per_group)]
+
+
+def _slots(kind: str, count: int) -> torch.Tensor:
+    if kind == "scattered":
+        return random_ids(count, 0, NUM_SLOTS)
+    if kind == "runs":
+        return adjacent_ids(count, 0, NUM_SLOTS)
+    return torch.arange(5, 5 + count)[torch.randperm(count)]  # one run, shuffled
+
+
+@pytest.mark.parametrize("kind", ["scattered", "runs", "one_run"])
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("per", [1, 2, 4])
+@pytest.mark.parametrize("buffer_bytes,unit_rows", [(THREE_BLOCK_ROWS, None), (THREE_BLOCK_ROWS, 2),
+                                                    (4 * 2624 + 7, None), (1 << 20, None), (1 << 20, 5)])
+def test_units_match_the_per_run_planner(kind, layout, per, buffer_bytes, unit_rows):
+    """Every unit: the same rows, pairs, staging views and host copies, in the same order."""
+    device = make_device_pool(SPEC, NUM_PAGES)
+    host = make_host_pool(SPEC, NUM_SLOTS, layout)
+    host_sorted, run_starts, run_ends = _sorted_runs(_slots(kind, 17))
+    copier = StagedCopier("cpu", buffer_bytes=buffer_bytes)
+    cuts = 0
+    for group in _groups(host, device.pool, per):
+        views = [h for h, _ in group]
+        got = copier._units(views, host_sorted, run_starts, run_ends, unit_rows)
+        want = _reference_units(copier.buffer_bytes, views, host_sorted, run_starts, run_ends, unit_rows)
+        assert len(got) == len(want)
+        for unit, (pairs, r0, r1, copies, stage) in zip(got, want):
+            assert (unit.pairs, unit.r0, unit.r1, unit.stage_views) == (pairs, r0, r1, stage)
+            assert unit.host_copies.dtype == np.int64 and unit.host_copies.tolist() == [list(c) for c in copies]
+            assert all(unit.host_views[c[6]].data_ptr() <= c[0] for c in copies)
+        cuts += sum(r0 > 0 and r0 not in run_starts for _, r0, _, _, _ in want)
+    if kind == "one_run" and buffer_bytes == THREE_BLOCK_ROWS:
+        assert cuts > 0  # the case this grid is for: a run cut at unit boundaries
+
+
+def test_units_of_views_with_a_gap_are_two_spans_per_run():
+    """Layers 0 and 2 of a page_first slot: two latent and two indexer pieces, each one copy per run."""
+    device = make_device_pool(SPEC, NUM_PAGES)
+    host = make_host_pool(SPEC, NUM_SLOTS, "page_first")
+    views = [h for layer in (0, 2) for h, _ in load_pairs(host, device.pool, layer)]
+    host_sorted, run_starts, run_ends = _sorted_runs(adjacent_ids(13, 0, NUM_SLOTS))
+    copier = StagedCopier("cpu", buffer_bytes=5 * 4 * 3328)
+    got = copier._units(views, host_sorted, run_starts, run_ends)
+    want = _reference_units(copier.buffer_bytes, views, host_sorted, run_starts, run_ends)
+    assert len(_spans(views)) == 4
+    assert [u.host_copies.tolist() for u in got] == [[list(c) for c in w[3]] for w in want]
+
+
+def _expanded_copy_list(copies: np.ndarray, buffer_addr: int, to_device: bool) -> CopyList:
+    rows = [(h + j * hp, buffer_addr + o + j * sp, w) for h, hp, o, sp, w, height, _ in copies.tolist() for j in range(height)]
+    host, stage, sizes = (np.array(column, dtype=np.uint64) for column in zip(*rows))
+    dsts, srcs = (stage, host) if to_device else (host, stage)
+    return merge_copy_list(CopyList(dsts, srcs, sizes))
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("kind", ["scattered", "runs", "one_run"])
+def test_copy_list_is_the_merged_row_by_row_list(layout, kind):
+    """Dense copies (layer_first runs) listed whole, pitched ones row by row, joins merged."""
+    device = make_device_pool(SPEC, NUM_PAGES)
+    host = make_host_pool(SPEC, NUM_SLOTS, layout)
+    host_sorted, run_starts, run_ends = _sorted_runs(_slots(kind, 17))
+    copier = StagedCopier("cpu", buffer_bytes=THREE_BLOCK_ROWS)
+    checked = 0
+    for per in (1, 2, 4):
+        for group in _groups(host, device.pool, per):
+            for unit in copier._units([h for h, _ in group], host_sorted, run_starts, run_ends):
+                for parts in (1, 3):
+                    for k in range(parts):
+                        share = _share(unit.host_copies, k, parts)
+                        if len(share) == 0:
+                            continue
+                        for to_device in (True, False):
+                            got = StagedCopier._copy_list(share, 7 << 20, to_device)
+                            want = _expanded_copy_list(share, 7 << 20, to_device)
+                            for a, b in zip((got.dsts, got.srcs, got.sizes), (want.dsts, want.srcs, want.sizes)):
+                                assert a.dtype == np.uint64 and a.flags.c_contiguous and a.tolist() == b.tolist()
+                            checked += 1
+    assert checked > 0
+
+
+def test_copy_list_merges_rows_that_join_across_copies():
+    """Planned units rarely join rows of two copies; a table where they do: the pitched copy's
+    last row runs into the next copy, which runs into a dense one; the last copy joins nothing."""
+    table = np.array([
+        (1000, 300, 0, 100, 100, 3, 0),  # rows at 1000, 1300, 1600 -> staging 0, 100, 200
+        (1700, 500, 300, 100, 100, 1, 0),  # continues row 1600 -> 200 on both sides
+        (1800, 64, 400, 64, 64, 4, 1),  # dense, continues the row before
+        (9000, 64, 2000, 64, 64, 2, 1),  # dense, apart from everything
+    ], dtype=np.int64)
+    for to_device in (True, False):
+        got = StagedCopier._copy_list(table, 1 << 20, to_device)
+        want = _expanded_copy_list(table, 1 << 20, to_device)
+        assert [a.tolist() for a in (got.dsts, got.srcs, got.sizes)] == [a.tolist() for a in (want.dsts, want.srcs, want.sizes)]
+        assert got.sizes.tolist() == [100, 100, 456, 128]
+
+
+def test_share_splits_a_table_like_the_per_copy_split():
+    """A table's share for stream k: rows [h*k/parts, h*(k+1)/parts) of each copy, empty ones dropped."""
+    rng = np.random.default_rng(5)
+    table = np.stack([rng.integers(0, 1 << 40, 50), rng.integers(1, 1 << 16, 50), rng.integers(0, 1 << 20, 50),
+                      rng.integers(1, 1 << 16, 50), rng.integers(1, 4096, 50), rng.integers(1, 9, 50),
+                      rng.integers(0, 16, 50)], axis=1).astype(np.int64)
+    before = table.copy()
+    for parts in (1, 2, 3, 8):
+        for k in range(parts):
+            want = []
+            for h, hp, o, sp, w, height, view in table.tolist():
+                r0, r1 = height * k // parts, height * (k + 1) // parts
+                if r1 > r0:
+                    want.append([h + r0 * hp, hp, o + r0 * sp, sp, w, r1 - r0, view])
+            assert _share(table, k, parts).tolist() == want
+    assert np.array_equal(table, before)  # shares are copies: the unit's table stays as it was
+
+
+def _staged_load(groups, slots, pages, *, buffer_bytes, unit_rows, streams, host_batch):
+    copier = StagedCopier("cpu", buffer_bytes=buffer_bytes, num_buffers=2, host_batch=host_batch)
+    done = []
+    copier.to_device_groups(groups, slots, pages, copy_stream=[None] * streams if streams > 1 else None,
+                            unit_rows=unit_rows, on_group_done=done.append)
+    assert done == list(range(len(groups)))
+
+
+@pytest.mark.parametrize("host_batch", [None, True])
+@pytest.mark.parametrize("streams", [1, 3])
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("kind", ["scattered", "one_run"])
+@pytest.mark.parametrize("per,buffer_bytes,unit_rows", [(2, THREE_BLOCK_ROWS, None), (4, THREE_BLOCK_ROWS, 2),
+                                                        (1, 1 << 20, 4)])
+def test_staged_load_by_blocks_of_layers(per, buffer_bytes, unit_rows, kind, layout, streams, host_batch):
+    """Blocks of layers, scattered slots or one run cut at unit boundaries, copies split over
+    streams: every copied byte right, every other device byte untouched."""
+    device = make_device_pool(SPEC, NUM_PAGES)
+    host = make_host_pool(SPEC, NUM_SLOTS, layout)
+    slots, pages = _slots(kind, 11), random_ids(11, 1, NUM_PAGES)
+    groups = _groups(host, device.pool, per)
+    pairs = [pair for group in groups for pair in group]
+    check_copy(pairs, slots, pages, device.roots,
+               lambda: _staged_load(groups, slots, pages, buffer_bytes=buffer_bytes, unit_rows=unit_rows,
+                                    streams=streams, host_batch=host_batch))
+
+
+@pytest.mark.parametrize("host_batch", [None, True])
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("kind", ["scattered", "one_run"])
+def test_staged_backup_with_scattered_slots(kind, layout, host_batch):
+    """All layers in one call (whole-slot spans on page_first), short units, three streams."""
+    device = make_device_pool(SPEC, NUM_PAGES)
+    host = make_host_pool(SPEC, NUM_SLOTS, layout)
+    pages, slots = random_ids(11, 1, NUM_PAGES), _slots(kind, 11)
+    pairs = backup_pairs(device.pool, host)
+    copier = StagedCopier("cpu", buffer_bytes=3 * SPEC.page_bytes + 300, num_buffers=2, host_batch=host_batch)
+    check_copy(pairs, pages, slots, [host.buffer],
+               lambda: copier.to_host(pairs, pages, slots, copy_stream=[None] * 3, unit_rows=2))

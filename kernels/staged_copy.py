@@ -81,6 +81,8 @@ def _round(value: int) -> int:
 
 #: Columns of a unit's host-copy table (``_Unit.host_copies``).
 _HOST, _HOST_PITCH, _OFFSET, _STAGE_PITCH, _WIDTH, _HEIGHT, _VIEW = range(7)
+#: Up to this many copies per group, its table is built row by row in Python (see ``_units``).
+_SMALL_TABLE = 32
 
 
 @dataclass
@@ -285,11 +287,17 @@ class StagedCopier:
             bases = [(ptr, pitch, offset, width, width, 0, k)
                      for k, ((ptr, pitch, width), offset) in enumerate(zip(info, offsets))]
         base = np.array(bases, dtype=np.int64)
-        table = np.empty((len(bases), starts.size, 7), dtype=np.int64)
-        table[:] = base[:, None, :]
-        table[..., _HOST] += base[:, _HOST_PITCH, None] * host_sorted[starts]
-        table[..., _OFFSET] += base[:, _STAGE_PITCH, None] * local
-        table[..., _HEIGHT] = heights
+        if len(bases) * starts.size <= _SMALL_TABLE:
+            # A few copies (slots in one run): Python rows cost less than the numpy calls below.
+            pieces = list(zip(host_sorted[starts].tolist(), local.tolist(), heights.tolist()))
+            table = np.array([[(h + row * hp, hp, o + first * sp, sp, w, height, view) for row, first, height in pieces]
+                              for h, hp, o, sp, w, _, view in bases], dtype=np.int64)
+        else:
+            table = np.empty((len(bases), starts.size, 7), dtype=np.int64)
+            table[:] = base[:, None, :]
+            table[..., _HOST] += base[:, _HOST_PITCH, None] * host_sorted[starts]
+            table[..., _OFFSET] += base[:, _STAGE_PITCH, None] * local
+            table[..., _HEIGHT] = heights
         if spans is not None:
             span_pairs = list(range(len(host_views)))
             return [_Unit(span_pairs, r0, r1, table[:, p0:p1].reshape(-1, 7), span_stage, host_views)

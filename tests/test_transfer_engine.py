@@ -31,7 +31,12 @@ from tiered_kv.transfer_engine import (  # noqa: E402
 )
 from tiered_kv.transfer_policy import (  # noqa: E402
     AUTO_PATHS,
+    MIXED_BACKUPS,
     SCATTERED_LOADS,
+    SCATTERED_LOADS_BESIDE_BACKUP,
+    SCATTERED_LOADS_WITHOUT_BATCH,
+    BackupSplit,
+    choose_backup_split,
     choose_split,
     issue_threads,
 )
@@ -149,6 +154,17 @@ def test_kernel_loads_in_blocks_of_layers_copy_every_layer(split):
     layers = [5, 0, 8, 3]
     pairs = [pair for layer in layers for pair in load_pairs(host, device.pool, layer)]
     check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages, layers=layers))
+
+
+def test_backup_splits_follow_the_policy():
+    """Scattered layer_first backups split (kernel + a copy-engine share); the rest staged; no
+    batched copies: the kernel alone."""
+    assert choose_backup_split(dense_host_rows=True, scattered=True) == MIXED_BACKUPS[(True, True)]
+    assert 0 < MIXED_BACKUPS[(True, True)].ce_fraction < 0.5
+    assert choose_backup_split(dense_host_rows=True, scattered=True, has_batch=False).ce_fraction == 0.0
+    for key in ((False, False), (False, True), (True, False)):
+        assert choose_backup_split(dense_host_rows=key[0], scattered=key[1]) is None
+    assert BackupSplit(0.2).kernel_ctas is None
 
 
 def test_load_blocks_ramp_up_to_their_size():
@@ -273,7 +289,8 @@ def test_auto_rule_follows_runs():
 
 def test_auto_rule_for_scattered_slots_follows_the_host_layout():
     """Scattered slots: page_first through the staging ring (whole-slot or layer-block rows),
-    layer_first backups on the kernel and loads through batched copies; runs as before."""
+    layer_first backups and loads mixed (kernel + batched copies, the kernel alone without
+    batched copies); runs as before."""
     scattered, pages = torch.randperm(64)[:32] * 2, torch.randperm(32) + 1
     run = torch.arange(100, 132)
 
@@ -281,10 +298,12 @@ def test_auto_rule_for_scattered_slots_follows_the_host_layout():
         return choose_path(slots, pages, to_host=to_host, dense_host_rows=dense, single_layer=single, has_batch=batch)
 
     assert auto(scattered, to_host=True, dense=False) == "staged"
-    assert auto(scattered, to_host=True, dense=True) == "kernel"
+    assert auto(scattered, to_host=True, dense=True) == "mixed"
+    assert auto(scattered, to_host=True, dense=True, batch=False) == "kernel"  # no batched copies here
     assert auto(scattered, to_host=False, dense=False) == "mixed"
-    assert auto(scattered, to_host=False, dense=True) == "batch"
-    assert auto(scattered, to_host=False, dense=True, batch=False) == "kernel"  # no batched copies here
+    assert auto(scattered, to_host=False, dense=True) == "mixed"
+    assert auto(scattered, to_host=False, dense=True, batch=False) == "kernel"
+    assert auto(scattered, to_host=False, dense=False, batch=False) == "mixed"  # copy engines need no batch
     for dense in (False, True):
         assert auto(scattered, to_host=False, dense=dense, single=True) == "mixed"
         assert auto(scattered, to_host=False, dense=dense, single=True, batch=False) == "kernel"
@@ -293,15 +312,23 @@ def test_auto_rule_for_scattered_slots_follows_the_host_layout():
     assert set(AUTO_PATHS.values()) <= set(COPY_PATHS)
 
 
-def test_scattered_splits_use_copy_engines_only():
+def test_scattered_splits_follow_the_policy():
     def split(**conditions):
         base = {"dense_host_rows": False, "num_layers": 61, "backup_in_flight": False, "scattered": True, "has_batch": True}
         return choose_split(**{**base, **conditions})
 
-    assert split() == SCATTERED_LOADS[False] and split().ce_fraction == 1.0 and split().layers_per_copy > 1
-    assert split(dense_host_rows=True).ce_fraction == 1.0
+    # page_first: copy engines in ramped layer blocks beside a kernel share; beside a backup the
+    # copy engines alone (UVA reads would cut into the backup).
+    assert split() == SCATTERED_LOADS[False] and 0 < split().ce_fraction < 1 and split().layers_per_copy > 1
+    assert split().ramp and split().kernel_blocks > 1
+    assert split(backup_in_flight=True) == SCATTERED_LOADS_BESIDE_BACKUP[False] == MIXED_LOADS_BESIDE_BACKUP[False]
+    # layer_first: the kernel and a batch share, also beside a backup; the kernel alone without batches.
+    assert split(dense_host_rows=True) == SCATTERED_LOADS[True] and split(dense_host_rows=True).ce_path == "batch"
+    assert split(dense_host_rows=True, backup_in_flight=True) == SCATTERED_LOADS[True]
+    assert split(dense_host_rows=True, has_batch=False) == SCATTERED_LOADS_WITHOUT_BATCH
+    assert SCATTERED_LOADS_WITHOUT_BATCH.ce_fraction == 0.0
     assert split(num_layers=1) == LoadSplit(by="components", ce_path="batch")  # one layer: as with runs
-    assert split(backup_in_flight=True) == MIXED_LOADS_BESIDE_BACKUP[False]
+    assert split(scattered=False, backup_in_flight=True) == MIXED_LOADS_BESIDE_BACKUP[False]
     assert split(options=TransferOptions(ce_fraction=0.3)).ce_fraction == 0.3
     mine = LoadSplit(0.5, copy_streams=2)
     assert split(options=TransferOptions(load_split=mine)) == mine
@@ -505,11 +532,11 @@ def test_gpu_auto_with_scattered_slots(layout, op):
         handles = []
         check_copy(backup_pairs(device.pool, host), pages, slots, [host.buffer],
                    lambda: handles.append(engine.backup(pages, slots)))
-        assert handles[0].path == ("kernel" if layout == "layer_first" else "staged")
+        assert handles[0].path == ("mixed" if layout == "layer_first" else "staged")
     else:
         expected = [[host.chunk_view(ci, layer)[slots].clone() for ci in range(2)] for layer in range(spec.num_layers)]
         handle = engine.load(slots, pages)
-        assert handle.path == ("batch" if layout == "layer_first" else "mixed")
+        assert handle.path == "mixed"
         assert_layers_equal(read_each_layer_after_wait(handle, device.pool, pages, spec.num_layers), expected)
     engine.close()
     host.close()

@@ -55,6 +55,7 @@ from .kernels import copy_pages_reference
 from .transfer import IdsLike, PageCopy, backup_pairs, load_pairs, validate
 from .transfer_policy import (
     KERNEL_LOADS,
+    BackupSplit,
     LOAD_STREAM_PRIORITY,
     MAX_COPY_STREAMS,
     MAX_ISSUE_THREADS,
@@ -519,8 +520,8 @@ class StagedPath(CopyPath):
 
 class MixedPath(StagedPath):
     """Loads: copy engines and the UVA kernel at once, split by ``LoadSplit``. Backups: with a
-    copy-engine share (``TransferOptions.backup_ce_fraction``, else ``choose_backup_split``) that
-    share of the pages goes out as one memcpy batch straight from the device pages while the UVA
+    ``BackupSplit`` (``choose_backup_split``; ``TransferOptions.backup_ce_fraction`` overrides
+    its share) that share of the pages goes out as one memcpy batch straight from the device pages while the UVA
     kernel writes the rest, both at once; without one, staged (its copy engines already run at
     full rate on host runs)."""
 
@@ -528,13 +529,15 @@ class MixedPath(StagedPath):
 
     def backup(self, job: _Backup) -> None:
         engine = job.engine
-        fraction = job.options.backup_ce_fraction
-        if fraction is None:
-            fraction = choose_backup_split(dense_host_rows=engine._dense_host_rows,
-                                           scattered=is_scattered(job.copy.host_slots))
-        if fraction is None:
+        split = choose_backup_split(dense_host_rows=engine._dense_host_rows, scattered=is_scattered(job.copy.host_slots),
+                                    has_batch=engine._has_batch)
+        if job.options.backup_ce_fraction is not None:
+            split = BackupSplit(job.options.backup_ce_fraction, split.kernel_ctas if split is not None else None)
+        if split is None:
             StagedPath.backup(self, job)
             return
+        fraction = split.ce_fraction
+        ctas = job.options.num_ctas if job.options.num_ctas is not None else split.kernel_ctas
         from .kernels.batch_copy import plan_copy_list, run_copy_list
 
         # Both halves in host-slot order, so the copy engines' share keeps whatever runs exist.
@@ -544,7 +547,7 @@ class MixedPath(StagedPath):
         kernel_stream, copy_stream = job.stream("backup_stream"), job.stream("backup_copy_stream")
         if k < len(slots):
             with torch.cuda.stream(kernel_stream) if kernel_stream is not None else _nothing():
-                engine._uva(engine._plan("backup", job.pairs), pages[k:], slots[k:], job.options.num_ctas)
+                engine._uva(engine._plan("backup", job.pairs), pages[k:], slots[k:], ctas)
         if k:
             copies = plan_copy_list(job.pairs, pages[:k], slots[:k])
             run_copy_list(copies, stream=copy_stream, on_gpu=engine.on_gpu, flags=job.options.batch_flags)

@@ -119,34 +119,47 @@ DIRECT_MIN_MEAN_RUN = 64
 #: through the copy engines: staged for backups, mixed (copy engines + kernel at once) for loads.
 #: Scattered slots, measured on the H200 (docs/benchmarks.md, "Serving conditions"):
 #: - ``page_first`` (pitched rows): a slot's pieces are contiguous, so the staging ring moves
-#:   whole-slot rows (backups: 95.4% of the ceiling) or rows of a block of layers (loads,
-#:   ``SCATTERED_LOADS``), few copies, one memcpy batch per unit; copy engines only.
-#: - ``layer_first`` (dense rows): every slot is its own row per (component, layer); backups stay
-#:   on the UVA kernel (52.0 GB/s, 94%; copy-engine writes of 42 KB rows to scattered host rows ran
-#:   at 38-46 GB/s), loads of many layers go through ``batch`` issued by library threads
-#:   (``ISSUE_THREADS``: 53.5 GB/s, 96.4%, caller 0.9 ms, 113 ms of CPU on those threads).
+#:   whole-slot rows (backups: 95.3-95.4% of the ceiling) or rows of a block of layers (loads,
+#:   ``SCATTERED_LOADS``), few copies, one memcpy batch per unit.
+#: - ``layer_first`` (dense rows): every slot is its own row per (component, layer); backups go
+#:   ``mixed`` (``MIXED_BACKUPS``: the UVA kernel and a small copy-engine share at once), loads of
+#:   many layers ``mixed`` too (``SCATTERED_LOADS``: the kernel and a batch share).
 #: - one layer alone: the latent rows in one memcpy batch, the indexer rows by the kernel
 #:   (``mixed``, single-layer split) where batched copies exist, else the kernel.
 AUTO_PATHS = {
     # backups
     (True, False, False, False): "staged", (True, False, True, False): "staged",
-    (True, True, False, False): "staged", (True, True, True, False): "kernel",
+    (True, True, False, False): "staged", (True, True, True, False): "mixed",
     # loads of several layers
     (False, False, False, False): "mixed", (False, False, True, False): "mixed",
-    (False, True, False, False): "mixed", (False, True, True, False): "batch",
+    (False, True, False, False): "mixed", (False, True, True, False): "mixed",
     # one layer alone
     (False, False, False, True): "mixed", (False, False, True, True): "mixed",
     (False, True, False, True): "mixed", (False, True, True, True): "mixed",
 }
-#: Where batched copies cannot run: scattered slots go through the UVA kernel.
-AUTO_PATHS_WITHOUT_BATCH = {"batch": "kernel"}
-#: Splits of ``mixed`` loads of several layers from scattered slots, by dense host rows: copy
-#: engines only, ``page_first`` rows of 8 adjacent layers per slot (one 336 KB latent and one 67 KB
-#: indexer row per slot and block), issued on a library thread: 51.6 GB/s (93%) for 31 ms of CPU
-#: against 46.3 GB/s for blocks of 4 (H200, 2026-12-01 08:30 run), and 1.64x one direction beside
-#: a staged backup of scattered slots. ``batch`` on 4 issue threads moves the same load at 52.4
-#: GB/s but for 104 ms of CPU, which slowed the model's matmuls beside it by 1.39x.
-SCATTERED_LOADS = {False: LoadSplit(1.0, layers_per_copy=8), True: LoadSplit(1.0)}
+#: Where batched copies cannot run (keys as ``AUTO_PATHS``): scattered slots whose path needs them
+#: (``layer_first`` rows, one layer alone) go through the UVA kernel.
+AUTO_PATHS_WITHOUT_BATCH = {(True, True, True, False): "kernel", (False, True, True, False): "kernel",
+                            (False, True, False, True): "kernel", (False, True, True, True): "kernel"}
+#: Splits of ``mixed`` loads of several layers from scattered slots, by dense host rows, chosen by
+#: what the engine pays beside its own compute as well as by idle-GPU bandwidth (H200, 2026-12-01
+#: probes, docs/benchmarks.md "Serving conditions, second round"):
+#: - ``page_first``: 80% of the pages through the copy engines in rows of ramped blocks of layers
+#:   (1, 2, 4, then 8: one latent and one indexer row per slot and block), 20% through the UVA
+#:   kernel in blocks of the same sizes, both at once, issued on a library thread: 53.2 GB/s (96.0%)
+#:   against 51.6 (93%) for copy engines alone and 51.0 (92%) for the kernel alone.
+#: - ``layer_first``: 70% of the pages through the UVA kernel (ramped blocks), 30% as memcpy batches
+#:   on a library thread: 52.1 GB/s (94%) and, beside the model's matmuls, 0.86 of the load hidden
+#:   at a compute slowdown of 1.00, where ``batch`` on 4 issue threads (53.4 GB/s, 96%) hid 0.45 at
+#:   1.29x (119 ms of CPU for 62k row copies): the engine pays far less in total.
+SCATTERED_LOADS = {False: LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True),
+                   True: LoadSplit(0.3, ce_path="batch", kernel_blocks=8, ramp=True)}
+#: The same beside a backup in flight: ``page_first`` loads keep to the copy engines (UVA reads
+#: would cut into the backup), ``layer_first`` keeps its split (a staged copy-engine load of
+#: scattered dense rows is 8-11 GB/s).
+SCATTERED_LOADS_BESIDE_BACKUP = {False: LoadSplit(1.0, layers_per_copy=8), True: SCATTERED_LOADS[True]}
+#: Without batched copies (runtime or driver before 12.8): the kernel alone, ramped blocks.
+SCATTERED_LOADS_WITHOUT_BATCH = LoadSplit(0.0, kernel_blocks=8, ramp=True)
 #: Library threads that issue a ``batch`` load of several layers, each on its own stream, ordered
 #: after the caller's stream by an event (1 024 row copies per NSA layer at about 1 us of CPU each:
 #: one thread issues a 61-layer load in 96 ms, four in 27 ms, under its 30 ms of copying).
@@ -218,23 +231,24 @@ def choose_path(host_slots: torch.Tensor, device_pages: torch.Tensor, *, to_host
         return "direct"
     if scattered and dense_host_rows is None:
         return "mixed" if single and batch and not to_host else "kernel"
-    path = AUTO_PATHS[(to_host, scattered, bool(dense_host_rows), single and not to_host)]
-    if single and not batch and scattered:
-        return "kernel"
-    return path if batch else AUTO_PATHS_WITHOUT_BATCH.get(path, path)
+    key = (to_host, scattered, bool(dense_host_rows), single and not to_host)
+    return AUTO_PATHS[key] if batch else AUTO_PATHS_WITHOUT_BATCH.get(key, AUTO_PATHS[key])
 
 
 def choose_split(*, dense_host_rows: bool, num_layers: int, backup_in_flight: bool, scattered: bool,
                  has_batch: bool, options: TransferOptions = TransferOptions()) -> LoadSplit:
-    """How a ``mixed`` load is split now: the options' split, else beside a backup
-    ``MIXED_LOADS_BESIDE_BACKUP``, else from scattered slots ``SCATTERED_LOADS`` (several layers),
-    else ``MIXED_LOADS``; then the options' ``ce_fraction`` over it."""
+    """How a ``mixed`` load is split now: the options' split, else from scattered slots (several
+    layers) ``SCATTERED_LOADS`` (``SCATTERED_LOADS_BESIDE_BACKUP`` beside a backup), else beside a
+    backup ``MIXED_LOADS_BESIDE_BACKUP``, else ``MIXED_LOADS``; then the options' ``ce_fraction``
+    over it."""
     if options.load_split is not None:
         split = options.load_split
+    elif scattered and num_layers > 1:
+        split = (SCATTERED_LOADS_BESIDE_BACKUP if backup_in_flight else SCATTERED_LOADS)[dense_host_rows]
+        if split.ce_path == "batch" and not has_batch:
+            split = SCATTERED_LOADS_WITHOUT_BATCH
     elif backup_in_flight:
         split = MIXED_LOADS_BESIDE_BACKUP[dense_host_rows]
-    elif scattered and num_layers > 1:
-        split = SCATTERED_LOADS[dense_host_rows]
     else:
         split = MIXED_LOADS[(dense_host_rows, num_layers > 1)]
         if split.ce_path == "batch" and not has_batch:
@@ -244,16 +258,33 @@ def choose_split(*, dense_host_rows: bool, num_layers: int, backup_in_flight: bo
     return split
 
 
-#: Copy-engine share of the pages of a ``mixed`` backup by (dense host rows, scattered slots);
-#: None: staged (copy engines on host runs or whole-slot rows, the kernel gathers on the device).
-MIXED_BACKUPS: dict[tuple[bool, bool], float | None] = {
-    (False, False): None, (False, True): None, (True, False): None, (True, True): None,
+@dataclass(frozen=True)
+class BackupSplit:
+    """A ``mixed`` backup: ``ce_fraction`` of the pages (in host-slot order) as one memcpy batch
+    straight from the device pages, the rest by the UVA kernel with ``kernel_ctas`` CTAs (None:
+    the measured default), both at once."""
+
+    ce_fraction: float
+    kernel_ctas: int | None = None
+
+
+#: ``mixed`` backups by (dense host rows, scattered slots); None: staged (copy engines on host runs
+#: or whole-slot rows, the kernel gathers on the device). Scattered ``layer_first`` rows: the
+#: kernel alone writes 52.0 GB/s (94%), copy engines alone 34 GB/s (42 KB rows into scattered host
+#: rows, and 80 ms of issue); 15% of the pages through the copy engines beside the kernel at 32 CTAs:
+#: 52.98 GB/s (95.8%; 0.1: 95.3%, 0.2: 95.7%), 6.6 ms of the caller's thread (H200, 2026-12-01).
+MIXED_BACKUPS: dict[tuple[bool, bool], BackupSplit | None] = {
+    (False, False): None, (False, True): None, (True, False): None, (True, True): BackupSplit(0.15, kernel_ctas=32),
 }
 
 
-def choose_backup_split(*, dense_host_rows: bool, scattered: bool) -> float | None:
-    """Copy-engine share of a ``mixed`` backup's pages (``MIXED_BACKUPS``); None: staged."""
-    return MIXED_BACKUPS[(dense_host_rows, scattered)]
+def choose_backup_split(*, dense_host_rows: bool, scattered: bool, has_batch: bool = True) -> BackupSplit | None:
+    """How a ``mixed`` backup is split (``MIXED_BACKUPS``); None: staged. Without batched copies
+    the kernel takes every page."""
+    split = MIXED_BACKUPS[(dense_host_rows, scattered)]
+    if split is not None and not has_batch:
+        split = replace(split, ce_fraction=0.0)
+    return split
 
 
 #: Library threads that issue a GPU load of several layers by path, when the options say nothing:
@@ -272,5 +303,6 @@ def issue_threads(path: str, num_layers: int, options: TransferOptions) -> int:
 
 
 __all__ = ["AUTO_PATHS", "DIRECT_MIN_MEAN_RUN", "ISSUE_THREADS", "ISSUE_THREADS_BY_PATH", "KERNEL_LOADS", "LOAD_STREAM_PRIORITY", "MAX_COPY_STREAMS", "MAX_ISSUE_THREADS", "MIXED_LOADS",
-           "MIXED_BACKUPS", "MIXED_LOADS_BESIDE_BACKUP", "PATHS", "SCATTERED_LOADS", "SINGLE_LAYER_WITHOUT_BATCH", "STAGED_MIN_MEAN_RUN",
-           "LoadSplit", "TransferOptions", "choose_backup_split", "choose_path", "choose_split", "is_scattered", "issue_threads"]
+           "MIXED_BACKUPS", "MIXED_LOADS_BESIDE_BACKUP", "PATHS", "SCATTERED_LOADS", "SCATTERED_LOADS_BESIDE_BACKUP",
+           "SCATTERED_LOADS_WITHOUT_BATCH", "SINGLE_LAYER_WITHOUT_BATCH", "STAGED_MIN_MEAN_RUN",
+           "BackupSplit", "LoadSplit", "TransferOptions", "choose_backup_split", "choose_path", "choose_split", "is_scattered", "issue_threads"]

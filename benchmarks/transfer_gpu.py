@@ -235,12 +235,16 @@ def id_sets(args, sets: int) -> tuple[list[torch.Tensor], dict[str, list[torch.T
 #: pitched rows), the UVA kernel with fewer CTAs, batched copies from the caller's thread or from
 #: library issue threads.
 VARIANTS = [
-    ("ce blocks 4", "mixed", TransferOptions(load_split=LoadSplit(1.0, layers_per_copy=4), issue_threads=0)),
-    ("ce blocks 4 on 1 issue thread", "mixed", TransferOptions(load_split=LoadSplit(1.0, layers_per_copy=4), issue_threads=1)),
     ("ce blocks 8 on 1 issue thread", "mixed", TransferOptions(load_split=LoadSplit(1.0, layers_per_copy=8), issue_threads=1)),
+    ("ce 0.8 blocks 8 ramp + kernel 0.2", "mixed",
+     TransferOptions(load_split=LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True), issue_threads=1)),
+    ("kernel 0.7 + batch 0.3 on 1 thread", "mixed",
+     TransferOptions(load_split=LoadSplit(0.3, ce_path="batch", kernel_blocks=8, ramp=True), issue_threads=1)),
+    ("kernel 0.6 + batch 0.4 on 1 thread", "mixed",
+     TransferOptions(load_split=LoadSplit(0.4, ce_path="batch", kernel_blocks=8, ramp=True), issue_threads=1)),
+    ("kernel per layer", "kernel", TransferOptions(load_split=LoadSplit())),
     ("kernel 8 ctas", "kernel", TransferOptions(num_ctas=8)),
-    ("batch caller thread", "batch", TransferOptions(issue_threads=0)),
-    ("batch 2 issue threads", "batch", TransferOptions(issue_threads=2)),
+    ("mixed backup ce 0.15", "mixed", TransferOptions(backup_ce_fraction=0.15)),
     ("batch 4 issue threads", "batch", TransferOptions(issue_threads=4)),
 ]
 
@@ -363,10 +367,10 @@ def main() -> int:
     for layout in hosts:
         for name, path, options in VARIANTS:
             for slots_kind in ("scattered", "runs"):
-                if slots_kind == "runs" and not name.startswith("ce blocks"):
+                if slots_kind == "runs" and not name.startswith("ce"):
                     continue
-                run_ops(layout, path, slots_kind, b.reps, group="variants", ops=("backup", "load61") if path in
-                        ("kernel", "batch") else ("load61",), options=options, name=name)
+                ops = ("backup",) if "backup" in name else ("backup", "load61") if path in ("kernel", "batch") else ("load61",)
+                run_ops(layout, path, slots_kind, b.reps, group="variants", ops=ops, options=options, name=name)
         for slots_kind in ("runs of 4", "runs of 16"):
             for path in ("auto", "kernel"):
                 run_ops(layout, path, slots_kind, b.reps, group="allocator", ops=("backup", "load61"))
@@ -489,9 +493,10 @@ def concurrent_section(b, args, engines, hosts, page_sets, slot_sets, sets, tran
     scattered_variants = [("auto", "auto", None, "auto"), ("mixed", "staged", None, "mixed"),
                           ("kernel", "kernel", None, "kernel"), ("batch", "staged", None, "batch"),
                           ("batch", "kernel", None, "batch"),
-                          ("mixed", "staged", LoadSplit(1.0, layers_per_copy=4), "staged, blocks of 4 layers"),
+                          ("kernel", "staged", None, "kernel"),
                           ("mixed", "staged", LoadSplit(1.0, layers_per_copy=8), "staged, blocks of 8 layers"),
-                          ("mixed", "kernel", LoadSplit(1.0, layers_per_copy=8), "staged, blocks of 8 layers")]
+                          ("mixed", "mixed", LoadSplit(0.3, ce_path="batch", kernel_blocks=8, ramp=True),
+                           "kernel 0.7 + batch 0.3")]
     for layout in hosts:
         for slots_kind, chosen in (("runs", variants), ("scattered", scattered_variants)):
             for load_path, backup_path, split, name in chosen:
@@ -504,12 +509,18 @@ def concurrent_section(b, args, engines, hosts, page_sets, slot_sets, sets, tran
 
 
 #: Beside compute: (name, path, options) of the loads timed beside the model's matmuls.
-BESIDE = [("auto", "auto", None), ("kernel", "kernel", None), ("kernel 8 ctas", "kernel", TransferOptions(num_ctas=8)),
+BESIDE = [("auto", "auto", None), ("kernel", "kernel", None),
+          ("kernel per layer", "kernel", TransferOptions(load_split=LoadSplit())),
+          ("kernel on 1 issue thread", "kernel", TransferOptions(issue_threads=1)),
           ("mixed caller thread", "mixed", TransferOptions(issue_threads=0)),
-          ("ce blocks 4 on 1 issue thread", "mixed",
-           TransferOptions(load_split=LoadSplit(1.0, layers_per_copy=4), issue_threads=1)),
-          ("ce blocks 1 on 1 issue thread", "mixed", TransferOptions(load_split=LoadSplit(1.0), issue_threads=1)),
-          ("batch caller thread", "batch", TransferOptions(issue_threads=0)),
+          ("ce blocks 8 on 1 issue thread", "mixed",
+           TransferOptions(load_split=LoadSplit(1.0, layers_per_copy=8), issue_threads=1)),
+          ("ce 0.8 blocks 8 ramp + kernel 0.2", "mixed",
+           TransferOptions(load_split=LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True), issue_threads=1)),
+          ("kernel 0.7 + batch 0.3 on 1 thread", "mixed",
+           TransferOptions(load_split=LoadSplit(0.3, ce_path="batch", kernel_blocks=8, ramp=True), issue_threads=1)),
+          ("kernel 0.6 + batch 0.4 on 1 thread", "mixed",
+           TransferOptions(load_split=LoadSplit(0.4, ce_path="batch", kernel_blocks=8, ramp=True), issue_threads=1)),
           ("batch 4 issue threads", "batch", TransferOptions(issue_threads=4))]
 
 

@@ -110,11 +110,13 @@ class _Issued:
             if self.error is not None:
                 raise self.error
 
-    def settled(self) -> bool:
+    def settled(self, layers: Sequence[int] = ()) -> bool:
+        """Whether every job finished, or every one of ``layers`` was issued (a job may still be
+        returning after recording its last event); re-raises a library thread's error."""
         with self._cond:
             if self.error is not None:
                 raise self.error
-            return self._pending == 0
+            return self._pending == 0 or bool(layers) and self._layers.issuperset(layers)
 
 
 class LoadHandle:
@@ -159,7 +161,7 @@ class LoadHandle:
         self._check(layer)
         if self._events is None:
             return True
-        if self._issued is not None and not self._issued.settled():
+        if self._issued is not None and not self._issued.settled((layer,)):
             return False
         return self._events[layer].query()
 
@@ -167,7 +169,7 @@ class LoadHandle:
         """Whether every layer has landed (non-blocking): the completion for slots and pages."""
         if self._events is None:
             return True
-        if self._issued is not None and not self._issued.settled():
+        if self._issued is not None and not self._issued.settled(self.layers):
             return False
         return all(e.query() for e in self._events.values())
 

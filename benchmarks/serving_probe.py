@@ -138,8 +138,23 @@ SECOND_BESIDE = [
     ("kernel 0.8 blocks + batch 0.2 on 1 thread", "mixed", TransferOptions(load_split=LF_MIX2, issue_threads=1), {}),
     ("kernel 0.7 blocks + batch 0.3 on 1 thread", "mixed", TransferOptions(load_split=LF_MIX3, issue_threads=1), {}),
 ]
+#: Third probe: the final code's choices again with more repetitions beside compute, and load +
+#: backup with slots in runs rep by rep (``ms_each``: its medians were bimodal, 32 or 58 ms).
+THIRD_BOTH = [("auto + auto", "auto", None, "auto", None),
+              ("staged + staged", "staged", None, "staged", None),
+              ("ce one layer per copy + staged", "mixed", TransferOptions(load_split=LoadSplit(1.0)), "staged", None),
+              ("ce one layer per copy, caller thread + staged", "mixed",
+               TransferOptions(load_split=LoadSplit(1.0), issue_threads=0), "staged", None)]
+THIRD_BESIDE = [
+    ("auto", "auto", None, {}),
+    ("kernel", "kernel", None, {}),
+    ("kernel per layer", "kernel", TransferOptions(load_split=LoadSplit()), {}),
+    ("ce 0.8 blocks 8 ramp + kernel 0.2 blocks", "mixed", TransferOptions(load_split=PF_MIX, issue_threads=1), {}),
+    ("kernel 0.7 blocks + batch 0.3 on 1 thread", "mixed", TransferOptions(load_split=LF_MIX3, issue_threads=1), {}),
+]
 SETS = {"first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
-        "second": (SECOND_LOADS, SECOND_BACKUPS, SECOND_BOTH, SECOND_BESIDE)}
+        "second": (SECOND_LOADS, SECOND_BACKUPS, SECOND_BOTH, SECOND_BESIDE),
+        "third": ([], [], THIRD_BOTH, THIRD_BESIDE)}
 
 
 def main() -> int:
@@ -150,6 +165,8 @@ def main() -> int:
     parser.add_argument("--device-pages", type=int, default=2048)
     parser.add_argument("--host-slots", type=int, default=2048)
     parser.add_argument("--set", choices=sorted(SETS), default="second", help="which candidates (first or second probe)")
+    parser.add_argument("--beside-reps", type=int, default=3, help="repetitions of each beside-compute measurement")
+    parser.add_argument("--both-slots", default="scattered", help="host slots of the load + backup group (scattered, runs)")
     parser.add_argument("--switch-interval", type=float, default=None,
                         help="sys.setswitchinterval for the beside-compute group (seconds; default Python's 0.005)")
     parser.add_argument("--skip", default="", help="comma-separated groups to skip (load61,backup,both,beside)")
@@ -233,7 +250,8 @@ def main() -> int:
 
     # --- load + backup at once, scattered slots -------------------------------------------------
     if "both" not in skip:
-        beside = tg.backup_sets_beside(args, page_sets, slot_sets["scattered"], scattered=True)
+        kind = args.both_slots
+        beside = tg.backup_sets_beside(args, page_sets, slot_sets[kind], scattered=kind == "scattered")
         backup_bytes = statistics.mean(p.numel() for p, _ in beside) * spec.page_bytes
         nbytes = int(transfer_bytes + backup_bytes)
         for layout in hosts:
@@ -243,11 +261,12 @@ def main() -> int:
                 def issue(i, le=le, be=be, lo=load_options, bo=backup_options):
                     k = i % sets
                     bh = be.backup(*beside[k], options=bo)
-                    lh = le.load(slot_sets["scattered"][k], page_sets[k], options=lo)
+                    lh = le.load(slot_sets[kind][k], page_sets[k], options=lo)
                     return [bh.event, lh]
                 t = tg.measure(issue, b.reps)
-                add(f"both {name} {layout} scattered", nbytes, t, group="both", path=name, layout=layout, slots="scattered",
+                add(f"both {name} {layout} {kind}", nbytes, t, group="both", path=name, layout=layout, slots=kind,
                     vs_one_direction=nbytes / t["ms"] / 1e6 / max(h2d["gbps"], d2h["gbps"]))
+                print("    each rep (ms):", " ".join(f"{ms:.1f}" for ms in t["ms_each"]), flush=True)
         save()
 
     # --- beside compute ---------------------------------------------------------------------------
@@ -260,7 +279,7 @@ def main() -> int:
         tg.BESIDE = table
         if args.switch_interval is not None:
             sys.setswitchinterval(args.switch_interval)
-        tg.beside_compute(b, keyed, hosts, page_sets, slot_sets, sets)
+        tg.beside_compute(b, keyed, hosts, page_sets, slot_sets, sets, reps=args.beside_reps)
     save(done=True)
     print(f"wrote {args.out} in {time.perf_counter() - started:.0f} s")
     for host in hosts.values():

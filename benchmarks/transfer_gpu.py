@@ -80,7 +80,7 @@ def measure(issue, reps: int, warmup: int = 2) -> dict:
             issue_ms.append((t1 - t0) * 1e3)
             caller_cpu.append((c1 - c0) * 1e3)
             cpu.append((p1 - p0) * 1e3)
-    return {"ms": statistics.median(device_ms), "ms_min": min(device_ms), "ms_max": max(device_ms),
+    return {"ms": statistics.median(device_ms), "ms_min": min(device_ms), "ms_max": max(device_ms), "ms_each": device_ms,
             "issue_ms": statistics.median(issue_ms), "caller_cpu_ms": statistics.median(caller_cpu),
             "cpu_ms": statistics.median(cpu)}
 

@@ -231,22 +231,34 @@ def id_sets(args, sets: int) -> tuple[list[torch.Tensor], dict[str, list[torch.T
                        "runs of 16": [runs_of(16) for _ in range(sets)]}
 
 
-#: Item 1's candidates, (name, path, options): copy engines only with staged layer blocks (page
-#: pitched rows), the UVA kernel with fewer CTAs, batched copies from the caller's thread or from
-#: library issue threads.
-VARIANTS = [
-    ("ce blocks 8 on 1 issue thread", "mixed", TransferOptions(load_split=LoadSplit(1.0, layers_per_copy=8), issue_threads=1)),
-    ("ce 0.8 blocks 8 ramp + kernel 0.2", "mixed",
-     TransferOptions(load_split=LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True), issue_threads=1)),
-    ("kernel 0.7 + batch 0.3 on 1 thread", "mixed",
-     TransferOptions(load_split=LoadSplit(0.3, ce_path="batch", kernel_blocks=8, ramp=True), issue_threads=1)),
-    ("kernel 0.6 + batch 0.4 on 1 thread", "mixed",
-     TransferOptions(load_split=LoadSplit(0.4, ce_path="batch", kernel_blocks=8, ramp=True), issue_threads=1)),
-    ("kernel per layer", "kernel", TransferOptions(load_split=LoadSplit())),
-    ("kernel 8 ctas", "kernel", TransferOptions(num_ctas=8)),
-    ("mixed backup ce 0.15", "mixed", TransferOptions(backup_ce_fraction=0.15)),
-    ("batch 4 issue threads", "batch", TransferOptions(issue_threads=4)),
-]
+#: Candidate loads by name, (path, options), shared by the variants and the beside-compute groups.
+CANDIDATES = {
+    "ce blocks 8 on 1 issue thread": ("mixed", TransferOptions(load_split=LoadSplit(1.0, layers_per_copy=8), issue_threads=1)),
+    "ce 0.8 blocks 8 ramp + kernel 0.2": (
+        "mixed", TransferOptions(load_split=LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True), issue_threads=1)),
+    "kernel 0.7 + batch 0.3 on 1 thread": (
+        "mixed", TransferOptions(load_split=LoadSplit(0.3, ce_path="batch", kernel_blocks=8, ramp=True), issue_threads=1)),
+    "kernel 0.6 + batch 0.4 on 1 thread": (
+        "mixed", TransferOptions(load_split=LoadSplit(0.4, ce_path="batch", kernel_blocks=8, ramp=True), issue_threads=1)),
+    "kernel per layer": ("kernel", TransferOptions(load_split=LoadSplit())),
+    "kernel 8 ctas": ("kernel", TransferOptions(num_ctas=8)),
+    "kernel on 1 issue thread": ("kernel", TransferOptions(issue_threads=1)),
+    "mixed caller thread": ("mixed", TransferOptions(issue_threads=0)),
+    "mixed backup ce 0.15": ("mixed", TransferOptions(backup_ce_fraction=0.15)),
+    "batch 4 issue threads": ("batch", TransferOptions(issue_threads=4)),
+}
+
+
+def _named(*names: str) -> list[tuple[str, str, TransferOptions]]:
+    return [(name, *CANDIDATES[name]) for name in names]
+
+
+#: Item 1's candidates, (name, path, options): copy engines with staged layer blocks (page pitched
+#: rows), beside a kernel share, the kernel with batch shares, per layer or with fewer CTAs, mixed
+#: backups, batched copies from library issue threads.
+VARIANTS = _named("ce blocks 8 on 1 issue thread", "ce 0.8 blocks 8 ramp + kernel 0.2", "kernel 0.7 + batch 0.3 on 1 thread",
+                  "kernel 0.6 + batch 0.4 on 1 thread", "kernel per layer", "kernel 8 ctas", "mixed backup ce 0.15",
+                  "batch 4 issue threads")
 
 
 def backup_sets_beside(args, page_sets, load_slot_sets, *, scattered: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -509,19 +521,10 @@ def concurrent_section(b, args, engines, hosts, page_sets, slot_sets, sets, tran
 
 
 #: Beside compute: (name, path, options) of the loads timed beside the model's matmuls.
-BESIDE = [("auto", "auto", None), ("kernel", "kernel", None),
-          ("kernel per layer", "kernel", TransferOptions(load_split=LoadSplit())),
-          ("kernel on 1 issue thread", "kernel", TransferOptions(issue_threads=1)),
-          ("mixed caller thread", "mixed", TransferOptions(issue_threads=0)),
-          ("ce blocks 8 on 1 issue thread", "mixed",
-           TransferOptions(load_split=LoadSplit(1.0, layers_per_copy=8), issue_threads=1)),
-          ("ce 0.8 blocks 8 ramp + kernel 0.2", "mixed",
-           TransferOptions(load_split=LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True), issue_threads=1)),
-          ("kernel 0.7 + batch 0.3 on 1 thread", "mixed",
-           TransferOptions(load_split=LoadSplit(0.3, ce_path="batch", kernel_blocks=8, ramp=True), issue_threads=1)),
-          ("kernel 0.6 + batch 0.4 on 1 thread", "mixed",
-           TransferOptions(load_split=LoadSplit(0.4, ce_path="batch", kernel_blocks=8, ramp=True), issue_threads=1)),
-          ("batch 4 issue threads", "batch", TransferOptions(issue_threads=4))]
+BESIDE = [("auto", "auto", None), ("kernel", "kernel", None)] + _named(
+    "kernel per layer", "kernel on 1 issue thread", "mixed caller thread", "ce blocks 8 on 1 issue thread",
+    "ce 0.8 blocks 8 ramp + kernel 0.2", "kernel 0.7 + batch 0.3 on 1 thread", "kernel 0.6 + batch 0.4 on 1 thread",
+    "batch 4 issue threads")
 
 
 def beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps: int = 3) -> None:

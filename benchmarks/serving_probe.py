@@ -152,7 +152,16 @@ THIRD_BESIDE = [
     ("ce 0.8 blocks 8 ramp + kernel 0.2 blocks", "mixed", TransferOptions(load_split=PF_MIX, issue_threads=1), {}),
     ("kernel 0.7 blocks + batch 0.3 on 1 thread", "mixed", TransferOptions(load_split=LF_MIX3, issue_threads=1), {}),
 ]
+#: Fourth probe: beside compute only, after one event per kernel block (fewer records on the
+#: issuing thread), with more repetitions.
+FOURTH_BESIDE = [
+    ("auto", "auto", None, {}),
+    ("kernel", "kernel", None, {}),
+    ("kernel 8 ctas", "kernel", TransferOptions(num_ctas=8), {}),
+    ("kernel on 1 issue thread", "kernel", TransferOptions(issue_threads=1), {}),
+]
 SETS = {"first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
+        "fourth": ([], [], [], FOURTH_BESIDE),
         "second": (SECOND_LOADS, SECOND_BACKUPS, SECOND_BOTH, SECOND_BESIDE),
         "third": ([], [], THIRD_BOTH, THIRD_BESIDE)}
 

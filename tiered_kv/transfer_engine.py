@@ -19,8 +19,9 @@ Rules this module keeps:
   library thread has not issued yet waits on the CPU until it has (never on the device).
 - Validation (``tiered_kv.transfer.validate``) runs on CPU copies of the ids before anything is
   enqueued, so no call forces a device sync and a rejected call writes nothing.
-- A load records one CUDA event per layer after *every* component of that layer (latent and
-  indexer) has landed; ``wait_layer(i)`` waits on exactly that event.
+- A load records a CUDA event for each layer after *every* component of that layer (latent and
+  indexer) has landed; ``wait_layer(i)`` waits on exactly that event (layers that land together,
+  a kernel block, share one).
 - A backup returns a completion (``done()`` / ``query()``) that never blocks; host slots and
   device pages it touches are to be released only through it.
 - On a CPU machine the same calls run the copy at once and return completed handles.
@@ -120,7 +121,8 @@ class _Issued:
 
 
 class LoadHandle:
-    """A load in flight: one CUDA event per loaded layer (None on CPU, where it is complete)."""
+    """A load in flight: a CUDA event per loaded layer, shared by layers that land together (None
+    on CPU, where it is complete)."""
 
     def __init__(self, device: torch.device, layers: Sequence[int], events: dict[int, torch.cuda.Event] | None,
                  copy: PageCopy, path: str, issued: _Issued | None = None) -> None:
@@ -287,7 +289,7 @@ class _Load:
     copy: PageCopy
     split: LoadSplit
     options: TransferOptions
-    events: dict[int, torch.cuda.Event] = field(default_factory=dict)
+    events: dict[int, torch.cuda.Event] = field(default_factory=dict)  # layer -> its event, once issued
     issued: _Issued | None = None
     load_stream: torch.cuda.Stream | None = None
     uva: tuple | None = None  # the kernel half, uploaded: (stream, plans, tables, slots, pages, block of
@@ -327,9 +329,13 @@ class _Load:
                 self.load_stream.wait_event(joined)
         if not engine.on_gpu:
             return
+        # One event for the layers that land together (a kernel block): fewer records on the
+        # issuing thread, which a model waiting on layer 0 waits for.
+        event = torch.cuda.Event(enable_timing=engine._timing)
+        event.record(self.load_stream)
         for i in indices:
             layer = self.layers[i]
-            self.events[layer].record(self.load_stream)
+            self.events[layer] = event
             if self.issued is not None:
                 self.issued.layer(layer)
 
@@ -717,7 +723,7 @@ class TransferEngine:
             return LoadHandle(self.device, layers, None, copy, name)
         threads = min(issue_threads(name, len(layers), options), len(layers)) if len(copy) else 0
         with torch.cuda.device(self.device):
-            job.events = {layer: torch.cuda.Event(enable_timing=self._timing) for layer in layers}
+            job.events = {}  # filled by ``finish_layer`` as each layer (or block of layers) is issued
             caller = torch.cuda.current_stream(self.device)
             if threads:
                 self._load_on_threads(job, name, threads, caller)

@@ -119,7 +119,7 @@ def test_a_write_flood_does_not_delay_a_waiting_prefetch(tmp_path):
     try:
         flood_slots = s.host.allocate(flood_pages)
         _prefetch_latency(s, chains[-1], "warm-up")  # first reads open files, fill caches
-        idle, busy = [], []
+        idle, busy, behind = [], [], []
         # A collection of the whole suite's objects takes milliseconds: not part of what is timed.
         gc.collect()
         gc.disable()
@@ -134,10 +134,15 @@ def test_a_write_flood_does_not_delay_a_waiting_prefetch(tmp_path):
             puts = [s.controller.put_from(keys[j:j + 16], flood_slots[j:j + 16]) for j in range(0, flood_pages, 16)]
             time.sleep(0.002)  # the flood is under way
             busy.append(_prefetch_latency(s, chains[runs + i], ("busy", i)))
+            # Served ahead of the flood's queue: writes of the flood are still waiting when the
+            # prefetch is done (a read queued behind the flood would find none left).
+            behind.append(sum(not f.done() for f in puts))
             assert all(all(f.result(30)) for f in puts)  # the flood did land, after the reads
         gc.enable()
         idle_ms, busy_ms = statistics.median(idle) * 1e3, statistics.median(busy) * 1e3
-        assert busy_ms <= 2 * idle_ms, f"prefetch {busy_ms:.2f} ms under a write flood vs {idle_ms:.2f} ms idle"
+        ahead = sum(n > 0 for n in behind)
+        assert ahead >= runs - 2, (f"prefetches done before the flood's queue drained in {ahead} of {runs} rounds "
+                                   f"(writes left {behind}; prefetch {busy_ms:.2f} ms flooded, {idle_ms:.2f} ms idle)")
     finally:
         gc.enable()
         s.host.free(flood_slots)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -129,6 +130,14 @@ class PageCopy:
 
     def __len__(self) -> int:
         return self.device_pages.numel()
+
+    @cached_property
+    def scattered(self) -> bool:
+        """Whether the host slots count as scattered (``transfer_policy.is_scattered``), computed
+        once per copy: the path choice, the load split and a mixed backup all ask."""
+        from .transfer_policy import is_scattered
+
+        return is_scattered(self.host_slots)
 
 
 def validate(device_pool: DevicePool, host_pool: HostPool, device_pages: IdsLike, host_slots: IdsLike,

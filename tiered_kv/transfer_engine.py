@@ -69,9 +69,23 @@ from .transfer_policy import (
     choose_backup_split,
     choose_path,
     choose_split,
-    is_scattered,
     issue_threads,
 )
+
+
+@dataclass
+class _KernelHalf:
+    """A load's UVA half, uploaded: one plan and table per block of layers, the ids, which block
+    each layer index is in and each block's last index, and the indices waiting for their block."""
+
+    stream: torch.cuda.Stream | None
+    plans: list
+    tables: list[torch.Tensor]
+    slots: torch.Tensor
+    pages: torch.Tensor
+    block_of: list[int]
+    last_of: list[int]
+    waiting: list[int] = field(default_factory=list)
 
 
 class _Issued:
@@ -292,9 +306,7 @@ class _Load:
     events: dict[int, torch.cuda.Event] = field(default_factory=dict)  # layer -> its event, once issued
     issued: _Issued | None = None
     load_stream: torch.cuda.Stream | None = None
-    uva: tuple | None = None  # the kernel half, uploaded: (stream, plans, tables, slots, pages, block of
-    # each layer index, last index of each block)
-    _waiting: list[int] = field(default_factory=list)  # layer indices whose kernel block is not launched yet
+    uva: _KernelHalf | None = None
 
     def __post_init__(self) -> None:
         if self.engine.on_gpu and self.load_stream is None:
@@ -314,14 +326,15 @@ class _Load:
         if self.uva is not None:
             from .kernels.uva_copy import launch_uva
 
-            stream, plans, tables, slots, pages, block_of, last_of = self.uva
-            self._waiting.append(index)
-            block = block_of[index]
-            if index != last_of[block]:
+            half = self.uva
+            stream = half.stream
+            half.waiting.append(index)
+            block = half.block_of[index]
+            if index != half.last_of[block]:
                 return
-            indices, self._waiting = self._waiting, []
+            indices, half.waiting = half.waiting, []
             with torch.cuda.stream(stream) if stream is not None else _nothing():
-                launch_uva(plans[block], tables[block], slots, pages, num_ctas=self.options.num_ctas)
+                launch_uva(half.plans[block], half.tables[block], half.slots, half.pages, num_ctas=self.options.num_ctas)
             if stream is not None and stream is not self.load_stream:
                 # The layer is complete only once both halves of it have landed.
                 joined = engine._uva_done[block % len(engine._uva_done)]
@@ -353,10 +366,9 @@ class _Load:
         with torch.cuda.stream(stream) if stream is not None else _nothing():
             uploaded = upload(device, [p.table for p in plans] + list(kernel_part))
         if len(kernel_part[0]):
-            block_of = [b for b, block in enumerate(blocks) for _ in block]
-            last_of = [block[-1] for block in blocks]
-            self._waiting = []
-            self.uva = (stream, plans, uploaded[:-2], uploaded[-2], uploaded[-1], block_of, last_of)
+            self.uva = _KernelHalf(stream, plans, uploaded[:-2], uploaded[-2], uploaded[-1],
+                                   block_of=[b for b, block in enumerate(blocks) for _ in block],
+                                   last_of=[block[-1] for block in blocks])
 
     def staged_half(self, ce_ids, ce_components) -> None:
         """Copy engines into the staging ring, scattered by its kernel on ``load_stream``; blocks
@@ -419,15 +431,20 @@ class CopyPath:
 
     ``backup(job)``: enqueue (GPU) or run (CPU) the copy of every layer of ``job.copy`` and set
     ``job.done_on``. ``load(job)``: the same for ``job.layers``, calling ``job.finish_layer(i)``
-    after each layer. ``name`` is the path's name in ``PATHS`` (what the handles report).
+    after each layer; ``load_split`` gives the ``LoadSplit`` the load's job carries. ``name`` is
+    the path's name in ``PATHS`` (what the handles report).
     """
 
     name = ""
-    #: The path a backup of this path's name takes (``mixed`` backs up through ``staged``).
-    backup_as: str | None = None
 
     def backup(self, job: _Backup) -> None:
         raise NotImplementedError
+
+    def load_split(self, engine: "TransferEngine", num_layers: int, options: TransferOptions,
+                   copy: PageCopy | None) -> LoadSplit:
+        """The split a load of ``num_layers`` layers through this path takes (``copy`` only when
+        ``auto`` chose the path: its slots may count as scattered)."""
+        return options.load_split or LoadSplit()
 
     def load(self, job: _Load) -> None:
         raise NotImplementedError
@@ -459,6 +476,9 @@ class KernelPath(CopyPath):
     """The Triton UVA kernel: one launch for a backup, one per layer for a load (one upload)."""
 
     name = "kernel"
+
+    def load_split(self, engine, num_layers, options, copy) -> LoadSplit:
+        return options.load_split or KERNEL_LOADS
 
     def backup(self, job: _Backup) -> None:
         job.done_on = job.stream("backup_stream")
@@ -517,6 +537,10 @@ class StagedPath(CopyPath):
 
     name = "staged"
 
+    def load_split(self, engine, num_layers, options, copy) -> LoadSplit:
+        # The copy engines take every page; the split's blocks and streams still apply.
+        return replace(engine._load_split(num_layers, options, copy), ce_fraction=1.0, by="pages")
+
     def backup(self, job: _Backup) -> None:
         job.done_on = job.stream("backup_copy_stream")
         job.engine.staging_copier("backup").to_host(job.pairs, job.copy.device_pages, job.copy.host_slots,
@@ -535,9 +559,12 @@ class MixedPath(StagedPath):
 
     name = "mixed"
 
+    def load_split(self, engine, num_layers, options, copy) -> LoadSplit:
+        return engine._load_split(num_layers, options, copy)
+
     def backup(self, job: _Backup) -> None:
         engine = job.engine
-        split = choose_backup_split(dense_host_rows=engine._dense_host_rows, scattered=is_scattered(job.copy.host_slots),
+        split = choose_backup_split(dense_host_rows=engine._dense_host_rows, scattered=job.copy.scattered,
                                     has_batch=engine._has_batch)
         if job.options.backup_ce_fraction is not None:
             split = BackupSplit(job.options.backup_ce_fraction, split.kernel_ctas if split is not None else None)
@@ -549,15 +576,13 @@ class MixedPath(StagedPath):
         from .kernels.batch_copy import plan_copy_list, run_copy_list
 
         # Both halves in host-slot order, so the copy engines' share keeps whatever runs exist.
-        order = torch.argsort(job.copy.host_slots, stable=True)
-        slots, pages = job.copy.host_slots[order], job.copy.device_pages[order]
-        k = int(round(fraction * len(slots)))
+        (kernel_slots, kernel_pages), (ce_slots, ce_pages) = engine._split(job.copy, "mixed", fraction)
         kernel_stream, copy_stream = job.stream("backup_stream"), job.stream("backup_copy_stream")
-        if k < len(slots):
+        if len(kernel_slots):
             with torch.cuda.stream(kernel_stream) if kernel_stream is not None else _nothing():
-                engine._uva(engine._plan("backup", job.pairs), pages[k:], slots[k:], ctas)
-        if k:
-            copies = plan_copy_list(job.pairs, pages[:k], slots[:k])
+                engine._uva(engine._plan("backup", job.pairs), kernel_pages, kernel_slots, ctas)
+        if len(ce_slots):
+            copies = plan_copy_list(job.pairs, ce_pages, ce_slots)
             run_copy_list(copies, stream=copy_stream, on_gpu=engine.on_gpu, flags=job.options.batch_flags)
         job.done_on = kernel_stream
         if kernel_stream is not None:
@@ -671,8 +696,6 @@ class TransferEngine:
         """
         copy = validate(self.device_pool, self.host_pool, device_pages, host_slots, to_host=True, token_indices=token_indices)
         name = self._choose(path, copy, to_host=True)
-        chosen = COPY_PATHS[name]
-        name = chosen.backup_as or name
         job = _Backup(self, copy, options or self.options)
         if not self.on_gpu:
             if len(copy):
@@ -710,12 +733,7 @@ class TransferEngine:
         copy = validate(self.device_pool, self.host_pool, device_pages, host_slots, to_host=False, token_indices=token_indices)
         auto = (path or self.path) == "auto"
         name = self._choose(path, copy, to_host=False, single_layer=len(layers) == 1)
-        if name in ("mixed", "staged"):
-            split = self._load_split(len(layers), options, copy if auto else None)
-        else:
-            split = options.load_split or (KERNEL_LOADS if name == "kernel" else LoadSplit())
-        if name == "staged":
-            split = replace(split, ce_fraction=1.0, by="pages")
+        split = COPY_PATHS[name].load_split(self, len(layers), options, copy if auto else None)
         job = _Load(self, layers, copy, split, options)
         if not self.on_gpu:
             if len(copy):
@@ -785,7 +803,7 @@ class TransferEngine:
         """How a ``mixed`` load of ``num_layers`` layers is split now (``choose_split``); ``copy``
         only for loads whose path ``auto`` chose (their slots may count as scattered)."""
         backup_running = self._last_backup is not None and not self._last_backup.query()
-        scattered = copy is not None and is_scattered(copy.host_slots)
+        scattered = copy is not None and copy.scattered
         return choose_split(dense_host_rows=self._dense_host_rows, num_layers=num_layers, backup_in_flight=backup_running,
                             scattered=scattered, has_batch=self._has_batch, options=options or self.options)
 
@@ -843,7 +861,7 @@ class TransferEngine:
         if not self.on_gpu or len(copy) == 0:
             return "torch"
         return choose_path(copy.host_slots, copy.device_pages, to_host=to_host, single_layer=single_layer,
-                           has_batch=self._has_batch, dense_host_rows=self._dense_host_rows)
+                           has_batch=self._has_batch, dense_host_rows=self._dense_host_rows, scattered=copy.scattered)
 
     # --- helpers ---------------------------------------------------------------------------------
     def _plan(self, key, pairs):

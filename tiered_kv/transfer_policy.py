@@ -157,9 +157,9 @@ SCATTERED_LOADS = {False: LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ram
 #: The same beside a backup in flight: ``page_first`` loads keep to the copy engines (UVA reads
 #: would cut into the backup), ``layer_first`` keeps its split (a staged copy-engine load of
 #: scattered dense rows is 8-11 GB/s).
-SCATTERED_LOADS_BESIDE_BACKUP = {False: LoadSplit(1.0, layers_per_copy=8), True: SCATTERED_LOADS[True]}
+SCATTERED_LOADS_BESIDE_BACKUP = {False: MIXED_LOADS_BESIDE_BACKUP[False], True: SCATTERED_LOADS[True]}
 #: Without batched copies (runtime or driver before 12.8): the kernel alone, ramped blocks.
-SCATTERED_LOADS_WITHOUT_BATCH = LoadSplit(0.0, kernel_blocks=8, ramp=True)
+SCATTERED_LOADS_WITHOUT_BATCH = replace(KERNEL_LOADS, ce_fraction=0.0)
 #: Library threads that issue a ``batch`` load of several layers, each on its own stream, ordered
 #: after the caller's stream by an event (1 024 row copies per NSA layer at about 1 us of CPU each:
 #: one thread issues a 61-layer load in 96 ms, four in 27 ms, under its 30 ms of copying).
@@ -212,7 +212,7 @@ def is_scattered(host_slots: torch.Tensor) -> bool:
 
 def choose_path(host_slots: torch.Tensor, device_pages: torch.Tensor, *, to_host: bool,
                 single_layer_batch: bool = False, dense_host_rows: bool | None = None,
-                single_layer: bool | None = None, has_batch: bool | None = None) -> str:
+                single_layer: bool | None = None, has_batch: bool | None = None, scattered: bool | None = None) -> str:
     """The ``auto`` rule for a GPU transfer, from how the ids run (CPU tensors, no device work).
 
     Args:
@@ -221,12 +221,14 @@ def choose_path(host_slots: torch.Tensor, device_pages: torch.Tensor, *, to_host
         single_layer: a load of one layer alone (default: ``single_layer_batch``).
         has_batch: batched copies can run (default: ``single_layer_batch``).
         single_layer_batch: both of the above (the older form of the call).
+        scattered: ``is_scattered(host_slots)`` when the caller has it already.
     """
     from .kernels import find_runs
 
     single = single_layer_batch if single_layer is None else single_layer
     batch = single_layer_batch if has_batch is None else has_batch
-    scattered = is_scattered(host_slots)
+    if scattered is None:
+        scattered = is_scattered(host_slots)
     if not scattered and find_runs(host_slots, device_pages).mean_length >= DIRECT_MIN_MEAN_RUN:
         return "direct"
     if scattered and dense_host_rows is None:

@@ -14,34 +14,23 @@ from .errors import ConfigError
 from .sizes import parse_size
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def _number(name: str, convert, accept, expected: str):
+    """An argument type: ``convert`` the text, then ``accept`` the value, else one line naming it."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not accept(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+    parse.__name__ = name  # argparse names the type in some messages
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
+positive_int = _number("positive_int", int, lambda v: v > 0, "a positive integer")
+non_negative_int = _number("non_negative_int", int, lambda v: v >= 0, "an integer >= 0")
+positive_float = _number("positive_float", float, lambda v: 0 < v < math.inf, "a number > 0")
 
 
 def positive_size(text: str) -> int:

@@ -47,7 +47,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -474,23 +474,16 @@ class StagedCopier:
             self._batch_copies(shares, buffer_addr, to_device, streams)
             return
         if self._on_gpu:
-            primary, extra = streams[0], streams[1:]
-            if extra:  # the extra streams start after everything the primary waited for
-                self._fork.record(primary)
-                for stream in extra:
-                    stream.wait_event(self._fork)
-            for stream, share in zip(streams, shares):
-                handle = stream.cuda_stream
-                # Long runs (the batch was not worth it): few copies, so a loop over Python ints.
-                for host_addr, host_pitch, offset, stage_pitch, width, height, _ in share.tolist():
-                    stage_addr = buffer_addr + offset
-                    if to_device:
-                        cudart.memcpy_2d_async(stage_addr, stage_pitch, host_addr, host_pitch, width, height, handle)
-                    else:
-                        cudart.memcpy_2d_async(host_addr, host_pitch, stage_addr, stage_pitch, width, height, handle)
-            for stream, joined in zip(extra, self._join):
-                joined.record(stream)
-                primary.wait_event(joined)
+            with self._forked(streams):
+                for stream, share in zip(streams, shares):
+                    handle = stream.cuda_stream
+                    # Long runs (the batch was not worth it): few copies, so a loop over Python ints.
+                    for host_addr, host_pitch, offset, stage_pitch, width, height, _ in share.tolist():
+                        stage_addr = buffer_addr + offset
+                        if to_device:
+                            cudart.memcpy_2d_async(stage_addr, stage_pitch, host_addr, host_pitch, width, height, handle)
+                        else:
+                            cudart.memcpy_2d_async(host_addr, host_pitch, stage_addr, stage_pitch, width, height, handle)
             return
         # CPU: the same copies (and the same split) through torch views of the host memory.
         storage_addr = self._storage.data_ptr()
@@ -514,14 +507,21 @@ class StagedCopier:
                 if len(share):
                     run_copy_list(self._copy_list(share, buffer_addr, to_device), on_gpu=False)
             return
+        with self._forked(streams):
+            for stream, share in zip(streams, shares):
+                if len(share):
+                    run_copy_list(self._copy_list(share, buffer_addr, to_device), stream=stream, on_gpu=True)
+
+    @contextmanager
+    def _forked(self, streams):
+        """The extra copy streams start after everything the first one waited for, and the first
+        one waits for them at the end (so every event of a unit stays on it)."""
         primary, extra = streams[0], streams[1:]
         if extra:
             self._fork.record(primary)
             for stream in extra:
                 stream.wait_event(self._fork)
-        for stream, share in zip(streams, shares):
-            if len(share):
-                run_copy_list(self._copy_list(share, buffer_addr, to_device), stream=stream, on_gpu=True)
+        yield
         for stream, joined in zip(extra, self._join):
             joined.record(stream)
             primary.wait_event(joined)

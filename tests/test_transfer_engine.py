@@ -16,7 +16,7 @@ if not torch.cuda.is_available():  # kernels through Triton's interpreter on CPU
 
 import pytest  # noqa: E402
 
-from tiered_kv import HostPool, IndexValidationError, SpecMismatchError, nsa_spec  # noqa: E402
+from tiered_kv import ConfigError, HostPool, IndexValidationError, SpecMismatchError, nsa_spec  # noqa: E402
 from tiered_kv.transfer import PageCopy, backup_pairs, load_pairs  # noqa: E402
 from tiered_kv.transfer_engine import (  # noqa: E402
     COPY_PATHS,
@@ -197,7 +197,7 @@ def test_component_split_sends_the_largest_component_to_the_copy_engines():
 @pytest.mark.parametrize("bad", [{"by": "layers"}, {"ce_fraction": 1.5}, {"copy_streams": 0}, {"copy_streams": 99},
                                  {"unit_rows": 0}, {"layers_per_copy": 0}, {"kernel_blocks": 0}, {"ce_path": "dma"}])
 def test_load_split_rejects_nonsense(bad):
-    with pytest.raises(ValueError, match="LoadSplit"):
+    with pytest.raises(ConfigError, match="LoadSplit"):
         LoadSplit(**bad)
 
 
@@ -267,10 +267,10 @@ def test_pools_of_different_specs_are_rejected():
 
 def test_unknown_path_is_rejected():
     device, host = _pools()
-    with pytest.raises(ValueError, match="unknown transfer path"):
+    with pytest.raises(ConfigError, match="unknown transfer path"):
         TransferEngine(device.pool, host, path="fast")
     engine = TransferEngine(device.pool, host)
-    with pytest.raises(ValueError, match="unknown transfer path"):
+    with pytest.raises(ConfigError, match="unknown transfer path"):
         engine.backup([1], [0], path="nope")
 
 
@@ -343,7 +343,7 @@ def test_scattered_splits_follow_the_policy():
 
 @pytest.mark.parametrize("bad", [{"ce_fraction": -0.1}, {"backup_ce_fraction": 1.5}, {"num_ctas": 0}, {"issue_threads": -1}, {"issue_threads": 99}])
 def test_options_reject_nonsense(bad):
-    with pytest.raises(ValueError, match="TransferOptions"):
+    with pytest.raises(ConfigError, match="TransferOptions"):
         TransferOptions(**bad)
 
 

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .device_pool import DevicePool
-from .errors import IndexValidationError, PoolError, SpecMismatchError
+from .errors import ConfigError, IndexValidationError, PoolError, SpecMismatchError
 from .host_pool import HostPool
 from .kernels import copy_pages_reference
 from .transfer import IdsLike, PageCopy, backup_pairs, load_pairs, validate
@@ -792,7 +792,7 @@ class TransferEngine:
 
     def _issue_threads(self, count: int) -> _IssueThreads:
         if count > MAX_ISSUE_THREADS:
-            raise ValueError(f"at most {MAX_ISSUE_THREADS} issue threads, asked for {count}")
+            raise ConfigError(f"at most {MAX_ISSUE_THREADS} issue threads, asked for {count}")
         if self._issuer is None or len(self._issuer) < count:
             self.close()
             self._issuer = _IssueThreads(self.device, count, self._load_priority)
@@ -851,7 +851,7 @@ class TransferEngine:
     @staticmethod
     def _check_path(path: str) -> None:
         if path not in PATHS:
-            raise ValueError(f"unknown transfer path {path!r}; choose one of {PATHS}")
+            raise ConfigError(f"unknown transfer path {path!r}; choose one of {PATHS}")
 
     def _choose(self, path: str | None, copy: PageCopy, *, to_host: bool, single_layer: bool = False) -> str:
         path = path or self.path

@@ -15,6 +15,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from .errors import ConfigError
+
 PATHS = ("auto", "kernel", "direct", "batch", "staged", "mixed", "torch")
 
 #: Stream priority of loads (``TransferEngine(high_priority_loads=True)``): below any device's
@@ -64,12 +66,12 @@ class LoadSplit:
 
     def __post_init__(self) -> None:
         if self.by not in ("pages", "components") or not 0.0 <= self.ce_fraction <= 1.0:
-            raise ValueError(f"LoadSplit needs by 'pages' or 'components' and 0 <= ce_fraction <= 1: {self}")
+            raise ConfigError(f"LoadSplit needs by 'pages' or 'components' and 0 <= ce_fraction <= 1: {self}")
         if self.ce_path not in ("staged", "batch"):
-            raise ValueError(f"LoadSplit.ce_path must be 'staged' or 'batch': {self}")
+            raise ConfigError(f"LoadSplit.ce_path must be 'staged' or 'batch': {self}")
         rows_ok = self.unit_rows is None or self.unit_rows >= 1
         if not 1 <= self.copy_streams <= MAX_COPY_STREAMS or min(self.layers_per_copy, self.kernel_blocks) < 1 or not rows_ok:
-            raise ValueError(f"LoadSplit needs 1..{MAX_COPY_STREAMS} copy streams, positive unit_rows and layers: {self}")
+            raise ConfigError(f"LoadSplit needs 1..{MAX_COPY_STREAMS} copy streams, positive unit_rows and layers: {self}")
 
 
 #: ``mixed`` loads by (host rows dense, several layers), measured on the H200 (docs/benchmarks.md,
@@ -192,11 +194,11 @@ class TransferOptions:
         for name in ("ce_fraction", "backup_ce_fraction"):
             value = getattr(self, name)
             if value is not None and not 0.0 <= value <= 1.0:
-                raise ValueError(f"TransferOptions.{name} must be in [0, 1]: {self}")
+                raise ConfigError(f"TransferOptions.{name} must be in [0, 1]: {self}")
         if self.num_ctas is not None and self.num_ctas < 1:
-            raise ValueError(f"TransferOptions.num_ctas must be positive: {self}")
+            raise ConfigError(f"TransferOptions.num_ctas must be positive: {self}")
         if self.issue_threads is not None and not 0 <= self.issue_threads <= MAX_ISSUE_THREADS:
-            raise ValueError(f"TransferOptions.issue_threads must be in 0..{MAX_ISSUE_THREADS}: {self}")
+            raise ConfigError(f"TransferOptions.issue_threads must be in 0..{MAX_ISSUE_THREADS}: {self}")
 
 
 #: The most library issue threads an engine starts.

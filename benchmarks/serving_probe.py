@@ -160,7 +160,17 @@ FOURTH_BESIDE = [
     ("kernel 8 ctas", "kernel", TransferOptions(num_ctas=8), {}),
     ("kernel on 1 issue thread", "kernel", TransferOptions(issue_threads=1), {}),
 ]
-SETS = {"first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
+#: Fifth probe: beside compute only, with the loss split (start delay, stalls, busy extra, layer 0),
+#: compute sized by calibration at the chosen rows.
+FIFTH_BESIDE = [
+    ("auto", "auto", None, {}),
+    ("kernel", "kernel", None, {}),
+    ("kernel 8 ctas", "kernel", TransferOptions(num_ctas=8), {}),
+    ("ce blocks 8 ramp on 1 issue thread", "mixed", TransferOptions(load_split=B8R, issue_threads=1), {}),
+    ("ce blocks 8 ramp caller thread", "mixed", TransferOptions(load_split=B8R, issue_threads=0), {}),
+    ("mixed caller thread", "mixed", TransferOptions(issue_threads=0), {}),
+]
+SETS = {"fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
         "fourth": ([], [], [], FOURTH_BESIDE),
         "second": (SECOND_LOADS, SECOND_BACKUPS, SECOND_BOTH, SECOND_BESIDE),
         "third": ([], [], THIRD_BOTH, THIRD_BESIDE)}

@@ -530,8 +530,16 @@ BESIDE = [("auto", "auto", None), ("kernel", "kernel", None)] + _named(
 def beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps: int = 3) -> None:
     """A 61-layer load consumed layer by layer by the model's stream: per layer ``wait_layer``,
     then a bf16 matmul ``[m, 4096] x [4096, 4096]`` sized to about 0.5x and 1.25x the load's own
-    time per layer. No sleep before the start event: the caller issues the load and then the
-    compute, as an engine does, so issue time on the caller's thread delays the compute."""
+    time per layer (calibrated at the chosen size: matmul time is not linear in ``m``). No sleep
+    before the start event: the caller issues the load and then the compute, as an engine does,
+    so issue time on the caller's thread delays the compute.
+
+    Besides ``hidden_fraction`` and ``compute_slowdown`` each row splits the time the load added
+    to the compute (``both_ms - compute_ms``) into where it went: ``start_delay_ms`` (the first
+    matmul's start from the start event, against alone), ``stall_ms`` (the model stream idle
+    between matmuls, waiting on layers), ``busy_extra_ms`` (the matmuls' own time beside the load
+    over alone); also ``first_layer_ms`` (layer 0's event from the start event), ``issue_ms``
+    (the caller's ``load()`` call, wall) and ``late_layers`` (layers the model waited on)."""
     spec = b.spec
     num_layers = spec.num_layers
     k = 4096
@@ -553,17 +561,25 @@ def beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps: int = 3)
         torch.cuda.synchronize()
         return s0.elapsed_time(s1) / 20
 
-    per_row = matmul_ms(8192) / 8192
+    def rows_for(per_layer_ms: float) -> int:
+        """Rows whose matmul takes ``per_layer_ms``: a linear guess, then two corrections measured
+        at the guess (a matmul's time per row shrinks as it grows)."""
+        m = 8192
+        for _ in range(3):
+            m = max(128, min(rows_max, int(round(m * per_layer_ms / matmul_ms(m) / 128)) * 128))
+        return m
 
-    def run(engine, slots_kind, i, options, m):
-        """One rep: (load handle or None, model start/end event pairs per layer, start event)."""
+    def run(engine, slots_kind, i, options, m) -> dict:
+        """One rep, every time relative to the start event (ms)."""
         torch.cuda.synchronize()
         with torch.cuda.stream(model):
             start = torch.cuda.Event(enable_timing=True)
             start.record()
             handle = None
+            t0 = time.perf_counter()
             if engine is not None:
                 handle = engine.load(slot_sets[slots_kind][i % sets], page_sets[i % sets], options=options)
+            issue_ms = (time.perf_counter() - t0) * 1e3
             marks = []
             if m:
                 for layer in range(num_layers):
@@ -577,34 +593,50 @@ def beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps: int = 3)
         if handle is not None:
             handle.synchronize()
         torch.cuda.synchronize()
-        load_ms = max(start.elapsed_time(e) for e in _end_events(handle)) if handle is not None else 0.0
-        compute_end = start.elapsed_time(marks[-1][1]) if marks else 0.0
-        busy = sum(e0.elapsed_time(e1) for e0, e1 in marks)
-        return load_ms, compute_end, busy
+        out = {"load_ms": max(start.elapsed_time(e) for e in _end_events(handle)) if handle is not None else 0.0,
+               "first_layer_ms": start.elapsed_time(handle.event(handle.layers[0])) if handle is not None else 0.0,
+               "issue_ms": issue_ms if handle is not None else 0.0}
+        if marks:
+            starts = [start.elapsed_time(e0) for e0, _ in marks]
+            ends = [start.elapsed_time(e1) for _, e1 in marks]
+            gaps = [max(0.0, s - e) for s, e in zip(starts[1:], ends[:-1])]
+            out.update(compute_end=ends[-1], busy=sum(e - s for s, e in zip(starts, ends)), start_delay=starts[0],
+                       stall=sum(gaps), late_layers=sum(g > 0.02 for g in gaps))
+        return out
 
-    def median_of(engine, slots_kind, options, m):
+    def median_of(engine, slots_kind, options, m) -> dict:
         out = [run(engine, slots_kind, i, options, m) for i in range(reps + 1)][1:]
-        return [statistics.median(v) for v in zip(*out)]
+        return {key: statistics.median(r[key] for r in out) for key in out[0]}
 
     for layout in hosts:
         for name, path, options in BESIDE:
             engine = engines[(layout, path)]
             for slots_kind in ("runs", "scattered"):
                 try:
-                    load_ms = median_of(engine, slots_kind, options, 0)[0]
+                    alone = median_of(engine, slots_kind, options, 0)
+                    load_ms = alone["load_ms"]
                     for factor in (0.5, 1.25):
-                        m = max(128, min(rows_max, int(round(factor * load_ms / num_layers / per_row / 128)) * 128))
-                        _, compute_ms, busy_alone = median_of(None, slots_kind, options, m)
-                        load_both, both_end, busy_both = median_of(engine, slots_kind, options, m)
-                        both_ms = max(load_both, both_end)
+                        m = rows_for(factor * load_ms / num_layers)
+                        compute = median_of(None, slots_kind, options, m)
+                        both = median_of(engine, slots_kind, options, m)
+                        compute_ms = compute["compute_end"]
+                        both_ms = max(both["load_ms"], both["compute_end"])
                         row = {"name": f"beside {factor}x {name} {layout} {slots_kind}", "group": "beside_compute",
                                "path": name, "layout": layout, "slots": slots_kind, "factor": factor, "rows": m,
                                "load_ms": load_ms, "compute_ms": compute_ms, "both_ms": both_ms,
+                               "compute_per_load": compute_ms / load_ms,
                                "hidden_fraction": (load_ms + compute_ms - both_ms) / load_ms,
-                               "compute_slowdown": busy_both / busy_alone}
+                               "compute_slowdown": both["busy"] / compute["busy"],
+                               "start_delay_ms": both["start_delay"] - compute["start_delay"], "stall_ms": both["stall"],
+                               "busy_extra_ms": both["busy"] - compute["busy"], "late_layers": both["late_layers"],
+                               "first_layer_ms": both["first_layer_ms"], "first_layer_alone_ms": alone["first_layer_ms"],
+                               "issue_ms": both["issue_ms"], "issue_alone_ms": alone["issue_ms"]}
                         b.results.append(row)
                         print(f"{row['name']:60s} load {load_ms:6.2f} compute {compute_ms:6.2f} both {both_ms:6.2f} ms "
-                              f"hidden {row['hidden_fraction']:5.2f} slowdown {row['compute_slowdown']:5.3f}", flush=True)
+                              f"hidden {row['hidden_fraction']:5.2f} slowdown {row['compute_slowdown']:5.3f} | "
+                              f"start {row['start_delay_ms']:5.2f} stall {row['stall_ms']:5.2f} "
+                              f"({row['late_layers']} late) busy+ {row['busy_extra_ms']:5.2f} "
+                              f"layer0 {row['first_layer_ms']:5.2f} issue {row['issue_ms']:5.2f}", flush=True)
                 except Exception as exc:  # a failed variant is reported, the others still run
                     print(f"beside {name} {layout} {slots_kind}: FAILED {exc!r}", flush=True)
 

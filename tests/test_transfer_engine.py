@@ -110,6 +110,10 @@ SPLITS = {
     "pages_ramp_blocks": LoadSplit(0.5, layers_per_copy=2, ramp=True),
     "kernel_and_ce_blocks_differ": LoadSplit(0.5, layers_per_copy=2, kernel_blocks=3, ramp=True),
     "components_kernel_blocks": LoadSplit(by="components", kernel_blocks=2),
+    "head_then_ramp_step_blocks": LoadSplit(0.5, layers_per_copy=3, kernel_blocks=2, ramp=True, ramp_step=1, head_layers=2),
+    "head_then_components": LoadSplit(by="components", head_layers=1, kernel_ctas=2),
+    "head_then_batch": LoadSplit(0.5, ce_path="batch", head_layers=3),
+    "head_longer_than_the_load": LoadSplit(1.0, head_layers=99),
 }
 
 
@@ -180,6 +184,55 @@ def test_load_blocks_ramp_up_to_their_size():
     assert [len(b) for b in _blocks(61, LoadSplit(layers_per_copy=8))] == [8] * 7 + [5]
 
 
+def test_ramp_step_grows_blocks_with_the_layer_index_across_a_head():
+    """With ``ramp_step`` a block starting at layer index j has 1 + j // ramp_step layers (up to
+    the block size), counted over the whole load: a body after a head continues the ramp."""
+    from tiered_kv.transfer_engine import _blocks
+
+    split = LoadSplit(layers_per_copy=8, ramp=True, ramp_step=5)
+    whole = _blocks(61, split)
+    assert [i for block in whole for i in block] == list(range(61))
+    assert [len(b) for b in whole][:8] == [1, 1, 1, 1, 1, 2, 2, 2]
+    assert max(len(b) for b in whole) == 8
+    for block in whole:
+        assert len(block) == min(8, 1 + block[0] // 5) or block[-1] == 60
+    body = _blocks(61 - 6, split, offset=6)
+    assert [len(b) for b in body][:3] == [2, 2, 3]  # layers 6-7, 8-9, 10-12 of the load
+    assert [i for block in body for i in block] == list(range(55))
+
+
+def test_head_layers_go_through_the_kernel_before_the_rest():
+    """A load with ``head_layers`` copies its first layers by the UVA kernel, the rest by its
+    path; every byte lands once, and a head as long as the load leaves the path one layer."""
+    spec = nsa_spec(num_layers=9, page_size=4)
+    device, host = make_device_pool(spec, 20, "cpu"), make_host_pool(spec, 16, "page_first")
+    calls = []
+    engine = TransferEngine(device.pool, host, path="staged",
+                            options=TransferOptions(load_split=LoadSplit(1.0, head_layers=4, ramp=True, ramp_step=2)))
+    from tiered_kv import transfer_engine as te
+
+    real_kernel, real_staged = te.COPY_PATHS["kernel"].load, te.COPY_PATHS["staged"].load
+
+    def spy(which, real):
+        def load(job):
+            calls.append((which, list(job.layers), job.first_index))
+            real(job)
+        return load
+
+    te.COPY_PATHS["kernel"].load = spy("kernel", real_kernel)
+    te.COPY_PATHS["staged"].load = spy("staged", real_staged)
+    try:
+        slots, pages = random_ids(7, 0, 16), random_ids(7, 1, 20)
+        pairs = [pair for layer in range(9) for pair in load_pairs(host, device.pool, layer)]
+        check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages))
+        assert calls == [("kernel", [0, 1, 2, 3], 0), ("staged", [4, 5, 6, 7, 8], 4)]
+        calls.clear()
+        engine.load(slots, pages, layers=[3])  # one layer: no head
+        assert calls == [("staged", [3], 0)]
+    finally:
+        te.COPY_PATHS["kernel"].load, te.COPY_PATHS["staged"].load = real_kernel, real_staged
+
+
 def test_component_split_sends_the_largest_component_to_the_copy_engines():
     device, host = _pools("nsa", "page_first")
     engine = TransferEngine(device.pool, host)
@@ -195,7 +248,8 @@ def test_component_split_sends_the_largest_component_to_the_copy_engines():
 
 
 @pytest.mark.parametrize("bad", [{"by": "layers"}, {"ce_fraction": 1.5}, {"copy_streams": 0}, {"copy_streams": 99},
-                                 {"unit_rows": 0}, {"layers_per_copy": 0}, {"kernel_blocks": 0}, {"ce_path": "dma"}])
+                                 {"unit_rows": 0}, {"layers_per_copy": 0}, {"kernel_blocks": 0}, {"ce_path": "dma"},
+                                 {"head_layers": -1}, {"ramp_step": 0}, {"kernel_ctas": 0}])
 def test_load_split_rejects_nonsense(bad):
     with pytest.raises(ConfigError, match="LoadSplit"):
         LoadSplit(**bad)

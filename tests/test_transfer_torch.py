@@ -152,3 +152,29 @@ def test_other_spec_and_bad_index_types():
         with pytest.raises(IndexValidationError, match="layer 5"):
             torch_load_layer(host, device, [0], [1], layer=5)
         torch_backup(device, host, [], [])  # an empty copy is fine
+
+
+@pytest.mark.parametrize("limit", [40, 100_000])  # the bitmap check and the sort check
+def test_fast_id_check_agrees_with_the_torch_check(limit):
+    """The numpy check that passes valid ids agrees, id set by id set, with the torch checks that
+    name the offending index (out of range, repeats, reserved pages)."""
+    from tiered_kv.errors import IndexValidationError
+    from tiered_kv.transfer import _check_ids, _ids_ok
+
+    generator = torch.Generator().manual_seed(7)
+    reserved = frozenset({0, 3})
+    seen = {True: 0, False: 0}
+    for _ in range(300):
+        n = int(torch.randint(1, 30, (1,), generator=generator))
+        ids = torch.randint(-2, min(limit, 45) + 2, (n,), generator=generator)
+        for unique in (True, False):
+            for res in (frozenset(), reserved):
+                ok = _ids_ok(ids, limit, unique=unique, reserved=res)
+                seen[ok] += 1
+                expect = ((ids >= 0) & (ids < limit)).all() and (not unique or ids.unique().numel() == n) \
+                    and not any(int(i) in res for i in ids)
+                assert ok == bool(expect), (ids.tolist(), unique, res)
+                if not ok:
+                    with pytest.raises(IndexValidationError):
+                        _check_ids(ids, limit, "ids", unique=unique, reserved=res)
+    assert seen[True] > 20 and seen[False] > 20

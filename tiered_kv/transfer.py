@@ -99,8 +99,30 @@ def pages_from_token_indices(token_indices: IdsLike, page_size: int) -> torch.Te
     return firsts // page_size
 
 
+def _ids_ok(ids: torch.Tensor, limit: int, *, unique: bool, reserved: frozenset[int]) -> bool:
+    """Whether ``ids`` pass ``_check_ids`` (numpy, no message): a load's validation runs before
+    its first copy, so on the model's critical path (about 10 us for 512 ids against 80 for the
+    torch checks that name the offending index)."""
+    values = ids.numpy()
+    if values.min() < 0 or values.max() >= limit:
+        return False
+    if not (unique or reserved):
+        return True
+    if limit <= 64 * values.size:  # a bitmap of the id space costs less than a sort
+        seen = np.zeros(limit, dtype=np.bool_)
+        seen[values] = True
+        if unique and np.count_nonzero(seen) != values.size:
+            return False
+        return not reserved or not seen[[p for p in reserved if 0 <= p < limit]].any()
+    if unique:
+        ordered = np.sort(values)
+        if (ordered[1:] == ordered[:-1]).any():
+            return False
+    return not reserved or not np.isin(values, np.fromiter(reserved, dtype=np.int64)).any()
+
+
 def _check_ids(ids: torch.Tensor, limit: int, what: str, *, unique: bool, reserved: frozenset[int] = frozenset()) -> None:
-    if ids.numel() == 0:
+    if ids.numel() == 0 or _ids_ok(ids, limit, unique=unique, reserved=reserved):
         return
     out = torch.nonzero((ids < 0) | (ids >= limit)).flatten()
     if out.numel():

@@ -307,6 +307,7 @@ class _Load:
     issued: _Issued | None = None
     load_stream: torch.cuda.Stream | None = None
     uva: _KernelHalf | None = None
+    first_index: int = 0  # index of ``layers[0]`` in the whole load (a body after a head): ramps continue from it
 
     def __post_init__(self) -> None:
         if self.engine.on_gpu and self.load_stream is None:
@@ -334,7 +335,7 @@ class _Load:
                 return
             indices, half.waiting = half.waiting, []
             with torch.cuda.stream(stream) if stream is not None else _nothing():
-                launch_uva(half.plans[block], half.tables[block], half.slots, half.pages, num_ctas=self.options.num_ctas)
+                launch_uva(half.plans[block], half.tables[block], half.slots, half.pages, num_ctas=self.kernel_ctas)
             if stream is not None and stream is not self.load_stream:
                 # The layer is complete only once both halves of it have landed.
                 joined = engine._uva_done[block % len(engine._uva_done)]
@@ -352,6 +353,11 @@ class _Load:
             if self.issued is not None:
                 self.issued.layer(layer)
 
+    @property
+    def kernel_ctas(self) -> int | None:
+        """The kernel half's CTA budget: the options' (a user's override), else the split's."""
+        return self.options.num_ctas if self.options.num_ctas is not None else self.split.kernel_ctas
+
     def kernel_half(self, kernel_part: tuple[torch.Tensor, torch.Tensor], components, stream) -> None:
         """Upload the kernel's tables (one per block of ``split.kernel_blocks`` layers, see
         ``_blocks``) and ids at once; ``finish_layer`` launches a block once its last layer is
@@ -360,7 +366,7 @@ class _Load:
         from .kernels.uva_copy import upload
 
         engine = self.engine
-        blocks = _blocks(len(self.layers), self.split, kernel=True)
+        blocks = _blocks(len(self.layers), self.split, kernel=True, offset=self.first_index)
         plans = [engine._load_plan(tuple(self.layers[i] for i in block), components) for block in blocks]
         device = engine.device if engine.on_gpu else torch.device("cpu")
         with torch.cuda.stream(stream) if stream is not None else _nothing():
@@ -372,23 +378,27 @@ class _Load:
 
     def staged_half(self, ce_ids, ce_components) -> None:
         """Copy engines into the staging ring, scattered by its kernel on ``load_stream``; blocks
-        of ``layers_per_copy`` layers, whose events are recorded once the whole block landed."""
+        of ``layers_per_copy`` layers, whose events are recorded once the whole block landed.
+
+        The first block is planned and enqueued before the others are planned (two calls into
+        the ring), so it starts copying while the issuing thread plans the rest."""
         engine, split = self.engine, self.split
-        blocks = _blocks(len(self.layers), split)
+        blocks = _blocks(len(self.layers), split, offset=self.first_index)
         groups = [[self.pairs(self.layers[i])[ci] for i in block for ci in ce_components] for block in blocks]
         if engine.on_gpu:
             copy_streams = [engine.load_copy_stream, *engine._load_copy_extra[:split.copy_streams - 1]]
         else:
             copy_streams = [None] * split.copy_streams
+        copier = engine.staging_copier("load")
+        for first, last in ((0, 1), (1, len(groups))) if len(groups) > 1 else ((0, len(groups)),):
+            def finish_block(b: int, first=first) -> None:
+                for index in blocks[first + b]:
+                    self.finish_layer(index)
 
-        def finish_block(b: int) -> None:
-            for index in blocks[b]:
-                self.finish_layer(index)
-
-        # One call for every layer: sorting, runs and the table upload happen once.
-        engine.staging_copier("load").to_device_groups(
-            groups, *ce_ids, copy_stream=copy_streams, kernel_stream=self.load_stream,
-            on_group_done=finish_block, unit_rows=split.unit_rows, num_ctas=split.staging_ctas)
+            # One call per part: sorting, runs and the table upload happen once per part.
+            copier.to_device_groups(
+                groups[first:last], *ce_ids, copy_stream=copy_streams, kernel_stream=self.load_stream,
+                on_group_done=finish_block, unit_rows=split.unit_rows, num_ctas=split.staging_ctas)
 
     def batched_half(self, ce_ids, ce_components) -> None:
         """Per layer, one memcpy batch straight into the pages on ``load_stream`` (split over
@@ -734,27 +744,45 @@ class TransferEngine:
         auto = (path or self.path) == "auto"
         name = self._choose(path, copy, to_host=False, single_layer=len(layers) == 1)
         split = COPY_PATHS[name].load_split(self, len(layers), options, copy if auto else None)
-        job = _Load(self, layers, copy, split, options)
+        head = min(split.head_layers, len(layers) - 1) if len(copy) and name in _PATHS_WITH_HEAD else 0
+        job = _Load(self, layers[head:], copy, replace(split, head_layers=0), options, first_index=head)
+        head_job = _Load(self, layers[:head], copy, _head_split(split), options) if head else None
         if not self.on_gpu:
+            if head_job is not None:
+                COPY_PATHS["kernel"].load(head_job)
             if len(copy):
                 COPY_PATHS[name].load(job)
             return LoadHandle(self.device, layers, None, copy, name)
-        threads = min(issue_threads(name, len(layers), options), len(layers)) if len(copy) else 0
+        threads = min(issue_threads(name, len(job.layers), options), len(job.layers)) if len(copy) else 0
         with torch.cuda.device(self.device):
-            job.events = {}  # filled by ``finish_layer`` as each layer (or block of layers) is issued
+            events: dict[int, torch.cuda.Event] = {}  # filled by ``finish_layer`` as each layer (or block) is issued
+            job.events = events
+            issued = job.issued = _Issued() if threads else None
             caller = torch.cuda.current_stream(self.device)
-            if threads:
-                self._load_on_threads(job, name, threads, caller)
-                return LoadHandle(self.device, layers, job.events, copy, name, job.issued)
             for stream in (self.load_stream, self.load_copy_stream, self.load_uva_stream):
                 stream.wait_stream(caller)
+            after = caller
+            if head_job is not None:
+                head_job.events, head_job.issued = events, issued
+                with self._lock:
+                    COPY_PATHS["kernel"].load(head_job)
+                # The rest starts copying once the head has landed: layers reach PCIe in order.
+                after = self.load_stream
+            if threads:
+                ready = torch.cuda.Event()
+                ready.record(after)
+                self._load_on_threads(job, name, threads, ready)
+                return LoadHandle(self.device, layers, events, copy, name, issued)
+            if head_job is not None:
+                for stream in (self.load_copy_stream, self.load_uva_stream):
+                    stream.wait_stream(self.load_stream)
             with self._lock:
                 if len(copy):
                     COPY_PATHS[name].load(job)
                 else:
                     for index in range(len(layers)):
                         job.finish_layer(index)
-        return LoadHandle(self.device, layers, job.events, copy, name)
+        return LoadHandle(self.device, layers, events, copy, name)
 
     def close(self) -> None:
         """Stop the library issue threads (if any were started); the engine stays usable."""
@@ -762,17 +790,15 @@ class TransferEngine:
             self._issuer.close()
             self._issuer = None
 
-    def _load_on_threads(self, job: _Load, name: str, threads: int, caller: torch.cuda.Stream) -> None:
-        """Hand ``job`` to ``threads`` library threads after an event on the caller's stream.
+    def _load_on_threads(self, job: _Load, name: str, threads: int, ready: torch.cuda.Event) -> None:
+        """Hand ``job`` to ``threads`` library threads, their streams ordered after ``ready`` (an
+        event on the caller's stream, or on the load stream after a head the caller issued).
 
         ``batch`` loads deal their layers round-robin over the threads (each thread's stream is
         that layer's ``load_stream``); any other path runs whole on the first thread, on the
         engine's streams.
         """
         issuer = self._issue_threads(threads)
-        ready = torch.cuda.Event()
-        ready.record(caller)
-        job.issued = _Issued()
         if name != "batch":
             def run_whole() -> None:
                 with self._lock:
@@ -918,16 +944,31 @@ class TransferEngine:
         return copier
 
 
-def _blocks(num_layers: int, split: LoadSplit, *, kernel: bool = False) -> list[list[int]]:
+#: Paths whose multi-layer loads may start with a head (``LoadSplit.head_layers``): those that
+#: plan or issue more than a kernel launch per block before their first copy.
+_PATHS_WITH_HEAD = frozenset({"direct", "batch", "staged", "mixed"})
+
+
+def _head_split(split: LoadSplit) -> LoadSplit:
+    """The kernel blocks of a load's head: ramped like the load (a model waits on its layers one
+    by one), the whole head's pages through the kernel."""
+    return replace(KERNEL_LOADS, ramp=True, ramp_step=split.ramp_step, kernel_ctas=split.kernel_ctas)
+
+
+def _blocks(num_layers: int, split: LoadSplit, *, kernel: bool = False, offset: int = 0) -> list[list[int]]:
     """Indices of a load's layers in blocks of ``split.layers_per_copy`` (the staged groups; with
     ``kernel``: ``split.kernel_blocks``, the UVA launches); with ``split.ramp`` the blocks grow
-    1, 2, 4, ... up to that size."""
+    1, 2, 4, ... up to that size, or with ``split.ramp_step`` by one layer every ``ramp_step``
+    layers of the whole load (``offset``: the index of this part's first layer in it)."""
     per = max(1, split.kernel_blocks if kernel else split.layers_per_copy)
     blocks, start, size = [], 0, 1 if split.ramp else per
     while start < num_layers:
+        if split.ramp and split.ramp_step:
+            size = min(per, 1 + (offset + start) // split.ramp_step)
         blocks.append(list(range(start, min(start + size, num_layers))))
         start += size
-        size = min(per, 2 * size)
+        if not split.ramp_step:
+            size = min(per, 2 * size)
     return blocks
 
 

@@ -52,6 +52,18 @@ class LoadSplit:
         early) and the rest move in wide rows / few launches.
     kernel_blocks: adjacent layers the UVA kernel half (and the ``kernel`` path) moves in one
         launch; a block's layers are ready together.
+    ramp_step: with ``ramp``, the block starting at the load's layer index j has
+        ``1 + j // ramp_step`` layers (up to the block size) instead of doubling: a model
+        consuming layers about as fast as they land (compute 1.25x the load) reaches a block's
+        first layer only a little after the block started, so blocks may only grow as fast as
+        the load gets ahead (None: 1, 2, 4, ...).
+    head_layers: the load's first layers go through the UVA kernel from the caller's thread
+        before anything else of the load is planned or issued, so layer 0 lands about one
+        layer's copy after the call (the model waits for it anyway: the kernel's SMs cost it
+        nothing then); the rest follows on its path, its copies ordered after the head's.
+    kernel_ctas: CTA budget of the kernel half (None: ``TransferOptions.num_ctas``, else the
+        measured default); a small share of the pages needs few CTAs, and every CTA is an SM the
+        model does not get while the load runs.
     """
 
     ce_fraction: float = 1.0
@@ -63,8 +75,13 @@ class LoadSplit:
     ce_path: str = "staged"
     ramp: bool = False
     kernel_blocks: int = 1
+    ramp_step: int | None = None
+    head_layers: int = 0
+    kernel_ctas: int | None = None
 
     def __post_init__(self) -> None:
+        if self.head_layers < 0 or any(v is not None and v < 1 for v in (self.ramp_step, self.kernel_ctas)):
+            raise ConfigError(f"LoadSplit needs head_layers >= 0 and positive ramp_step / kernel_ctas: {self}")
         if self.by not in ("pages", "components") or not 0.0 <= self.ce_fraction <= 1.0:
             raise ConfigError(f"LoadSplit needs by 'pages' or 'components' and 0 <= ce_fraction <= 1: {self}")
         if self.ce_path not in ("staged", "batch"):

@@ -170,10 +170,111 @@ FIFTH_BESIDE = [
     ("ce blocks 8 ramp caller thread", "mixed", TransferOptions(load_split=B8R, issue_threads=0), {}),
     ("mixed caller thread", "mixed", TransferOptions(issue_threads=0), {}),
 ]
+
+
+class PolicyVariant:
+    """An engine whose ``auto`` loads take ``transfer_policy``'s multi-layer splits changed by
+    ``change(split)`` (the module tables swapped around each call, a few microseconds): a
+    candidate policy measured against the current one in the same run."""
+
+    TABLES = ("MIXED_LOADS", "SCATTERED_LOADS", "MIXED_LOADS_BESIDE_BACKUP", "SCATTERED_LOADS_BESIDE_BACKUP")
+
+    def __init__(self, engine: TransferEngine, change) -> None:
+        import tiered_kv.transfer_policy as tp
+
+        self.engine, self._tp = engine, tp
+        self._changed = {}
+        for name in self.TABLES:
+            table = getattr(tp, name)
+            # Only several-layer splits: MIXED_LOADS is keyed (dense, several layers).
+            self._changed[name] = {key: change(split) if not (isinstance(key, tuple) and not key[1]) else split
+                                   for key, split in table.items()}
+
+    def _swap(self, tables: dict) -> dict:
+        old = {name: getattr(self._tp, name) for name in tables}
+        for name, table in tables.items():
+            setattr(self._tp, name, table)
+        return old
+
+    def load(self, *args, **kwargs):
+        old = self._swap(self._changed)
+        try:
+            return self.engine.load(*args, **kwargs)
+        finally:
+            self._swap(old)
+
+    def backup(self, *args, **kwargs):
+        return self.engine.backup(*args, **kwargs)
+
+
+def _head(layers: int, step: int | None = 5, few_ctas: bool = False):
+    def change(split: LoadSplit) -> LoadSplit:
+        ctas = 4 if few_ctas and split.ce_fraction >= 0.8 and split.ce_fraction < 1.0 else split.kernel_ctas
+        return replace(split, head_layers=layers, ramp=split.ramp or step is not None, ramp_step=step, kernel_ctas=ctas)
+    return change
+
+
+#: Sixth probe: heads by the kernel (``head_layers``), blocks that grow with the layer index
+#: (``ramp_step``), a small kernel share on few CTAs, against the current policy; the kernel path
+#: with the same ramp. Idle 61-layer loads, load + backup and beside compute, both slot kinds.
+#: Entries (name, path, options, engine kwargs, policy change or None).
+KR5 = LoadSplit(kernel_blocks=8, ramp=True, ramp_step=5)
+SIXTH = [
+    ("auto", "auto", None, {}, None),
+    ("auto head 6 ramp step 5", "auto", None, {}, _head(6)),
+    ("auto head 8 ramp step 5 kernel share 4 ctas", "auto", None, {}, _head(8, few_ctas=True)),
+    ("auto head 4 ramp doubling", "auto", None, {}, _head(4, step=None)),
+    ("kernel", "kernel", None, {}, None),
+    ("kernel ramp step 5", "kernel", TransferOptions(load_split=KR5), {}, None),
+    ("kernel ramp step 5 8 ctas", "kernel", TransferOptions(load_split=KR5, num_ctas=8), {}, None),
+]
 SETS = {"fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
         "fourth": ([], [], [], FOURTH_BESIDE),
         "second": (SECOND_LOADS, SECOND_BACKUPS, SECOND_BOTH, SECOND_BESIDE),
         "third": ([], [], THIRD_BOTH, THIRD_BESIDE)}
+
+
+def sixth(args, b, engine, hosts, page_sets, slot_sets, sets, check_load, add, ceiling, h2d, d2h, transfer_bytes, skip):
+    """The sixth probe (``SIXTH``): every candidate checked, then idle loads, load + backup and
+    beside compute."""
+    spec = b.spec
+    made = {}
+    for name, path, options, kwargs, change in SIXTH:
+        for layout in hosts:
+            e = engine(layout, path, **kwargs)
+            made[(layout, name)] = PolicyVariant(e, change) if change is not None else e
+            for kind in ("runs", "scattered"):
+                check_load(name, layout, made[(layout, name)], options, kind)
+    if "load61" not in skip:
+        for name, path, options, kwargs, change in SIXTH:
+            for layout in hosts:
+                e = made[(layout, name)]
+                for kind in ("runs", "scattered"):
+                    t = tg.measure(lambda i: [e.load(slot_sets[kind][i % sets], page_sets[i % sets], options=options)], b.reps)
+                    add(f"load61 {name} {layout} {kind}", transfer_bytes, t, group="load61", path=name, layout=layout,
+                        slots=kind, frac_of_ceiling=transfer_bytes / t["ms"] / 1e6 / ceiling["load61"],
+                        issue_share=t["issue_ms"] / t["ms"])
+    if "both" not in skip:
+        for kind in ("runs", "scattered"):
+            beside = tg.backup_sets_beside(args, page_sets, slot_sets[kind], scattered=kind == "scattered")
+            nbytes = int(transfer_bytes + statistics.mean(p.numel() for p, _ in beside) * spec.page_bytes)
+            for name, path, options, kwargs, change in SIXTH:
+                if path != "auto":
+                    continue
+                for layout in hosts:
+                    le, be = made[(layout, name)], engine(layout, "auto")
+
+                    def issue(i, le=le, be=be):
+                        k = i % sets
+                        bh = be.backup(*beside[k])
+                        return [bh.event, le.load(slot_sets[kind][k], page_sets[k], options=options)]
+                    t = tg.measure(issue, b.reps)
+                    add(f"both {name} {layout} {kind}", nbytes, t, group="both", path=name, layout=layout, slots=kind,
+                        vs_one_direction=nbytes / t["ms"] / 1e6 / max(h2d["gbps"], d2h["gbps"]))
+                    print("    each rep (ms):", " ".join(f"{ms:.1f}" for ms in t["ms_each"]), flush=True)
+    if "beside" not in skip:
+        tg.BESIDE = [(name, name, options) for name, _, options, _, _ in SIXTH]
+        tg.beside_compute(b, made, hosts, page_sets, slot_sets, sets, reps=args.beside_reps)
 
 
 def main() -> int:
@@ -183,7 +284,7 @@ def main() -> int:
     parser.add_argument("--pages", type=int, default=512)
     parser.add_argument("--device-pages", type=int, default=2048)
     parser.add_argument("--host-slots", type=int, default=2048)
-    parser.add_argument("--set", choices=sorted(SETS), default="second", help="which candidates (first or second probe)")
+    parser.add_argument("--set", choices=sorted(SETS) + ["sixth"], default="second", help="which candidates (first or second probe)")
     parser.add_argument("--beside-reps", type=int, default=3, help="repetitions of each beside-compute measurement")
     parser.add_argument("--both-slots", default="scattered", help="host slots of the load + backup group (scattered, runs)")
     parser.add_argument("--switch-interval", type=float, default=None,
@@ -216,10 +317,12 @@ def main() -> int:
 
     def check_load(name, layout, e, options, slots_kind="scattered") -> None:
         slots, pages = slot_sets[slots_kind][0], page_sets[0]
-        device_pool.chunk_view(0, 0)[pages.cuda()] = 0
+        for layer in range(spec.num_layers):  # poison every byte the load must write
+            for _, d in load_pairs(hosts[layout], device_pool, layer):
+                d[pages.cuda()] = 0
         e.load(slots, pages, options=options).synchronize()
         torch.cuda.synchronize()
-        ok = all(torch.equal(h[slots], d[pages.cuda()].cpu()) for layer in (0, 7, 8, 30, 60)
+        ok = all(torch.equal(h[slots], d[pages.cuda()].cpu()) for layer in range(spec.num_layers)
                  for h, d in load_pairs(hosts[layout], device_pool, layer))
         checks.append({"what": f"load {name} {layout} {slots_kind}", "ok": ok})
         print(f"check load {name} {layout} {slots_kind}: {'ok' if ok else 'WRONG BYTES'}", flush=True)
@@ -240,6 +343,14 @@ def main() -> int:
                "ceiling_gbps": {"h2d": h2d["gbps"], "d2h": d2h["gbps"], "both": both["gbps"]},
                "wall_s": time.perf_counter() - started, "checks": checks, "results": b.results}
         Path(args.out).write_text(json.dumps(out, indent=1))
+
+    if args.set == "sixth":
+        sixth(args, b, engine, hosts, page_sets, slot_sets, sets, check_load, add, ceiling, h2d, d2h, transfer_bytes, skip)
+        save(done=True)
+        print(f"wrote {args.out} in {time.perf_counter() - started:.0f} s")
+        for host in hosts.values():
+            host.close()
+        return 0 if all(c["ok"] for c in checks) else 1
 
     # --- 61-layer loads of scattered page_first slots -------------------------------------------
     if "load61" not in skip:

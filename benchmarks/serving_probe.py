@@ -228,17 +228,41 @@ SIXTH = [
     ("kernel ramp step 5", "kernel", TransferOptions(load_split=KR5), {}, None),
     ("kernel ramp step 5 8 ctas", "kernel", TransferOptions(load_split=KR5, num_ctas=8), {}, None),
 ]
-SETS = {"sixth": ([], [], [], []), "fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
+def _body_kernel(ctas: int, tile: int):
+    def change(split: LoadSplit) -> LoadSplit:
+        return replace(split, kernel_ctas=ctas, kernel_tile=tile) if split.ce_path == "batch" and split.ce_fraction < 0.5 else split
+    return change
+
+
+#: Seventh probe: the policy with heads (``auto``), and the UVA kernel with larger tiles on fewer
+#: CTAs (more host reads in flight per CTA: fewer SMs taken from the model), alone and as the body
+#: of scattered ``layer_first`` loads.
+SEVENTH = [
+    ("auto", "auto", None, {}, None),
+    ("auto, batch body's kernel 8 ctas tile 16384", "auto", None, {}, _body_kernel(8, 16384)),
+    ("kernel", "kernel", None, {}, None),
+    ("kernel ramp step 5 8 ctas tile 16384", "kernel",
+     TransferOptions(load_split=replace(KR5, kernel_ctas=8, kernel_tile=16384)), {}, None),
+    ("kernel ramp step 5 6 ctas tile 16384", "kernel",
+     TransferOptions(load_split=replace(KR5, kernel_ctas=6, kernel_tile=16384)), {}, None),
+    ("kernel ramp step 5 8 ctas tile 8192", "kernel",
+     TransferOptions(load_split=replace(KR5, kernel_ctas=8, kernel_tile=8192)), {}, None),
+    ("kernel ramp step 5 12 ctas tile 16384", "kernel",
+     TransferOptions(load_split=replace(KR5, kernel_ctas=12, kernel_tile=16384)), {}, None),
+]
+CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH}
+SETS = {"seventh": ([], [], [], []), "sixth": ([], [], [], []), "fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
         "fourth": ([], [], [], FOURTH_BESIDE),
         "second": (SECOND_LOADS, SECOND_BACKUPS, SECOND_BOTH, SECOND_BESIDE),
         "third": ([], [], THIRD_BOTH, THIRD_BESIDE)}
 
 
 def sixth(args, b, engine, hosts, page_sets, slot_sets, sets, check_load, add, ceiling, h2d, d2h, transfer_bytes, skip):
-    """The sixth probe (``SIXTH``): every candidate checked, then idle loads, load + backup and
-    beside compute."""
+    """The sixth and later probes (``CANDIDATE_SETS``): every candidate checked, then idle loads,
+    load + backup and beside compute."""
     spec = b.spec
     made = {}
+    SIXTH = CANDIDATE_SETS[args.set]
     for name, path, options, kwargs, change in SIXTH:
         for layout in hosts:
             e = engine(layout, path, **kwargs)
@@ -344,7 +368,7 @@ def main() -> int:
                "wall_s": time.perf_counter() - started, "checks": checks, "results": b.results}
         Path(args.out).write_text(json.dumps(out, indent=1))
 
-    if args.set == "sixth":
+    if args.set in CANDIDATE_SETS:
         sixth(args, b, engine, hosts, page_sets, slot_sets, sets, check_load, add, ceiling, h2d, d2h, transfer_bytes, skip)
         save(done=True)
         print(f"wrote {args.out} in {time.perf_counter() - started:.0f} s")

@@ -114,6 +114,7 @@ SPLITS = {
     "head_then_components": LoadSplit(by="components", head_layers=1, kernel_ctas=2),
     "head_then_batch": LoadSplit(0.5, ce_path="batch", head_layers=3),
     "head_longer_than_the_load": LoadSplit(1.0, head_layers=99),
+    "kernel_half_large_tile": LoadSplit(0.5, kernel_tile=512, kernel_ctas=2, head_layers=1),
 }
 
 
@@ -145,7 +146,8 @@ def test_mixed_backup_splits_pages_between_copy_engines_and_kernel(fraction, lay
     assert handles[0].path == "mixed" and handles[0].done()
 
 
-@pytest.mark.parametrize("split", [None, LoadSplit(kernel_blocks=4), LoadSplit(kernel_blocks=3, ramp=True)])
+@pytest.mark.parametrize("split", [None, LoadSplit(kernel_blocks=4), LoadSplit(kernel_blocks=3, ramp=True),
+                                   LoadSplit(kernel_blocks=2, ramp=True, ramp_step=2, kernel_tile=1024, kernel_ctas=3)])
 def test_kernel_loads_in_blocks_of_layers_copy_every_layer(split):
     """The kernel path launches blocks of layers (default ``KERNEL_LOADS``); every layer of a
     load of 9 layers, or of some layers in another order, lands whatever the blocks."""
@@ -249,7 +251,8 @@ def test_component_split_sends_the_largest_component_to_the_copy_engines():
 
 @pytest.mark.parametrize("bad", [{"by": "layers"}, {"ce_fraction": 1.5}, {"copy_streams": 0}, {"copy_streams": 99},
                                  {"unit_rows": 0}, {"layers_per_copy": 0}, {"kernel_blocks": 0}, {"ce_path": "dma"},
-                                 {"head_layers": -1}, {"ramp_step": 0}, {"kernel_ctas": 0}])
+                                 {"head_layers": -1}, {"ramp_step": 0}, {"kernel_ctas": 0}, {"kernel_tile": 1000},
+                                 {"kernel_tile": 128}])
 def test_load_split_rejects_nonsense(bad):
     with pytest.raises(ConfigError, match="LoadSplit"):
         LoadSplit(**bad)

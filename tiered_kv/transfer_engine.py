@@ -335,7 +335,8 @@ class _Load:
                 return
             indices, half.waiting = half.waiting, []
             with torch.cuda.stream(stream) if stream is not None else _nothing():
-                launch_uva(half.plans[block], half.tables[block], half.slots, half.pages, num_ctas=self.kernel_ctas)
+                launch_uva(half.plans[block], half.tables[block], half.slots, half.pages, num_ctas=self.kernel_ctas,
+                           **_tile_args(self.split.kernel_tile))
             if stream is not None and stream is not self.load_stream:
                 # The layer is complete only once both halves of it have landed.
                 joined = engine._uva_done[block % len(engine._uva_done)]
@@ -952,7 +953,13 @@ _PATHS_WITH_HEAD = frozenset({"direct", "batch", "staged", "mixed"})
 def _head_split(split: LoadSplit) -> LoadSplit:
     """The kernel blocks of a load's head: ramped like the load (a model waits on its layers one
     by one), the whole head's pages through the kernel."""
-    return replace(KERNEL_LOADS, ramp=True, ramp_step=split.ramp_step, kernel_ctas=split.kernel_ctas)
+    return replace(KERNEL_LOADS, ramp=True, ramp_step=split.ramp_step, kernel_ctas=split.kernel_ctas,
+                   kernel_tile=split.kernel_tile)
+
+
+def _tile_args(tile: int | None) -> dict:
+    """``launch_uva``'s tile and warps for ``LoadSplit.kernel_tile`` (None: its defaults)."""
+    return {} if tile is None else {"block": tile, "num_warps": 16 if tile > 8192 else 8}
 
 
 def _blocks(num_layers: int, split: LoadSplit, *, kernel: bool = False, offset: int = 0) -> list[list[int]]:

@@ -64,6 +64,10 @@ class LoadSplit:
     kernel_ctas: CTA budget of the kernel half (None: ``TransferOptions.num_ctas``, else the
         measured default); a small share of the pages needs few CTAs, and every CTA is an SM the
         model does not get while the load runs.
+    kernel_tile: words each kernel program moves per step (a power of two; None: the kernel's
+        default, 4096): a larger tile keeps more host reads in flight per CTA, so fewer CTAs (SMs
+        taken from the model) reach the same rate. Warps follow the tile (8 up to 8192 words, 16
+        above).
     """
 
     ce_fraction: float = 1.0
@@ -78,8 +82,11 @@ class LoadSplit:
     ramp_step: int | None = None
     head_layers: int = 0
     kernel_ctas: int | None = None
+    kernel_tile: int | None = None
 
     def __post_init__(self) -> None:
+        if self.kernel_tile is not None and (self.kernel_tile < 256 or self.kernel_tile & (self.kernel_tile - 1)):
+            raise ConfigError(f"LoadSplit.kernel_tile must be a power of two >= 256: {self}")
         if self.head_layers < 0 or any(v is not None and v < 1 for v in (self.ramp_step, self.kernel_ctas)):
             raise ConfigError(f"LoadSplit needs head_layers >= 0 and positive ramp_step / kernel_ctas: {self}")
         if self.by not in ("pages", "components") or not 0.0 <= self.ce_fraction <= 1.0:
@@ -104,10 +111,18 @@ class LoadSplit:
 #: 52.4-53.2 for the split, with a narrower spread) and leaves every SM to the model, so it takes
 #: the whole layer there; pitched page_first rows keep the kernel half (51.5-52.2 batch alone
 #: against 51.9-53.2).
+#: Loads of several layers start with a head (``HEAD``): the first 8 layers through the UVA kernel
+#: from the caller's thread, in blocks that grow with the layer index (``ramp_step`` 5: 1, 1, 1, 1,
+#: 1, 2, 1 layers), the rest as before, ordered after the head. Beside the model's matmuls at 1.25x
+#: (H200, 2026-12-01 sixth probe, docs/benchmarks.md "Serving conditions, third round") layer 0
+#: lands 1.7-2.0 ms after the call instead of 4.0-4.2 (planning the staged copies came first), and
+#: 0.89 (page_first) / 0.91 (layer_first) of the load is hidden instead of 0.74 / 0.84, at a compute
+#: slowdown of 1.01-1.02; idle, 96.2 / 96.1% of the ceiling instead of 97.3 / 96.4%.
+HEAD = {"head_layers": 8, "ramp": True, "ramp_step": 5}
 MIXED_LOADS = {
-    (True, True): LoadSplit(1.0),
+    (True, True): LoadSplit(1.0, **HEAD),
     (True, False): LoadSplit(1.0, ce_path="batch"),
-    (False, True): LoadSplit(0.6, by="components"),
+    (False, True): LoadSplit(0.6, by="components", **HEAD),
     (False, False): LoadSplit(by="components", ce_path="batch"),
 }
 #: Single-layer splits where ``cudaMemcpyBatchAsync`` cannot run (runtime or driver before 12.8): the
@@ -120,7 +135,9 @@ SINGLE_LAYER_WITHOUT_BATCH = {True: LoadSplit(0.4), False: LoadSplit(0.25)}
 #: move blocks of adjacent layers: one 336 KB latent and one 67 KB indexer row per slot and block
 #: of 8 layers (raw copies: 1.79x; whole-slot rows 1.8x but every layer ready only at the end).
 #: A block's layers are ready together, once the block landed.
-MIXED_LOADS_BESIDE_BACKUP = {True: LoadSplit(1.0), False: LoadSplit(1.0, layers_per_copy=8)}
+#: With the head (``HEAD``, blocks after it growing by ``ramp_step``) as beside compute: 1.66-1.67x
+#: against 1.63-1.69x without (sixth probe).
+MIXED_LOADS_BESIDE_BACKUP = {True: LoadSplit(1.0, **HEAD), False: LoadSplit(1.0, layers_per_copy=8, **HEAD)}
 
 #: Loads through the ``kernel`` path: launches of ramped blocks (1, 2, 4, then 8 layers), 10
 #: launches instead of 61 for DeepSeek-V3.2, so the caller's issue of a 61-layer load of 512 pages
@@ -171,10 +188,14 @@ AUTO_PATHS_WITHOUT_BATCH = {(True, True, True, False): "kernel", (False, True, T
 #:   on a library thread: 52.1 GB/s (94%) and, beside the model's matmuls, 0.86 of the load hidden
 #:   at a compute slowdown of 1.00, where ``batch`` on 4 issue threads (53.4 GB/s, 96%) hid 0.45 at
 #:   1.29x (119 ms of CPU for 62k row copies): the engine pays far less in total.
-SCATTERED_LOADS = {False: LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True),
-                   True: LoadSplit(0.3, ce_path="batch", kernel_blocks=8, ramp=True)}
-#: The same beside a backup in flight: ``page_first`` loads keep to the copy engines (UVA reads
-#: would cut into the backup), ``layer_first`` keeps its split (a staged copy-engine load of
+#: Both with a head (sixth probe, 1.25x): ``page_first`` with 4 head layers (blocks doubling as
+#: before; 8 head layers with blocks by ``ramp_step`` hid 0.78 but fell to 94.4% idle) 95.8% idle
+#: and 0.72 hidden against 96.2% and 0.69; ``layer_first`` with ``HEAD``: 93.3% idle (was 94.3%)
+#: and 0.82 hidden (was 0.74), the kernel share's 16 CTAs slowing the matmuls 1.08x.
+SCATTERED_LOADS = {False: LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, head_layers=4),
+                   True: LoadSplit(0.3, ce_path="batch", kernel_blocks=8, **HEAD)}
+#: The same beside a backup in flight: ``page_first`` loads keep to the copy engines after their
+#: head (UVA reads would cut into the backup), ``layer_first`` keeps its split (a staged copy-engine load of
 #: scattered dense rows is 8-11 GB/s).
 SCATTERED_LOADS_BESIDE_BACKUP = {False: MIXED_LOADS_BESIDE_BACKUP[False], True: SCATTERED_LOADS[True]}
 #: Without batched copies (runtime or driver before 12.8): the kernel alone, ramped blocks.

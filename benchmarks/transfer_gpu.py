@@ -298,6 +298,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer sweep points and reps")
     parser.add_argument("--no-sweeps", action="store_true",
                         help="skip the CTA, tile, ce_fraction and staging sweeps (ceilings, paths and load + backup only)")
+    parser.add_argument("--beside-reps", type=int, default=3, help="repetitions of each beside-compute measurement")
     parser.add_argument("--compare", choices=("splits", "blocks", "batch", "single", "both", "ctas"),
                         help="only these candidate load splits (or the batch path) against `auto` (see _candidates)")
     args = parser.parse_args()
@@ -392,7 +393,7 @@ def main() -> int:
         """Load + backup at once, beside compute, then the summary (the last sections of every run)."""
         concurrent_section(b, args, engines, hosts, page_sets, slot_sets, sets, transfer_bytes, page_bytes, h2d, d2h, ceiling)
         save(b, args, ceiling, layer_h2d, naive)
-        beside_compute(b, engines, hosts, page_sets, slot_sets, sets)
+        beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps=args.beside_reps)
         save(b, args, ceiling, layer_h2d, naive, done=True)
         summarize(b.results, ceiling, layer_h2d["gbps"], naive)
         print(f"wrote {args.out}")
@@ -522,7 +523,7 @@ def concurrent_section(b, args, engines, hosts, page_sets, slot_sets, sets, tran
 
 #: Beside compute: (name, path, options) of the loads timed beside the model's matmuls.
 BESIDE = [("auto", "auto", None), ("kernel", "kernel", None)] + _named(
-    "kernel per layer", "kernel on 1 issue thread", "mixed caller thread", "ce blocks 8 on 1 issue thread",
+    "kernel 8 ctas", "kernel on 1 issue thread", "mixed caller thread", "ce blocks 8 on 1 issue thread",
     "ce 0.8 blocks 8 ramp + kernel 0.2", "kernel 0.7 + batch 0.3 on 1 thread", "kernel 0.6 + batch 0.4 on 1 thread",
     "batch 4 issue threads")
 

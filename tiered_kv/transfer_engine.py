@@ -19,6 +19,10 @@ Rules this module keeps:
   library thread has not issued yet waits on the CPU until it has (never on the device).
 - Validation (``tiered_kv.transfer.validate``) runs on CPU copies of the ids before anything is
   enqueued, so no call forces a device sync and a rejected call writes nothing.
+- A load of several layers may start with a head (``LoadSplit.head_layers``, ``auto``'s policy):
+  its first layers go through the UVA kernel from the caller's thread before anything else of
+  the load is planned, so a model waiting on layer 0 starts about one layer's copy after the
+  call; the rest follows on its path, its copies ordered after the head's.
 - A load records a CUDA event for each layer after *every* component of that layer (latent and
   indexer) has landed; ``wait_layer(i)`` waits on exactly that event (layers that land together,
   a kernel block, share one).

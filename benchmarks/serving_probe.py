@@ -250,8 +250,25 @@ SEVENTH = [
     ("kernel ramp step 5 12 ctas tile 16384", "kernel",
      TransferOptions(load_split=replace(KR5, kernel_ctas=12, kernel_tile=16384)), {}, None),
 ]
-CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH}
-SETS = {"seventh": ([], [], [], []), "sixth": ([], [], [], []), "fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
+def _scattered_page_first_head(layers: int, step: int | None = None):
+    """Only the scattered ``page_first`` split (copy-engine blocks of 8 beside a kernel share)."""
+    def change(split: LoadSplit) -> LoadSplit:
+        if split.layers_per_copy == 8 and 0 < split.ce_fraction < 1.0:
+            return replace(split, head_layers=layers, ramp_step=step)
+        return split
+    return change
+
+
+#: Eighth probe: longer heads for scattered ``page_first`` loads, whose copy-engine blocks of 8
+#: layers still land after the model reached them (stalls of 7-11 ms at 1.25x in the final runs).
+EIGHTH = [
+    ("auto", "auto", None, {}, None),
+    ("auto, scattered page_first head 8", "auto", None, {}, _scattered_page_first_head(8)),
+    ("auto, scattered page_first head 12", "auto", None, {}, _scattered_page_first_head(12)),
+    ("auto, scattered page_first head 16", "auto", None, {}, _scattered_page_first_head(16)),
+]
+CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH}
+SETS = {"eighth": ([], [], [], []), "seventh": ([], [], [], []), "sixth": ([], [], [], []), "fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
         "fourth": ([], [], [], FOURTH_BESIDE),
         "second": (SECOND_LOADS, SECOND_BACKUPS, SECOND_BOTH, SECOND_BESIDE),
         "third": ([], [], THIRD_BOTH, THIRD_BESIDE)}

@@ -14,7 +14,8 @@ run:
   highest priority (the engine's default now) and at the default priority.
 Every candidate's bytes are checked against the source once before it is timed.
 
-    python3 benchmarks/serving_probe.py [--set first|second] [--reps 6] [--out docs/benchmarks/serving_probe.json]
+    python3 benchmarks/serving_probe.py [--set first|second|third|fourth|fifth|sixth|seventh|eighth] [--reps 6]
+        [--beside-reps 6] [--skip load61,backup,both,beside] [--out docs/benchmarks/serving_probe.json]
 """
 
 from __future__ import annotations
@@ -228,6 +229,8 @@ SIXTH = [
     ("kernel ramp step 5", "kernel", TransferOptions(load_split=KR5), {}, None),
     ("kernel ramp step 5 8 ctas", "kernel", TransferOptions(load_split=KR5, num_ctas=8), {}, None),
 ]
+
+
 def _body_kernel(ctas: int, tile: int):
     def change(split: LoadSplit) -> LoadSplit:
         return replace(split, kernel_ctas=ctas, kernel_tile=tile) if split.ce_path == "batch" and split.ce_fraction < 0.5 else split
@@ -250,6 +253,8 @@ SEVENTH = [
     ("kernel ramp step 5 12 ctas tile 16384", "kernel",
      TransferOptions(load_split=replace(KR5, kernel_ctas=12, kernel_tile=16384)), {}, None),
 ]
+
+
 def _scattered_page_first_head(layers: int, step: int | None = None):
     """Only the scattered ``page_first`` split (copy-engine blocks of 8 beside a kernel share)."""
     def change(split: LoadSplit) -> LoadSplit:
@@ -274,20 +279,20 @@ SETS = {"eighth": ([], [], [], []), "seventh": ([], [], [], []), "sixth": ([], [
         "third": ([], [], THIRD_BOTH, THIRD_BESIDE)}
 
 
-def sixth(args, b, engine, hosts, page_sets, slot_sets, sets, check_load, add, ceiling, h2d, d2h, transfer_bytes, skip):
+def candidate_probe(args, b, engine, hosts, page_sets, slot_sets, sets, check_load, add, ceiling, h2d, d2h, transfer_bytes, skip):
     """The sixth and later probes (``CANDIDATE_SETS``): every candidate checked, then idle loads,
     load + backup and beside compute."""
     spec = b.spec
     made = {}
-    SIXTH = CANDIDATE_SETS[args.set]
-    for name, path, options, kwargs, change in SIXTH:
+    candidates = CANDIDATE_SETS[args.set]
+    for name, path, options, kwargs, change in candidates:
         for layout in hosts:
             e = engine(layout, path, **kwargs)
             made[(layout, name)] = PolicyVariant(e, change) if change is not None else e
             for kind in ("runs", "scattered"):
                 check_load(name, layout, made[(layout, name)], options, kind)
     if "load61" not in skip:
-        for name, path, options, kwargs, change in SIXTH:
+        for name, path, options, kwargs, change in candidates:
             for layout in hosts:
                 e = made[(layout, name)]
                 for kind in ("runs", "scattered"):
@@ -299,7 +304,7 @@ def sixth(args, b, engine, hosts, page_sets, slot_sets, sets, check_load, add, c
         for kind in ("runs", "scattered"):
             beside = tg.backup_sets_beside(args, page_sets, slot_sets[kind], scattered=kind == "scattered")
             nbytes = int(transfer_bytes + statistics.mean(p.numel() for p, _ in beside) * spec.page_bytes)
-            for name, path, options, kwargs, change in SIXTH:
+            for name, path, options, kwargs, change in candidates:
                 if path != "auto":
                     continue
                 for layout in hosts:
@@ -314,7 +319,7 @@ def sixth(args, b, engine, hosts, page_sets, slot_sets, sets, check_load, add, c
                         vs_one_direction=nbytes / t["ms"] / 1e6 / max(h2d["gbps"], d2h["gbps"]))
                     print("    each rep (ms):", " ".join(f"{ms:.1f}" for ms in t["ms_each"]), flush=True)
     if "beside" not in skip:
-        tg.BESIDE = [(name, name, options) for name, _, options, _, _ in SIXTH]
+        tg.BESIDE = [(name, name, options) for name, _, options, _, _ in candidates]
         tg.beside_compute(b, made, hosts, page_sets, slot_sets, sets, reps=args.beside_reps)
 
 
@@ -325,7 +330,7 @@ def main() -> int:
     parser.add_argument("--pages", type=int, default=512)
     parser.add_argument("--device-pages", type=int, default=2048)
     parser.add_argument("--host-slots", type=int, default=2048)
-    parser.add_argument("--set", choices=sorted(SETS), default="second", help="which candidates (first or second probe)")
+    parser.add_argument("--set", choices=sorted(SETS), default="second", help="which probe's candidates")
     parser.add_argument("--beside-reps", type=int, default=3, help="repetitions of each beside-compute measurement")
     parser.add_argument("--both-slots", default="scattered", help="host slots of the load + backup group (scattered, runs)")
     parser.add_argument("--switch-interval", type=float, default=None,
@@ -386,7 +391,7 @@ def main() -> int:
         Path(args.out).write_text(json.dumps(out, indent=1))
 
     if args.set in CANDIDATE_SETS:
-        sixth(args, b, engine, hosts, page_sets, slot_sets, sets, check_load, add, ceiling, h2d, d2h, transfer_bytes, skip)
+        candidate_probe(args, b, engine, hosts, page_sets, slot_sets, sets, check_load, add, ceiling, h2d, d2h, transfer_bytes, skip)
         save(done=True)
         print(f"wrote {args.out} in {time.perf_counter() - started:.0f} s")
         for host in hosts.values():

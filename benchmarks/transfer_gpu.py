@@ -601,6 +601,8 @@ def beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps: int = 3)
             starts = [start.elapsed_time(e0) for e0, _ in marks]
             ends = [start.elapsed_time(e1) for _, e1 in marks]
             gaps = [max(0.0, s - e) for s, e in zip(starts[1:], ends[:-1])]
+            # A gap over 20 us counts as a layer the model waited on: back-to-back matmuls on one
+            # stream start within a few microseconds of the previous end.
             out.update(compute_end=ends[-1], busy=sum(e - s for s, e in zip(starts, ends)), start_delay=starts[0],
                        stall=sum(gaps), late_layers=sum(g > 0.02 for g in gaps))
         return out

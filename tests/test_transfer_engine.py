@@ -203,36 +203,50 @@ def test_ramp_step_grows_blocks_with_the_layer_index_across_a_head():
     assert [i for block in body for i in block] == list(range(55))
 
 
-def test_head_layers_go_through_the_kernel_before_the_rest():
+@pytest.mark.parametrize("head, expect", [(4, ([0, 1, 2, 3], [4, 5, 6, 7, 8])), (99, (list(range(8)), [8]))])
+def test_head_layers_go_through_the_kernel_before_the_rest(monkeypatch, head, expect):
     """A load with ``head_layers`` copies its first layers by the UVA kernel, the rest by its
-    path; every byte lands once, and a head as long as the load leaves the path one layer."""
-    spec = nsa_spec(num_layers=9, page_size=4)
-    device, host = make_device_pool(spec, 20, "cpu"), make_host_pool(spec, 16, "page_first")
-    calls = []
-    engine = TransferEngine(device.pool, host, path="staged",
-                            options=TransferOptions(load_split=LoadSplit(1.0, head_layers=4, ramp=True, ramp_step=2)))
+    path, the rest's ramp counted from the head; every byte lands once. A head as long as the
+    load leaves its path the last layer; a load of one layer has no head."""
     from tiered_kv import transfer_engine as te
 
-    real_kernel, real_staged = te.COPY_PATHS["kernel"].load, te.COPY_PATHS["staged"].load
+    spec = nsa_spec(num_layers=9, page_size=4)
+    device, host = make_device_pool(spec, 20, "cpu"), make_host_pool(spec, 16, "page_first")
+    engine = TransferEngine(device.pool, host, path="staged",
+                            options=TransferOptions(load_split=LoadSplit(1.0, head_layers=head, ramp=True, ramp_step=2)))
+    calls = []
+    for name in ("kernel", "staged"):
+        real = te.COPY_PATHS[name].load
 
-    def spy(which, real):
-        def load(job):
-            calls.append((which, list(job.layers), job.first_index))
+        def spy(job, name=name, real=real):
+            calls.append((name, list(job.layers), job.first_index))
             real(job)
-        return load
+        monkeypatch.setattr(te.COPY_PATHS[name], "load", spy)
+    slots, pages = random_ids(7, 0, 16), random_ids(7, 1, 20)
+    pairs = [pair for layer in range(9) for pair in load_pairs(host, device.pool, layer)]
+    check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages))
+    head_layers, body_layers = expect
+    assert calls == [("kernel", head_layers, 0), ("staged", body_layers, len(head_layers))]
+    calls.clear()
+    engine.load(slots, pages, layers=[3])
+    assert calls == [("staged", [3], 0)]
 
-    te.COPY_PATHS["kernel"].load = spy("kernel", real_kernel)
-    te.COPY_PATHS["staged"].load = spy("staged", real_staged)
-    try:
-        slots, pages = random_ids(7, 0, 16), random_ids(7, 1, 20)
-        pairs = [pair for layer in range(9) for pair in load_pairs(host, device.pool, layer)]
-        check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages))
-        assert calls == [("kernel", [0, 1, 2, 3], 0), ("staged", [4, 5, 6, 7, 8], 4)]
-        calls.clear()
-        engine.load(slots, pages, layers=[3])  # one layer: no head
-        assert calls == [("staged", [3], 0)]
-    finally:
-        te.COPY_PATHS["kernel"].load, te.COPY_PATHS["staged"].load = real_kernel, real_staged
+
+def test_kernel_knobs_of_a_split_and_the_options_precedence():
+    """A split's ``kernel_ctas`` is the kernel half's budget unless the options set ``num_ctas`` (a
+    user's override wins); ``kernel_tile`` picks the launch's tile and its warps."""
+    from tiered_kv.transfer_engine import _Load, _tile_args
+
+    device, host = _pools("nsa", "page_first")
+    engine = TransferEngine(device.pool, host)
+    copy = PageCopy(torch.arange(1, 3), torch.arange(2))
+    split = LoadSplit(kernel_ctas=6, kernel_tile=16384)
+    assert _Load(engine, [0], copy, split, TransferOptions()).kernel_ctas == 6
+    assert _Load(engine, [0], copy, split, TransferOptions(num_ctas=3)).kernel_ctas == 3
+    assert _Load(engine, [0], copy, LoadSplit(), TransferOptions()).kernel_ctas is None
+    assert _tile_args(None) == {}
+    assert _tile_args(16384) == {"block": 16384, "num_warps": 16}
+    assert _tile_args(4096) == {"block": 4096, "num_warps": 8}
 
 
 def test_component_split_sends_the_largest_component_to_the_copy_engines():
@@ -251,7 +265,7 @@ def test_component_split_sends_the_largest_component_to_the_copy_engines():
 
 @pytest.mark.parametrize("bad", [{"by": "layers"}, {"ce_fraction": 1.5}, {"copy_streams": 0}, {"copy_streams": 99},
                                  {"unit_rows": 0}, {"layers_per_copy": 0}, {"kernel_blocks": 0}, {"ce_path": "dma"},
-                                 {"head_layers": -1}, {"ramp_step": 0}, {"kernel_ctas": 0}, {"kernel_tile": 1000},
+                                 {"head_layers": -1}, {"ramp_step": 0}, {"ramp_step": 2}, {"kernel_ctas": 0}, {"kernel_tile": 1000},
                                  {"kernel_tile": 128}])
 def test_load_split_rejects_nonsense(bad):
     with pytest.raises(ConfigError, match="LoadSplit"):

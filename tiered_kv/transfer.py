@@ -102,7 +102,8 @@ def pages_from_token_indices(token_indices: IdsLike, page_size: int) -> torch.Te
 def _ids_ok(ids: torch.Tensor, limit: int, *, unique: bool, reserved: frozenset[int]) -> bool:
     """Whether ``ids`` pass ``_check_ids`` (numpy, no message): a load's validation runs before
     its first copy, so on the model's critical path (about 10 us for 512 ids against 80 for the
-    torch checks that name the offending index)."""
+    torch checks that name the offending index). It must agree with them id set by id set:
+    ``tests/test_transfer_torch.py::test_fast_id_check_agrees_with_the_torch_check``."""
     values = ids.numpy()
     if values.min() < 0 or values.max() >= limit:
         return False

@@ -311,7 +311,9 @@ class _Load:
     issued: _Issued | None = None
     load_stream: torch.cuda.Stream | None = None
     uva: _KernelHalf | None = None
-    first_index: int = 0  # index of ``layers[0]`` in the whole load (a body after a head): ramps continue from it
+    # Index of ``layers[0]`` in the whole load (a body after a head): a ``ramp_step`` ramp continues
+    # from it; a doubling ramp starts again at one layer (the head already took the first layers).
+    first_index: int = 0
 
     def __post_init__(self) -> None:
         if self.engine.on_gpu and self.load_stream is None:
@@ -395,7 +397,8 @@ class _Load:
         else:
             copy_streams = [None] * split.copy_streams
         copier = engine.staging_copier("load")
-        for first, last in ((0, 1), (1, len(groups))) if len(groups) > 1 else ((0, len(groups)),):
+        parts = [(0, 1), (1, len(groups))] if len(groups) > 1 else [(0, len(groups))]
+        for first, last in parts:
             def finish_block(b: int, first=first) -> None:
                 for index in blocks[first + b]:
                     self.finish_layer(index)
@@ -451,6 +454,10 @@ class CopyPath:
     """
 
     name = ""
+    #: Whether a load of several layers through this path may start with a head
+    #: (``LoadSplit.head_layers``): paths that plan or issue more than a kernel launch per block
+    #: before their first copy do.
+    takes_head = False
 
     def backup(self, job: _Backup) -> None:
         raise NotImplementedError
@@ -511,6 +518,7 @@ class DirectPath(CopyPath):
     """Copy engines, one (2-D) copy per run of pages adjacent on both sides and pair."""
 
     name = "direct"
+    takes_head = True
 
     def backup(self, job: _Backup) -> None:
         from .kernels import copy_pages_direct
@@ -530,6 +538,7 @@ class BatchPath(CopyPath):
     """Copy engines, every row of a backup (or of a layer) in one ``cudaMemcpyBatchAsync``."""
 
     name = "batch"
+    takes_head = True
 
     def backup(self, job: _Backup) -> None:
         from .kernels.batch_copy import plan_copy_list, run_copy_list
@@ -551,6 +560,7 @@ class StagedPath(CopyPath):
     """Copy engines on host runs through the device staging ring, its kernel on the device side."""
 
     name = "staged"
+    takes_head = True
 
     def load_split(self, engine, num_layers, options, copy) -> LoadSplit:
         # The copy engines take every page; the split's blocks and streams still apply.
@@ -689,6 +699,7 @@ class TransferEngine:
                 self.backup_stream = torch.cuda.Stream(self.device)
                 self.backup_copy_stream = torch.cuda.Stream(self.device)
                 self.load_uva_stream = torch.cuda.Stream(self.device, priority=high)  # the kernel half of ``mixed`` loads
+                self.load_head_stream = torch.cuda.Stream(self.device, priority=high)  # heads (``LoadSplit.head_layers``)
                 # More copy streams for staged loads split over several copy engines.
                 self._load_copy_extra = [torch.cuda.Stream(self.device, priority=high) for _ in range(MAX_COPY_STREAMS - 1)]
                 # Join events of ``mixed`` loads, re-recorded per layer (a wait binds to the record
@@ -735,7 +746,10 @@ class TransferEngine:
         Enqueues everything at once (on the caller's thread, or on library issue threads; see
         ``TransferOptions.issue_threads``) and returns; each layer gets its own event, recorded
         once all of its components have landed, so the engine can compute layer i while i+1 is
-        in flight.
+        in flight. A head (``LoadSplit.head_layers``, ``auto``'s policy for loads of several
+        layers) is issued on the caller's thread even when the rest goes to a library thread:
+        about 2 ms of the caller for 8 layers on the H200's host, so that layer 0 lands about one
+        layer's copy after this call returns (docs/benchmarks.md, "Serving conditions, third round").
         """
         num_layers = self.device_pool.spec.num_layers
         layers = list(range(num_layers)) if layers is None else [int(layer) for layer in layers]
@@ -749,12 +763,11 @@ class TransferEngine:
         auto = (path or self.path) == "auto"
         name = self._choose(path, copy, to_host=False, single_layer=len(layers) == 1)
         split = COPY_PATHS[name].load_split(self, len(layers), options, copy if auto else None)
-        head = min(split.head_layers, len(layers) - 1) if len(copy) and name in _PATHS_WITH_HEAD else 0
+        head = min(split.head_layers, len(layers) - 1) if len(copy) and COPY_PATHS[name].takes_head else 0
         job = _Load(self, layers[head:], copy, replace(split, head_layers=0), options, first_index=head)
-        head_job = _Load(self, layers[:head], copy, _head_split(split), options) if head else None
         if not self.on_gpu:
-            if head_job is not None:
-                COPY_PATHS["kernel"].load(head_job)
+            if head:
+                COPY_PATHS["kernel"].load(_Load(self, layers[:head], copy, _head_split(split), options))
             if len(copy):
                 COPY_PATHS[name].load(job)
             return LoadHandle(self.device, layers, None, copy, name)
@@ -764,23 +777,24 @@ class TransferEngine:
             job.events = events
             issued = job.issued = _Issued() if threads else None
             caller = torch.cuda.current_stream(self.device)
-            for stream in (self.load_stream, self.load_copy_stream, self.load_uva_stream):
-                stream.wait_stream(caller)
-            after = caller
-            if head_job is not None:
-                head_job.events, head_job.issued = events, issued
-                with self._lock:
-                    COPY_PATHS["kernel"].load(head_job)
+            ready_on = caller
+            if head:
+                # The head has a stream of its own: it waits neither for a library thread still
+                # issuing an earlier load on the load streams nor for the engine's lock, and none
+                # of the load streams is made to wait from this thread while a thread uses them.
+                self.load_head_stream.wait_stream(caller)
+                head_job = _Load(self, layers[:head], copy, _head_split(split), options, events=events, issued=issued,
+                                 load_stream=self.load_head_stream)
+                COPY_PATHS["kernel"].load(head_job)
                 # The rest starts copying once the head has landed: layers reach PCIe in order.
-                after = self.load_stream
+                ready_on = self.load_head_stream
             if threads:
                 ready = torch.cuda.Event()
-                ready.record(after)
+                ready.record(ready_on)
                 self._load_on_threads(job, name, threads, ready)
                 return LoadHandle(self.device, layers, events, copy, name, issued)
-            if head_job is not None:
-                for stream in (self.load_copy_stream, self.load_uva_stream):
-                    stream.wait_stream(self.load_stream)
+            for stream in (self.load_stream, self.load_copy_stream, self.load_uva_stream):
+                stream.wait_stream(ready_on)
             with self._lock:
                 if len(copy):
                     COPY_PATHS[name].load(job)
@@ -947,11 +961,6 @@ class TransferEngine:
                 num_ctas=self._staging_ctas or DEFAULT_CTAS_ON_DEVICE,
             )
         return copier
-
-
-#: Paths whose multi-layer loads may start with a head (``LoadSplit.head_layers``): those that
-#: plan or issue more than a kernel launch per block before their first copy.
-_PATHS_WITH_HEAD = frozenset({"direct", "batch", "staged", "mixed"})
 
 
 def _head_split(split: LoadSplit) -> LoadSplit:

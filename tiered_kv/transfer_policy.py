@@ -89,6 +89,8 @@ class LoadSplit:
             raise ConfigError(f"LoadSplit.kernel_tile must be a power of two >= 256: {self}")
         if self.head_layers < 0 or any(v is not None and v < 1 for v in (self.ramp_step, self.kernel_ctas)):
             raise ConfigError(f"LoadSplit needs head_layers >= 0 and positive ramp_step / kernel_ctas: {self}")
+        if self.ramp_step is not None and not self.ramp:
+            raise ConfigError(f"LoadSplit.ramp_step applies to a ramp: set ramp=True as well: {self}")
         if self.by not in ("pages", "components") or not 0.0 <= self.ce_fraction <= 1.0:
             raise ConfigError(f"LoadSplit needs by 'pages' or 'components' and 0 <= ce_fraction <= 1: {self}")
         if self.ce_path not in ("staged", "batch"):
@@ -135,8 +137,8 @@ SINGLE_LAYER_WITHOUT_BATCH = {True: LoadSplit(0.4), False: LoadSplit(0.25)}
 #: move blocks of adjacent layers: one 336 KB latent and one 67 KB indexer row per slot and block
 #: of 8 layers (raw copies: 1.79x; whole-slot rows 1.8x but every layer ready only at the end).
 #: A block's layers are ready together, once the block landed.
-#: With the head (``HEAD``, blocks after it growing by ``ramp_step``) as beside compute: 1.66-1.67x
-#: against 1.63-1.69x without (sixth probe).
+#: With the head (``HEAD``, blocks after it growing by ``ramp_step``) as beside compute, load +
+#: backup at once did not lose: 1.66-1.67x against 1.63-1.69x without (sixth probe; within the noise).
 MIXED_LOADS_BESIDE_BACKUP = {True: LoadSplit(1.0, **HEAD), False: LoadSplit(1.0, layers_per_copy=8, **HEAD)}
 
 #: Loads through the ``kernel`` path: launches of ramped blocks (1, 2, 4, then 8 layers), 10
@@ -194,8 +196,8 @@ AUTO_PATHS_WITHOUT_BATCH = {(True, True, True, False): "kernel", (False, True, T
 #: and 0.82 hidden (was 0.74), the kernel share's 16 CTAs slowing the matmuls 1.08x.
 SCATTERED_LOADS = {False: LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, head_layers=4),
                    True: LoadSplit(0.3, ce_path="batch", kernel_blocks=8, **HEAD)}
-#: The same beside a backup in flight: ``page_first`` loads keep to the copy engines after their
-#: head (UVA reads would cut into the backup), ``layer_first`` keeps its split (a staged copy-engine load of
+#: The same beside a backup in flight: ``page_first`` loads keep to the copy engines after a short
+#: kernel head (UVA reads would cut into the backup; the head's only overlap its first layers), ``layer_first`` keeps its split (a staged copy-engine load of
 #: scattered dense rows is 8-11 GB/s).
 SCATTERED_LOADS_BESIDE_BACKUP = {False: MIXED_LOADS_BESIDE_BACKUP[False], True: SCATTERED_LOADS[True]}
 #: Without batched copies (runtime or driver before 12.8): the kernel alone, ramped blocks.

@@ -162,13 +162,16 @@ def test_fast_id_check_agrees_with_the_torch_check(limit):
     from tiered_kv.transfer import _check_ids, _ids_ok
 
     generator = torch.Generator().manual_seed(7)
-    reserved = frozenset({0, 3})
+    # Reserved pages inside the id space, and some outside it (below 0, at or above the limit).
+    reserved_sets = (frozenset(), frozenset({0, 3}), frozenset({-1, 2, limit, limit + 5}))
     seen = {True: 0, False: 0}
-    for _ in range(300):
+    for k in range(300):
         n = int(torch.randint(1, 30, (1,), generator=generator))
-        ids = torch.randint(-2, min(limit, 45) + 2, (n,), generator=generator)
+        ids = torch.randint(-2, min(limit, 45) + 2, (2 * n,), generator=generator)
+        # Contiguous and strided (every other element) int64 tensors: what ``_as_cpu_ids`` hands on.
+        ids = ids[:n] if k % 2 else ids[::2]
         for unique in (True, False):
-            for res in (frozenset(), reserved):
+            for res in reserved_sets:
                 ok = _ids_ok(ids, limit, unique=unique, reserved=res)
                 seen[ok] += 1
                 expect = ((ids >= 0) & (ids < limit)).all() and (not unique or ids.unique().numel() == n) \

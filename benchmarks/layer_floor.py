@@ -36,7 +36,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from transfer_gpu import compare_start, measure, random_pools, side_copy, _save_compare
+from transfer_gpu import add_shape_arguments, compare_start, measure, random_pools, side_copy, _save_compare
 
 from tiered_kv.kernels import copy_pages_uva
 from tiered_kv.kernels.batch_copy import plan_copy_list, run_copy_list
@@ -48,9 +48,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/benchmarks/transfer_gpu_layer_floor.json")
     parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--pages", type=int, default=512)
-    parser.add_argument("--device-pages", type=int, default=2048)
-    parser.add_argument("--host-slots", type=int, default=2048)
+    add_shape_arguments(parser)
     parser.add_argument("--ab", type=int, default=0, metavar="N",
                         help="only an interleaved A/B of single-layer load splits, N rounds")
     args = parser.parse_args()

@@ -204,9 +204,6 @@ class PolicyVariant:
         finally:
             self._swap(old)
 
-    def backup(self, *args, **kwargs):
-        return self.engine.backup(*args, **kwargs)
-
 
 def _head(layers: int, step: int | None = 5, few_ctas: bool = False):
     def change(split: LoadSplit) -> LoadSplit:
@@ -273,7 +270,7 @@ EIGHTH = [
     ("auto, scattered page_first head 16", "auto", None, {}, _scattered_page_first_head(16)),
 ]
 CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH}
-SETS = {"eighth": ([], [], [], []), "seventh": ([], [], [], []), "sixth": ([], [], [], []), "fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
+SETS = {"fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
         "fourth": ([], [], [], FOURTH_BESIDE),
         "second": (SECOND_LOADS, SECOND_BACKUPS, SECOND_BOTH, SECOND_BESIDE),
         "third": ([], [], THIRD_BOTH, THIRD_BESIDE)}
@@ -327,10 +324,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/benchmarks/serving_probe.json")
     parser.add_argument("--reps", type=int, default=6)
-    parser.add_argument("--pages", type=int, default=512)
-    parser.add_argument("--device-pages", type=int, default=2048)
-    parser.add_argument("--host-slots", type=int, default=2048)
-    parser.add_argument("--set", choices=sorted(SETS), default="second", help="which probe's candidates")
+    tg.add_shape_arguments(parser)
+    parser.add_argument("--set", choices=sorted(SETS | CANDIDATE_SETS), default="second", help="which probe's candidates")
     parser.add_argument("--beside-reps", type=int, default=3, help="repetitions of each beside-compute measurement")
     parser.add_argument("--both-slots", default="scattered", help="host slots of the load + backup group (scattered, runs)")
     parser.add_argument("--switch-interval", type=float, default=None,
@@ -338,7 +333,7 @@ def main() -> int:
     parser.add_argument("--skip", default="", help="comma-separated groups to skip (load61,backup,both,beside)")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
-    LOADS, BACKUPS, BOTH, BESIDE = SETS[args.set]
+    LOADS, BACKUPS, BOTH, BESIDE = SETS.get(args.set, ([], [], [], []))  # candidate sets: candidate_probe
     started = time.perf_counter()
     torch.manual_seed(0)
     b = tg.Bench(args)

@@ -288,13 +288,18 @@ def print_compare(results: list[dict], group: str, width: int, *, issue: bool = 
                   + (f" issue {r['issue_ms']:.2f} ms" if issue else ""))
 
 
+def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
+    """The transfer shape every GPU transfer benchmark shares: pages per transfer and pool sizes."""
+    parser.add_argument("--pages", type=int, default=512, help="pages per transfer")
+    parser.add_argument("--device-pages", type=int, default=2048)
+    parser.add_argument("--host-slots", type=int, default=2048)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/benchmarks/transfer_gpu.json")
     parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--pages", type=int, default=512, help="pages per transfer")
-    parser.add_argument("--device-pages", type=int, default=2048)
-    parser.add_argument("--host-slots", type=int, default=2048)
+    add_shape_arguments(parser)
     parser.add_argument("--quick", action="store_true", help="fewer sweep points and reps")
     parser.add_argument("--no-sweeps", action="store_true",
                         help="skip the CTA, tile, ce_fraction and staging sweeps (ceilings, paths and load + backup only)")

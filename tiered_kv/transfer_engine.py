@@ -765,26 +765,29 @@ class TransferEngine:
         split = COPY_PATHS[name].load_split(self, len(layers), options, copy if auto else None)
         head = min(split.head_layers, len(layers) - 1) if len(copy) and COPY_PATHS[name].takes_head else 0
         job = _Load(self, layers[head:], copy, replace(split, head_layers=0), options, first_index=head)
+        # The head has a stream of its own (see below).
+        head_job = _Load(self, layers[:head], copy, _head_split(split), options,
+                         load_stream=self.load_head_stream if self.on_gpu else None) if head else None
         if not self.on_gpu:
-            if head:
-                COPY_PATHS["kernel"].load(_Load(self, layers[:head], copy, _head_split(split), options))
+            if head_job is not None:
+                COPY_PATHS["kernel"].load(head_job)
             if len(copy):
                 COPY_PATHS[name].load(job)
             return LoadHandle(self.device, layers, None, copy, name)
         threads = min(issue_threads(name, len(job.layers), options), len(job.layers)) if len(copy) else 0
+        # Every layer's event lands here as it is issued (``finish_layer``), from the head and the rest.
+        events: dict[int, torch.cuda.Event] = {}
+        issued = _Issued() if threads else None
+        for part in (job, head_job) if head_job is not None else (job,):
+            part.events, part.issued = events, issued
         with torch.cuda.device(self.device):
-            events: dict[int, torch.cuda.Event] = {}  # filled by ``finish_layer`` as each layer (or block) is issued
-            job.events = events
-            issued = job.issued = _Issued() if threads else None
             caller = torch.cuda.current_stream(self.device)
             ready_on = caller
-            if head:
-                # The head has a stream of its own: it waits neither for a library thread still
-                # issuing an earlier load on the load streams nor for the engine's lock, and none
-                # of the load streams is made to wait from this thread while a thread uses them.
+            if head_job is not None:
+                # On its own stream the head waits neither for a library thread still issuing an
+                # earlier load on the load streams nor for the engine's lock, and none of the load
+                # streams is made to wait from this thread while a thread uses them.
                 self.load_head_stream.wait_stream(caller)
-                head_job = _Load(self, layers[:head], copy, _head_split(split), options, events=events, issued=issued,
-                                 load_stream=self.load_head_stream)
                 COPY_PATHS["kernel"].load(head_job)
                 # The rest starts copying once the head has landed: layers reach PCIe in order.
                 ready_on = self.load_head_stream
@@ -811,7 +814,7 @@ class TransferEngine:
 
     def _load_on_threads(self, job: _Load, name: str, threads: int, ready: torch.cuda.Event) -> None:
         """Hand ``job`` to ``threads`` library threads, their streams ordered after ``ready`` (an
-        event on the caller's stream, or on the load stream after a head the caller issued).
+        event on the caller's stream, or on the head's stream after a head the caller issued).
 
         ``batch`` loads deal their layers round-robin over the threads (each thread's stream is
         that layer's ``load_stream``); any other path runs whole on the first thread, on the

@@ -197,8 +197,8 @@ AUTO_PATHS_WITHOUT_BATCH = {(True, True, True, False): "kernel", (False, True, T
 SCATTERED_LOADS = {False: LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, head_layers=4),
                    True: LoadSplit(0.3, ce_path="batch", kernel_blocks=8, **HEAD)}
 #: The same beside a backup in flight: ``page_first`` loads keep to the copy engines after a short
-#: kernel head (UVA reads would cut into the backup; the head's only overlap its first layers), ``layer_first`` keeps its split (a staged copy-engine load of
-#: scattered dense rows is 8-11 GB/s).
+#: kernel head (UVA reads would cut into the backup; the head's only overlap its first layers),
+#: ``layer_first`` keeps its split (a staged copy-engine load of scattered dense rows is 8-11 GB/s).
 SCATTERED_LOADS_BESIDE_BACKUP = {False: MIXED_LOADS_BESIDE_BACKUP[False], True: SCATTERED_LOADS[True]}
 #: Without batched copies (runtime or driver before 12.8): the kernel alone, ramped blocks.
 SCATTERED_LOADS_WITHOUT_BATCH = replace(KERNEL_LOADS, ce_fraction=0.0)

@@ -52,8 +52,14 @@ def master(loopback_env):
 
 @pytest.fixture
 def own_master(loopback_env):
-    """A master for tests that kill or restart it."""
-    server = MooncakeMaster().start()
+    """A master for tests that kill or restart it, or fill it.
+
+    Its own eviction is off: with the defaults the master evicts 5 % of the objects whenever a put
+    finds no room (and above 90 % use), so a test that fills the store would race the master's
+    eviction thread for the pages that did fit. Off means: above a use ratio of 1.0, which never
+    happens, and no eviction after a refused put (ratio 0).
+    """
+    server = MooncakeMaster("--eviction_high_watermark_ratio=1.0", "--eviction_ratio=0.0").start()
     yield server
     server.stop()
 

@@ -48,3 +48,46 @@ int cudaMemcpyBatchAsync(void **dsts, void **srcs, size_t *sizes, size_t count, 
     return batch(dsts, srcs, sizes, count, attrs, idxs, num_attrs, fail_idx, stream);
 }
 #endif
+
+/* cudaMemcpy3DBatchAsync with CUDA's own struct layout (driver_types.h: cudaMemcpy3DOperand,
+ * cudaExtent, cudaMemcpy3DBatchOp); pointer operands only, rows rowLength bytes apart. */
+typedef struct {
+    int type;
+    union {
+        struct { void *ptr; size_t rowLength; size_t layerHeight; MemLocation locHint; } ptr;
+        struct { void *array; size_t x, y, z; } array;
+    } op;
+} Memcpy3DOperand;
+typedef struct { size_t width, height, depth; } Extent;
+typedef struct { Memcpy3DOperand src; Memcpy3DOperand dst; Extent extent; int srcAccessOrder; unsigned int flags; } Memcpy3DBatchOp;
+
+size_t op_size = sizeof(Memcpy3DBatchOp);
+size_t last_num_ops = 0;
+
+static int batch_3d(size_t count, Memcpy3DBatchOp *ops, size_t *fail_idx, unsigned long long flags, void *stream) {
+    last_stream = stream; last_num_ops = count;
+    if (flags != 0) return 1;
+    for (size_t i = 0; i < count; i++) {
+        Memcpy3DBatchOp *op = &ops[i];
+        last_access_order = op->srcAccessOrder; last_flags = op->flags;
+        int bad = op->src.type != 1 || op->dst.type != 1 || op->extent.width == 0 || op->extent.height == 0
+                  || op->extent.depth != 1 || op->src.op.ptr.rowLength < op->extent.width
+                  || op->dst.op.ptr.rowLength < op->extent.width || op->srcAccessOrder != 1;
+        if (bad) { if (fail_idx) *fail_idx = i; return 1; }
+        for (size_t r = 0; r < op->extent.height; r++)
+            memcpy((char *)op->dst.op.ptr.ptr + r * op->dst.op.ptr.rowLength,
+                   (const char *)op->src.op.ptr.ptr + r * op->src.op.ptr.rowLength, op->extent.width);
+    }
+    return 0;
+}
+
+#if FAKE_VERSION >= 13000
+int cudaMemcpy3DBatchAsync(size_t count, Memcpy3DBatchOp *ops, unsigned long long flags, void *stream) {
+    return batch_3d(count, ops, 0, flags, stream);
+}
+#elif FAKE_VERSION >= 12080
+int cudaMemcpy3DBatchAsync(size_t count, Memcpy3DBatchOp *ops, size_t *fail_idx, unsigned long long flags,
+                           void *stream) {
+    return batch_3d(count, ops, fail_idx, flags, stream);
+}
+#endif

@@ -29,6 +29,7 @@ def _build(tmp_path, monkeypatch, runtime: int, driver: int) -> ctypes.CDLL:
     cudart._declare(lib)
     monkeypatch.setattr(cudart, "_runtime", lambda: lib)
     cudart._batch_has_fail_idx.cache_clear()
+    cudart._batch_3d_has_fail_idx.cache_clear()
     return lib
 
 
@@ -37,6 +38,7 @@ def fake_runtime(request, tmp_path, monkeypatch):
     lib = _build(tmp_path, monkeypatch, request.param, request.param)
     yield request.param, lib
     cudart._batch_has_fail_idx.cache_clear()
+    cudart._batch_3d_has_fail_idx.cache_clear()
 
 
 @pytest.mark.parametrize(("runtime", "driver", "usable"), [(13000, 13000, True), (12080, 13000, True),
@@ -93,3 +95,37 @@ def test_pitched_copy_and_its_dense_shortcut(fake_runtime):
     dense = np.zeros(10 * 16, dtype=np.uint8)
     cudart.memcpy_2d_async(dense.ctypes.data, 16, source.ctypes.data, 16, 16, 10, 5)  # one 1-D copy
     assert np.array_equal(dense, source)
+
+
+def test_3d_batch_ops_match_cudas_struct_and_copy_pitched_rows(fake_runtime):
+    """``pack_2d_ops`` against the fake's C struct (the layout of CUDA's driver_types.h): each op
+    moves its rows between two pitches, in stream order, and the stream reaches the call."""
+    version, lib = fake_runtime
+    assert ctypes.c_size_t.in_dll(lib, "op_size").value == cudart.OP_WORDS * 8
+    assert cudart.has_memcpy_3d_batch()
+    rng = np.random.default_rng(3)
+    source = rng.integers(0, 256, 61 * 4 * 64, dtype=np.uint8)  # [61 layers, 4 slots, 64 B]
+    target = np.zeros(4 * 61 * 48, dtype=np.uint8)  # per slot: 61 rows of 48 B
+    base = source.ctypes.data
+    slots = np.array([3, 0, 2], dtype=np.uint64)
+    ops = cudart.pack_2d_ops(target.ctypes.data + np.arange(3, dtype=np.uint64) * 61 * 48, 48,
+                             base + slots * 64, 4 * 64, 48, 61, flags=cudart.FLAG_PREFER_OVERLAP_WITH_COMPUTE)
+    cudart.memcpy_3d_batch_async(ops, 0x1234)
+    got = target.reshape(4, 61, 48)[:3]
+    want = source.reshape(61, 4, 64)[:, slots.astype(np.int64), :48].transpose(1, 0, 2)
+    assert np.array_equal(got, want)
+    assert ctypes.c_void_p.in_dll(lib, "last_stream").value == 0x1234
+    assert ctypes.c_size_t.in_dll(lib, "last_num_ops").value == 3
+    assert ctypes.c_int.in_dll(lib, "last_access_order").value == 1
+    assert ctypes.c_uint.in_dll(lib, "last_flags").value == cudart.FLAG_PREFER_OVERLAP_WITH_COMPUTE
+
+
+def test_3d_batch_failure_names_the_op_and_bad_tables_are_refused(fake_runtime):
+    version, _ = fake_runtime
+    source, target = np.zeros(64, dtype=np.uint8), np.zeros(64, dtype=np.uint8)
+    ops = cudart.pack_2d_ops(target.ctypes.data, 16, source.ctypes.data, [16, 8], 16, 2)  # op 1: pitch < width
+    where = "op 1 of 2" if version < 13000 else "2 ops"
+    with pytest.raises(cudart.CudaRuntimeError, match=rf"cudaMemcpy3DBatchAsync \({where}\) failed"):
+        cudart.memcpy_3d_batch_async(ops, 1)
+    with pytest.raises(ValueError, match="uint64"):
+        cudart.memcpy_3d_batch_async(ops.astype(np.int64), 1)

@@ -14,7 +14,7 @@ run:
   highest priority (the engine's default now) and at the default priority.
 Every candidate's bytes are checked against the source once before it is timed.
 
-    python3 benchmarks/serving_probe.py [--set first|second|third|fourth|fifth|sixth|seventh|eighth] [--reps 6]
+    python3 benchmarks/serving_probe.py [--set first|second|...|eighth|ninth] [--reps 6]
         [--beside-reps 6] [--skip load61,backup,both,beside] [--out docs/benchmarks/serving_probe.json]
 """
 
@@ -269,11 +269,43 @@ EIGHTH = [
     ("auto, scattered page_first head 12", "auto", None, {}, _scattered_page_first_head(12)),
     ("auto, scattered page_first head 16", "auto", None, {}, _scattered_page_first_head(16)),
 ]
+def _pitched(split: LoadSplit, **fields) -> TransferOptions:
+    return TransferOptions(load_split=split, issue_threads=1, pitched_batch=True, **fields)
+
+
+#: Ninth probe: the staging ring's copy-engine copies as pitched ops (``cudaMemcpy3DBatchAsync``),
+#: a slot's rows of a block of ``layer_first`` layers one op (``TransferOptions.pitched_batch``):
+#: about 8k ops for a 61-layer load of 512 scattered slots instead of 62k row copies, no SM
+#: beyond the staging scatter. Loads (both layouts; page_first blocks are already one row per slot,
+#: so there it is the control), backups, load + backup at once, beside compute.
+P8 = LoadSplit(1.0, layers_per_copy=8, ramp=True)
+P8H = LoadSplit(1.0, layers_per_copy=8, ramp=True, ramp_step=5, head_layers=8)
+NINTH_LOADS = [
+    ("auto", "auto", None, {}),
+    ("ce blocks 8 ramp (row copies)", "mixed", TransferOptions(load_split=P8, issue_threads=1), {}),
+    ("pitched blocks 8 ramp", "mixed", _pitched(P8), {}),
+    ("pitched blocks 4 ramp", "mixed", _pitched(LoadSplit(1.0, layers_per_copy=4, ramp=True)), {}),
+    ("pitched blocks 16 ramp", "mixed", _pitched(LoadSplit(1.0, layers_per_copy=16, ramp=True)), {}),
+    ("pitched blocks 8 ramp 2 copy streams", "mixed", _pitched(replace(P8, copy_streams=2)), {}),
+    ("pitched head 8 blocks 8 ramp step 5", "mixed", _pitched(P8H), {}),
+]
+NINTH_BACKUPS = [("auto", "auto", None), ("staged", "staged", None),
+                 ("staged pitched", "staged", TransferOptions(pitched_batch=True))]
+NINTH_BOTH = [("auto + auto", "auto", None, "auto", None),
+              ("pitched blocks 8 ramp + auto", "mixed", _pitched(P8), "auto", None),
+              ("pitched blocks 8 ramp + staged pitched", "mixed", _pitched(P8), "staged",
+               TransferOptions(pitched_batch=True)),
+              ("auto + staged pitched", "auto", None, "staged", TransferOptions(pitched_batch=True))]
+NINTH_BESIDE = [("auto", "auto", None, {}),
+                ("pitched blocks 8 ramp", "mixed", _pitched(P8), {}),
+                ("pitched blocks 4 ramp", "mixed", _pitched(LoadSplit(1.0, layers_per_copy=4, ramp=True)), {}),
+                ("pitched head 8 blocks 8 ramp step 5", "mixed", _pitched(P8H), {})]
 CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH}
 SETS = {"fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
         "fourth": ([], [], [], FOURTH_BESIDE),
         "second": (SECOND_LOADS, SECOND_BACKUPS, SECOND_BOTH, SECOND_BESIDE),
-        "third": ([], [], THIRD_BOTH, THIRD_BESIDE)}
+        "third": ([], [], THIRD_BOTH, THIRD_BESIDE),
+        "ninth": (NINTH_LOADS, NINTH_BACKUPS, NINTH_BOTH, NINTH_BESIDE)}
 
 
 def candidate_probe(args, b, engine, hosts, page_sets, slot_sets, sets, check_load, add, ceiling, h2d, d2h, transfer_bytes, skip):

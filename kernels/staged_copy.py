@@ -25,6 +25,14 @@ about 1 us of CPU per row against 5-13 us per call (H200, docs/benchmarks.md "Se
 conditions"). ``host_batch`` (per copier) forces it on or off; on CPU the same copy list runs
 through ``memmove``, so CI checks its addresses.
 
+``pitched=True`` (per call) sends those copies as pitched ops in one ``cudaMemcpy3DBatchAsync``
+instead (CUDA 12.8+), and first folds the pairs of a unit whose host rows lie one pitch apart
+(``layer_first``: a component's layers are ``[layers, slots, bytes]``, so one slot's rows of the
+unit's layers are one layer stride apart, and so are their staging blocks) into one op per slot
+and component: a 61-layer load of 512 scattered slots in blocks of 8 layers is about 8k ops
+instead of 62k row copies. Units then hold fewer rows so that several layers share one
+(``PITCHED_MIN_PAIRS``). On CPU the folded copies run through torch views, so CI checks the fold.
+
 Two knobs per call: ``copy_stream`` may be several streams, and each unit's copy-engine copies are
 then split by rows across them (the first stream forks the others and joins them again, so every
 event above stays on it); copy engines working side by side hide the per-row cost of pitched
@@ -71,6 +79,9 @@ STAGING_NUM_WARPS = 16
 #: costs more CPU than the copy engines need to move it.
 BATCH_MIN_COPIES = 16
 BATCH_MAX_MEAN_ROWS = 2
+#: With ``pitched`` copies, a unit of dense blocks holds few enough rows that this many pairs (or
+#: all of a group's, if fewer) fit one buffer: their rows fold into one op per slot.
+PITCHED_MIN_PAIRS = 16
 
 CopyStreams = torch.cuda.Stream | Sequence[torch.cuda.Stream] | None
 
@@ -97,6 +108,7 @@ class _Unit:
     host_copies: np.ndarray
     stage_views: list[tuple[int, int, int]]  # per pair: (staging offset, staging pitch, chunk)
     host_views: Sequence[torch.Tensor]
+    bases: int = 1  # host_copies is [bases, pieces] flattened base-major (see ``_units``)
 
 
 def _spans(host_views: Sequence[torch.Tensor]) -> list[tuple[int, int]] | None:
@@ -173,16 +185,18 @@ class StagedCopier:
         copy_stream: CopyStreams = None,
         kernel_stream: torch.cuda.Stream | None = None,
         unit_rows: int | None = None,
+        pitched: bool = False,
     ) -> None:
         """Load: for every ``(host_view, device_view)`` pair and i, ``device[device_ids[i]] = host[host_ids[i]]``.
 
         Completion is ordered on ``kernel_stream`` (record an event there after this call).
         Args: views ``uint8 [rows, chunk_bytes]``; ids int64 ``[n]`` on the CPU, validated;
         ``copy_stream`` one stream or several (copies split by rows); ``unit_rows`` the most rows
-        per staging unit (default: as many as fit a buffer).
+        per staging unit (default: as many as fit a buffer); ``pitched``: short host runs as
+        folded pitched ops (module docstring).
         """
         self.to_device_groups([pairs], host_ids, device_ids, copy_stream=copy_stream, kernel_stream=kernel_stream,
-                              unit_rows=unit_rows)
+                              unit_rows=unit_rows, pitched=pitched)
 
     def to_device_groups(
         self,
@@ -195,6 +209,7 @@ class StagedCopier:
         on_group_done: Callable[[int], None] | None = None,
         unit_rows: int | None = None,
         num_ctas: int | None = None,
+        pitched: bool = False,
     ) -> None:
         """``to_device`` of several groups of pairs (e.g. one group per layer) in one call.
 
@@ -203,7 +218,8 @@ class StagedCopier:
         upload of every table happen once for the whole call. ``num_ctas``: the scatter's budget
         for this call (default: the copier's).
         """
-        self._run(groups, host_ids, device_ids, True, copy_stream, kernel_stream, on_group_done, unit_rows, num_ctas)
+        self._run(groups, host_ids, device_ids, True, copy_stream, kernel_stream, on_group_done, unit_rows, num_ctas,
+                  pitched)
 
     def to_host(
         self,
@@ -214,17 +230,18 @@ class StagedCopier:
         copy_stream: CopyStreams = None,
         kernel_stream: torch.cuda.Stream | None = None,
         unit_rows: int | None = None,
+        pitched: bool = False,
     ) -> None:
         """Backup: for every ``(device_view, host_view)`` pair and i, ``host[host_ids[i]] = device[device_ids[i]]``.
 
         Completion is ordered on ``copy_stream`` (the first one if several: it joins the others;
         record an event there after this call).
         """
-        self._run([pairs], host_ids, device_ids, False, copy_stream, kernel_stream, None, unit_rows)
+        self._run([pairs], host_ids, device_ids, False, copy_stream, kernel_stream, None, unit_rows, None, pitched)
 
     # --- planning --------------------------------------------------------------------------------
     def _units(self, host_views: Sequence[torch.Tensor], host_sorted: np.ndarray, run_starts: np.ndarray,
-               run_ends: np.ndarray, unit_rows: int | None = None) -> list[_Unit]:
+               run_ends: np.ndarray, unit_rows: int | None = None, pitched: bool = False) -> list[_Unit]:
         """Split (rows x pairs) into units that each fit one buffer, with their host-side copies.
 
         Views with one row pitch stage as *spans*: a staging row holds each contiguous piece of a
@@ -248,6 +265,9 @@ class StagedCopier:
             if biggest > self.buffer_bytes:
                 raise ValueError(f"a {biggest}-byte chunk does not fit a {self.buffer_bytes}-byte staging buffer")
             rows_per_unit = self.buffer_bytes // biggest
+            if pitched:  # several pairs per unit, so their rows fold (``PITCHED_MIN_PAIRS``)
+                widths = sum(_round(width) for _, _, width in info[:PITCHED_MIN_PAIRS])
+                rows_per_unit = max(1, min(rows_per_unit, self.buffer_bytes // widths))
         if unit_rows is not None:
             rows_per_unit = max(1, min(rows_per_unit, unit_rows))
         if n == 0:
@@ -300,7 +320,7 @@ class StagedCopier:
             table[..., _HEIGHT] = heights
         if spans is not None:
             span_pairs = list(range(len(host_views)))
-            return [_Unit(span_pairs, r0, r1, table[:, p0:p1].reshape(-1, 7), span_stage, host_views)
+            return [_Unit(span_pairs, r0, r1, table[:, p0:p1].reshape(-1, 7), span_stage, host_views, len(bases))
                     for r0, r1, p0, p1 in unit_bounds]
         r0, r1, p0, p1 = unit_bounds[-1]
         if groups_of[r1 - r0][1] != offsets:  # a short last unit: its own staging offsets
@@ -310,7 +330,8 @@ class StagedCopier:
             ranges, unit_offsets = groups_of[r1 - r0]
             for k0, k1 in ranges:
                 stage = [(unit_offsets[k], info[k][2], info[k][2]) for k in range(k0, k1)]
-                units.append(_Unit(list(range(k0, k1)), r0, r1, table[k0:k1, p0:p1].reshape(-1, 7), stage, host_views))
+                units.append(_Unit(list(range(k0, k1)), r0, r1, table[k0:k1, p0:p1].reshape(-1, 7), stage, host_views,
+                                   k1 - k0))
         return units
 
     def _pair_groups(self, info, rows: int) -> tuple[list[tuple[int, int]], list[int]]:
@@ -342,7 +363,7 @@ class StagedCopier:
 
     # --- running ---------------------------------------------------------------------------------
     def _run(self, groups, host_ids, device_ids, to_device, copy_stream, kernel_stream, on_group_done,
-             unit_rows=None, num_ctas=None) -> None:
+             unit_rows=None, num_ctas=None, pitched=False) -> None:
         if host_ids.numel() != device_ids.numel():
             raise ValueError(f"host_ids has {host_ids.numel()} ids, device_ids {device_ids.numel()}")
         if host_ids.numel() == 0 or not groups:
@@ -376,7 +397,7 @@ class StagedCopier:
                 continue
             host_views = [pair[0] if to_device else pair[1] for pair in pairs]
             device_views = [pair[1] if to_device else pair[0] for pair in pairs]
-            for unit in self._units(host_views, host_sorted, run_starts, run_ends, unit_rows):
+            for unit in self._units(host_views, host_sorted, run_starts, run_ends, unit_rows, pitched):
                 slot = self._next
                 self._next = (slot + 1) % self._num_buffers
                 key = (g, slot, unit.r1 - unit.r0, unit.pairs[0], len(unit.pairs))
@@ -407,13 +428,13 @@ class StagedCopier:
             buffer_addr = self._storage.data_ptr() + slot * self.buffer_bytes
             ids_device, ids_stage = device_dev[unit.r0:unit.r1], stage_dev[:rows]
             if to_device:
-                self._engine_copies(unit, buffer_addr, True, copy_streams)
+                self._engine_copies(unit, buffer_addr, True, copy_streams, pitched)
                 self._handoff(slot, copy_stream, kernel_stream)
                 self._kernel(plan, table, ids_stage, ids_device, kernel_stream, num_ctas)
             else:
                 self._kernel(plan, table, ids_device, ids_stage, kernel_stream, num_ctas)
                 self._handoff(slot, kernel_stream, copy_stream)
-                self._engine_copies(unit, buffer_addr, False, copy_streams)
+                self._engine_copies(unit, buffer_addr, False, copy_streams, pitched)
             if self._on_gpu:
                 self._free[slot].record(consumer)
                 self._free_recorded[slot] = True
@@ -468,9 +489,16 @@ class StagedCopier:
             return merge_copy_list(copy_list)
         return copy_list
 
-    def _engine_copies(self, unit: _Unit, buffer_addr: int, to_device: bool, streams) -> None:
-        shares = [_share(unit.host_copies, k, len(streams)) for k in range(len(streams))]
-        if any(len(share) for share in shares) and self._batched(unit.host_copies):
+    def _engine_copies(self, unit: _Unit, buffer_addr: int, to_device: bool, streams, pitched: bool = False) -> None:
+        copies = unit.host_copies
+        pitched = pitched and len(copies) > 0 and (not self._on_gpu or _pitched_available())
+        if pitched:
+            copies = fold_pitched(copies, unit.bases)
+        shares = [_share(copies, k, len(streams)) for k in range(len(streams))]
+        if pitched and self._on_gpu:
+            self._pitched_copies(shares, buffer_addr, to_device, streams)
+            return
+        if not pitched and any(len(share) for share in shares) and self._batched(copies):
             self._batch_copies(shares, buffer_addr, to_device, streams)
             return
         if self._on_gpu:
@@ -496,6 +524,20 @@ class StagedCopier:
                 stage.copy_(host)
             else:
                 host.copy_(stage)
+
+    def _pitched_copies(self, shares, buffer_addr: int, to_device: bool, streams) -> None:
+        """Each copy stream's share of a unit as one ``cudaMemcpy3DBatchAsync`` of pitched ops."""
+        with self._forked(streams):
+            for stream, share in zip(streams, shares):
+                if len(share):
+                    host, stage = share[:, _HOST], share[:, _OFFSET] + buffer_addr
+                    host_pitch, stage_pitch = share[:, _HOST_PITCH], share[:, _STAGE_PITCH]
+                    width, height = share[:, _WIDTH], share[:, _HEIGHT]
+                    if to_device:
+                        ops = cudart.pack_2d_ops(stage, stage_pitch, host, host_pitch, width, height)
+                    else:
+                        ops = cudart.pack_2d_ops(host, host_pitch, stage, stage_pitch, width, height)
+                    cudart.memcpy_3d_batch_async(ops, stream.cuda_stream)
 
     def _batch_copies(self, shares, buffer_addr: int, to_device: bool, streams) -> None:
         """Each copy stream's share of a unit as one memcpy batch (memmove on CPU: the CPU
@@ -541,6 +583,71 @@ def _batch_available() -> bool:
     from .batch_copy import available
 
     return available()
+
+
+def _pitched_available() -> bool:
+    return torch.cuda.is_available() and cudart.has_memcpy_3d_batch()
+
+
+def fold_pitched(copies: np.ndarray, bases: int) -> np.ndarray:
+    """A unit's host copies (``host_copies``: ``[bases, pieces]`` rows of columns ``_HOST``...,
+    flattened base-major) with the bases that lie one pitch apart folded.
+
+    A copy dense on both sides (a run of ``layer_first`` slots: pitch = width) counts as one row
+    of its whole bytes. Where bases of one width and pitches have host addresses and staging
+    offsets in arithmetic progression (both ascending, steps at least the widest row), each piece
+    whose copies are single rows becomes one copy over the chain: its rows are the bases (height
+    = their count, pitches = the steps). Other pieces, and bases in no chain, keep their copies;
+    with nothing to fold the copies come back as they were. The rows moved are the same.
+    """
+    if bases < 2 or len(copies) % bases:
+        return copies
+    original = copies.reshape(bases, -1, 7)
+    table = original.copy()
+    width, height = table[..., _WIDTH], table[..., _HEIGHT]
+    dense = (table[..., _HOST_PITCH] == width) & (table[..., _STAGE_PITCH] == width)
+    table[..., _WIDTH] = np.where(dense, width * height, width)
+    table[..., _HEIGHT] = np.where(dense, 1, height)
+    single = (table[..., _HEIGHT] == 1).all(axis=0)  # pieces whose copies are one row in every base
+    if not single.any():
+        return copies
+    first = original[:, 0]
+    widest = table[..., _WIDTH].max(axis=1)
+    # Bases of one (width, host pitch, staging pitch), in host order, cut into progressions.
+    order = np.lexsort((first[:, _HOST], first[:, _STAGE_PITCH], first[:, _HOST_PITCH], first[:, _WIDTH]))
+    keys = first[:, (_WIDTH, _HOST_PITCH, _STAGE_PITCH)].tolist()
+    host, offset = first[:, _HOST].tolist(), first[:, _OFFSET].tolist()
+    chains: list[list[int]] = []
+    for b in order.tolist():
+        chain = chains[-1] if chains else None
+        if chain is not None and keys[b] == keys[chain[0]]:
+            step = (host[b] - host[chain[-1]], offset[b] - offset[chain[-1]])
+            if len(chain) == 1:
+                fits = min(step) >= max(widest[b], widest[chain[0]])
+            else:
+                fits = step == (host[chain[1]] - host[chain[0]], offset[chain[1]] - offset[chain[0]])
+            if fits:
+                chain.append(b)
+                continue
+        chains.append([b])
+    if len(chains) == bases:
+        return copies
+    out = []
+    for chain in chains:
+        if len(chain) == 1:
+            out.append(original[chain[0]])
+            continue
+        lead = table[chain[0], single]
+        steps = table[chain[1], single] - lead
+        ahead = (table[chain][:, single] - lead[None])[..., (_HOST, _OFFSET)]
+        if not (ahead == np.arange(len(chain))[:, None, None] * steps[None][..., (_HOST, _OFFSET)]).all():
+            out.extend(original[b] for b in chain)  # pieces out of step (not the planner's tables)
+            continue
+        rows = lead.copy()
+        rows[:, _HOST_PITCH], rows[:, _STAGE_PITCH], rows[:, _HEIGHT] = steps[:, _HOST], steps[:, _OFFSET], len(chain)
+        out.append(rows)
+        out.extend(original[b, ~single] for b in chain)
+    return np.ascontiguousarray(np.concatenate(out))
 
 
 def _share(copies, k: int, parts: int) -> np.ndarray:

@@ -451,6 +451,22 @@ def test_scattered_auto_splits_copy_every_byte(layout):
     check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages))
 
 
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("path", ["staged", "mixed"])
+def test_pitched_batch_option_copies_every_byte(path, layout):
+    """``TransferOptions(pitched_batch=True)``: staged loads in blocks of layers and staged
+    backups with scattered slots, the copy-engine copies folded across layers (CPU: torch views
+    run the folded copies)."""
+    device, host = _pools("nsa", layout)
+    options = TransferOptions(load_split=LoadSplit(1.0, layers_per_copy=2, ramp=True), pitched_batch=True)
+    engine = TransferEngine(device.pool, host, path=path, options=options)
+    slots, pages = torch.randperm(16)[:9], random_ids(9, 1, 20)
+    pairs = [pair for layer in range(host.spec.num_layers) for pair in load_pairs(host, device.pool, layer)]
+    check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages))
+    if path == "staged":
+        check_copy(backup_pairs(device.pool, host), pages, slots, [host.buffer], lambda: engine.backup(pages, slots))
+
+
 # --- GPU ------------------------------------------------------------------------------------------
 
 def read_each_layer_after_wait(handle, device_pool, pages, num_layers):
@@ -610,4 +626,27 @@ def test_gpu_auto_with_scattered_slots(layout, op):
         assert handle.path == "mixed"
         assert_layers_equal(read_each_layer_after_wait(handle, device.pool, pages, spec.num_layers), expected)
     engine.close()
+    host.close()
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_gpu_pitched_batch_loads_and_backups(layout):
+    """Pitched ops in ``cudaMemcpy3DBatchAsync`` on the H200: scattered slots, blocks of layers,
+    every layer right after ``wait_layer``, and a staged backup byte for byte."""
+    spec = nsa_spec(num_layers=12, page_size=64)
+    device = make_device_pool(spec, 1100, "cuda")
+    host = make_host_pool(spec, 1024, layout)
+    options = TransferOptions(load_split=LoadSplit(1.0, layers_per_copy=4, ramp=True), pitched_batch=True)
+    engine = TransferEngine(device.pool, host, path="staged", options=options)
+    slots, pages = torch.randperm(1024)[:512], random_ids(512, 1, 1100)
+    expected = [[host.chunk_view(ci, layer)[slots].clone() for ci in range(2)] for layer in range(spec.num_layers)]
+    handle = engine.load(slots, pages)
+    assert_layers_equal(read_each_layer_after_wait(handle, device.pool, pages, spec.num_layers), expected)
+    back = torch.randperm(1024)[:512]
+    engine.backup(pages, back).synchronize()
+    for layer in range(spec.num_layers):
+        for ci in range(2):
+            assert torch.equal(host.chunk_view(ci, layer)[back], device.pool.chunk_view(ci, layer)[pages.cuda()].cpu())
     host.close()

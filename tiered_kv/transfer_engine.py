@@ -406,7 +406,8 @@ class _Load:
             # One call per part: sorting, runs and the table upload happen once per part.
             copier.to_device_groups(
                 groups[first:last], *ce_ids, copy_stream=copy_streams, kernel_stream=self.load_stream,
-                on_group_done=finish_block, unit_rows=split.unit_rows, num_ctas=split.staging_ctas)
+                on_group_done=finish_block, unit_rows=split.unit_rows, num_ctas=split.staging_ctas,
+                pitched=self.options.pitched_batch)
 
     def batched_half(self, ce_ids, ce_components) -> None:
         """Per layer, one memcpy batch straight into the pages on ``load_stream`` (split over
@@ -569,7 +570,8 @@ class StagedPath(CopyPath):
     def backup(self, job: _Backup) -> None:
         job.done_on = job.stream("backup_copy_stream")
         job.engine.staging_copier("backup").to_host(job.pairs, job.copy.device_pages, job.copy.host_slots,
-                                                    copy_stream=job.done_on, kernel_stream=job.stream("backup_stream"))
+                                                    copy_stream=job.done_on, kernel_stream=job.stream("backup_stream"),
+                                                    pitched=job.options.pitched_batch)
 
     def load(self, job: _Load) -> None:
         job.staged_half((job.copy.host_slots, job.copy.device_pages), job.engine._components(job.split)[1])

@@ -222,6 +222,10 @@ class TransferOptions:
     num_ctas: CTA budget of the UVA kernel launches (None: measured per direction).
     issue_threads: library threads that issue a GPU load (0: the caller's thread; None:
         ``ISSUE_THREADS`` for ``batch`` loads of several layers, else the caller's).
+    pitched_batch: the staging ring's copy-engine copies of scattered host slots go out as
+        pitched ops in one ``cudaMemcpy3DBatchAsync`` per unit, a slot's rows of a unit's
+        ``layer_first`` layers folded into one op (``kernels.staged_copy``; CUDA 12.8+, else
+        ignored). Not measured on the H200 yet, so ``auto`` does not set it.
     """
 
     load_split: LoadSplit | None = None
@@ -230,6 +234,7 @@ class TransferOptions:
     batch_flags: int = 0
     num_ctas: int | None = None
     issue_threads: int | None = None
+    pitched_batch: bool = False
 
     def __post_init__(self) -> None:
         for name in ("ce_fraction", "backup_ce_fraction"):

@@ -16,7 +16,7 @@ import torch
 from tiered_kv import nsa_spec
 from tiered_kv.kernels import StagedCopier
 from tiered_kv.kernels.batch_copy import CopyList, merge_copy_list
-from tiered_kv.kernels.staged_copy import _share, _spans
+from tiered_kv.kernels.staged_copy import _share, _spans, fold_pitched
 from tiered_kv.transfer import backup_pairs, load_pairs
 
 from .pools import adjacent_ids, check_copy, make_device_pool, make_host_pool, random_ids
@@ -215,21 +215,21 @@ def test_share_splits_a_table_like_the_per_copy_split():
     assert np.array_equal(table, before)  # shares are copies: the unit's table stays as it was
 
 
-def _staged_load(groups, slots, pages, *, buffer_bytes, unit_rows, streams, host_batch):
+def _staged_load(groups, slots, pages, *, buffer_bytes, unit_rows, streams, host_batch, pitched=False):
     copier = StagedCopier("cpu", buffer_bytes=buffer_bytes, num_buffers=2, host_batch=host_batch)
     done = []
     copier.to_device_groups(groups, slots, pages, copy_stream=[None] * streams if streams > 1 else None,
-                            unit_rows=unit_rows, on_group_done=done.append)
+                            unit_rows=unit_rows, on_group_done=done.append, pitched=pitched)
     assert done == list(range(len(groups)))
 
 
-@pytest.mark.parametrize("host_batch", [None, True])
+@pytest.mark.parametrize("host_batch,pitched", [(None, False), (True, False), (None, True)])
 @pytest.mark.parametrize("streams", [1, 3])
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
 @pytest.mark.parametrize("kind", ["scattered", "one_run"])
 @pytest.mark.parametrize("per,buffer_bytes,unit_rows", [(2, THREE_BLOCK_ROWS, None), (4, THREE_BLOCK_ROWS, 2),
                                                         (1, 1 << 20, 4)])
-def test_staged_load_by_blocks_of_layers(per, buffer_bytes, unit_rows, kind, layout, streams, host_batch):
+def test_staged_load_by_blocks_of_layers(per, buffer_bytes, unit_rows, kind, layout, streams, host_batch, pitched):
     """Blocks of layers, scattered slots or one run cut at unit boundaries, copies split over
     streams: every copied byte right, every other device byte untouched."""
     device = make_device_pool(SPEC, NUM_PAGES)
@@ -239,13 +239,13 @@ def test_staged_load_by_blocks_of_layers(per, buffer_bytes, unit_rows, kind, lay
     pairs = [pair for group in groups for pair in group]
     check_copy(pairs, slots, pages, device.roots,
                lambda: _staged_load(groups, slots, pages, buffer_bytes=buffer_bytes, unit_rows=unit_rows,
-                                    streams=streams, host_batch=host_batch))
+                                    streams=streams, host_batch=host_batch, pitched=pitched))
 
 
-@pytest.mark.parametrize("host_batch", [None, True])
+@pytest.mark.parametrize("host_batch,pitched", [(None, False), (True, False), (None, True)])
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
 @pytest.mark.parametrize("kind", ["scattered", "one_run"])
-def test_staged_backup_with_scattered_slots(kind, layout, host_batch):
+def test_staged_backup_with_scattered_slots(kind, layout, host_batch, pitched):
     """All layers in one call (whole-slot spans on page_first), short units, three streams."""
     device = make_device_pool(SPEC, NUM_PAGES)
     host = make_host_pool(SPEC, NUM_SLOTS, layout)
@@ -253,4 +253,57 @@ def test_staged_backup_with_scattered_slots(kind, layout, host_batch):
     pairs = backup_pairs(device.pool, host)
     copier = StagedCopier("cpu", buffer_bytes=3 * SPEC.page_bytes + 300, num_buffers=2, host_batch=host_batch)
     check_copy(pairs, pages, slots, [host.buffer],
-               lambda: copier.to_host(pairs, pages, slots, copy_stream=[None] * 3, unit_rows=2))
+               lambda: copier.to_host(pairs, pages, slots, copy_stream=[None] * 3, unit_rows=2, pitched=pitched))
+
+
+def _rows(copies: np.ndarray) -> list[tuple[int, int, int]]:
+    """The bytes a host-copy table moves: its (host address, staging offset, width) rows sorted,
+    rows that continue each other on both sides merged (a dense run is one row or several)."""
+    rows = sorted((h + j * hp, o + j * sp, w) for h, hp, o, sp, w, height, _ in copies.tolist() for j in range(height))
+    merged: list[list[int]] = []
+    for h, o, w in rows:
+        if merged and merged[-1][0] + merged[-1][2] == h and merged[-1][1] + merged[-1][2] == o:
+            merged[-1][2] += w
+        else:
+            merged.append([h, o, w])
+    return [tuple(m) for m in merged]
+
+
+@pytest.mark.parametrize("per", [1, 3, 4])
+def test_pitched_fold_of_layer_first_units(per):
+    """Scattered layer_first slots: a unit's copies fold to one per (component, slot) whose rows
+    are the unit's layers, and the folded rows are exactly the rows of before."""
+    device = make_device_pool(SPEC, NUM_PAGES)
+    host = make_host_pool(SPEC, NUM_SLOTS, "layer_first")
+    slots = random_ids(11, 0, NUM_SLOTS)
+    group = _groups(host, device.pool, per)[0]
+    host_views = [pair[0] for pair in group]
+    copier = StagedCopier("cpu", buffer_bytes=1 << 20, num_buffers=2)
+    units = copier._units(host_views, *_sorted_runs(slots), pitched=True)
+    for unit in units:
+        folded = fold_pitched(unit.host_copies, unit.bases)
+        assert _rows(folded) == _rows(unit.host_copies)
+        layers = len(unit.pairs) // len(SPEC.components)
+        if layers == 1:
+            assert np.array_equal(folded, unit.host_copies)  # nothing to fold
+            continue
+        # One copy per (component, run of slots) whatever the runs' lengths, its rows the layers.
+        assert len(folded) == len(unit.host_copies) // layers
+        assert set(folded[:, 5].tolist()) == {layers}
+
+
+def test_pitched_fold_leaves_what_does_not_fold():
+    """Spans (page_first: a block of layers is already one row per slot) and bases out of step
+    stay as they were; pitched copies of several rows stay unfolded."""
+    device = make_device_pool(SPEC, NUM_PAGES)
+    copier = StagedCopier("cpu", buffer_bytes=1 << 20, num_buffers=2)
+    host = make_host_pool(SPEC, NUM_SLOTS, "page_first")
+    views = [pair[0] for pair in _groups(host, device.pool, 4)[0]]
+    for unit in copier._units(views, *_sorted_runs(random_ids(11, 0, NUM_SLOTS)), pitched=True):
+        assert np.array_equal(fold_pitched(unit.host_copies, unit.bases), unit.host_copies)
+    pitched_rows = np.array([[0, 128, 0, 64, 64, 2, 0], [1000, 128, 500, 64, 64, 2, 0]], dtype=np.int64)
+    assert np.array_equal(fold_pitched(pitched_rows, 2), pitched_rows)
+    table = np.array([[0, 64, 0, 64, 64, 1, 0], [1000, 64, 64, 64, 64, 1, 0], [1500, 64, 128, 64, 64, 1, 0]],
+                     dtype=np.int64)  # host steps 1000 then 500: only the first two fold
+    folded = fold_pitched(table, 3)
+    assert _rows(folded) == _rows(table) and len(folded) == 2

@@ -1,0 +1,52 @@
+"""The serving probe's candidate sets (benchmarks/serving_probe.py) on CPU pools: every candidate's
+options are valid and every load and backup candidate copies every byte, so a probe run on the
+H200 does not spend device time on a candidate that is wrong before it is timed."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import serving_probe  # noqa: E402
+
+from tiered_kv.transfer_engine import TransferEngine  # noqa: E402
+from tiered_kv.transfer import backup_pairs, load_pairs  # noqa: E402
+
+from .kernels.pools import check_copy, make_device_pool, make_host_pool, random_ids, small_specs  # noqa: E402
+
+SPEC = small_specs()["nsa"]
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("entry", serving_probe.NINTH_LOADS, ids=lambda e: e[0])
+def test_ninth_load_candidates_copy_every_byte(entry, layout):
+    name, path, options, kwargs = entry
+    device, host = make_device_pool(SPEC, 20), make_host_pool(SPEC, 16, layout)
+    engine = TransferEngine(device.pool, host, path=path, **kwargs)
+    slots, pages = torch.randperm(16)[:9], random_ids(9, 1, 20)
+    pairs = [pair for layer in range(SPEC.num_layers) for pair in load_pairs(host, device.pool, layer)]
+    check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages, options=options))
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("entry", serving_probe.NINTH_BACKUPS, ids=lambda e: e[0])
+def test_ninth_backup_candidates_copy_every_byte(entry, layout):
+    name, path, options = entry
+    device, host = make_device_pool(SPEC, 20), make_host_pool(SPEC, 16, layout)
+    engine = TransferEngine(device.pool, host, path=path)
+    pages, slots = random_ids(9, 1, 20), torch.randperm(16)[:9]
+    check_copy(backup_pairs(device.pool, host), pages, slots, [host.buffer],
+               lambda: engine.backup(pages, slots, options=options))
+
+
+def test_ninth_both_and_beside_entries_name_known_paths():
+    from tiered_kv.transfer_policy import PATHS
+
+    for name, load_path, _, backup_path, _ in serving_probe.NINTH_BOTH:
+        assert load_path in PATHS and backup_path in PATHS, name
+    assert {e[0] for e in serving_probe.NINTH_BESIDE} <= {e[0] for e in serving_probe.NINTH_LOADS}

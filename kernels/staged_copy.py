@@ -53,6 +53,7 @@ same code runs with CPU buffers and no streams (the path CI exercises).
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager, nullcontext
@@ -599,6 +600,10 @@ def fold_pitched(copies: np.ndarray, bases: int) -> np.ndarray:
     whose copies are single rows becomes one copy over the chain: its rows are the bases (height
     = their count, pitches = the steps). Other pieces, and bases in no chain, keep their copies;
     with nothing to fold the copies come back as they were. The rows moved are the same.
+
+    The planner's tables step alike in every piece (a base's copies are its address plus a
+    multiple of its pitch), so the chains are found on the first piece and checked on the last;
+    they depend only on the bases, so they are computed once per shape of unit (``_chains``).
     """
     if bases < 2 or len(copies) % bases:
         return copies
@@ -612,42 +617,66 @@ def fold_pitched(copies: np.ndarray, bases: int) -> np.ndarray:
     if not single.any():
         return copies
     first = original[:, 0]
+    keys = first[:, (_WIDTH, _HOST_PITCH, _STAGE_PITCH)]
+    where = first[:, (_HOST, _OFFSET)] - first[0, (_HOST, _OFFSET)]
     widest = table[..., _WIDTH].max(axis=1)
-    # Bases of one (width, host pitch, staging pitch), in host order, cut into progressions.
-    order = np.lexsort((first[:, _HOST], first[:, _STAGE_PITCH], first[:, _HOST_PITCH], first[:, _WIDTH]))
-    keys = first[:, (_WIDTH, _HOST_PITCH, _STAGE_PITCH)].tolist()
-    host, offset = first[:, _HOST].tolist(), first[:, _OFFSET].tolist()
+    leads, lengths, steps = _chains(keys.tobytes(), where.tobytes(), widest.tobytes(), bases)
+    if len(leads) == bases:
+        return copies
+    # Check on the last piece what the chains were found on in the first.
+    members, lead_of, ahead = _chain_members(keys.tobytes(), where.tobytes(), widest.tobytes(), bases)
+    last = original[:, -1][:, (_HOST, _OFFSET)]
+    if not (last[members] - last[lead_of] == ahead).all():
+        raise AssertionError("fold_pitched: a unit's copies do not step alike in every piece")
+    folded = table[leads][:, single]  # [chains, single pieces, 7]
+    long = lengths > 1
+    folded[long, :, _HOST_PITCH] = steps[long, 0, None]
+    folded[long, :, _STAGE_PITCH] = steps[long, 1, None]
+    folded[long, :, _HEIGHT] = lengths[long, None]
+    out = [folded.reshape(-1, 7)]
+    if not single.all():
+        out.append(original[:, ~single].reshape(-1, 7))
+    return np.ascontiguousarray(np.concatenate(out)) if len(out) > 1 else np.ascontiguousarray(out[0])
+
+
+@functools.lru_cache(maxsize=256)
+def _chain_plan(keys: bytes, where: bytes, widest: bytes, bases: int):
+    """Chains of bases (see ``fold_pitched``) from their (width, pitches), their addresses relative
+    to base 0 and their widest rows: (members in chain order, leads, lengths, steps [chains, 2])."""
+    key = np.frombuffer(keys, dtype=np.int64).reshape(bases, 3).tolist()
+    host, offset = np.frombuffer(where, dtype=np.int64).reshape(bases, 2).T.tolist()
+    wide = np.frombuffer(widest, dtype=np.int64).tolist()
+    order = sorted(range(bases), key=lambda b: (key[b], host[b]))
     chains: list[list[int]] = []
-    for b in order.tolist():
+    for b in order:
         chain = chains[-1] if chains else None
-        if chain is not None and keys[b] == keys[chain[0]]:
+        if chain is not None and key[b] == key[chain[0]]:
             step = (host[b] - host[chain[-1]], offset[b] - offset[chain[-1]])
             if len(chain) == 1:
-                fits = min(step) >= max(widest[b], widest[chain[0]])
+                fits = min(step) >= max(wide[b], wide[chain[0]])
             else:
                 fits = step == (host[chain[1]] - host[chain[0]], offset[chain[1]] - offset[chain[0]])
             if fits:
                 chain.append(b)
                 continue
         chains.append([b])
-    if len(chains) == bases:
-        return copies
-    out = []
-    for chain in chains:
-        if len(chain) == 1:
-            out.append(original[chain[0]])
-            continue
-        lead = table[chain[0], single]
-        steps = table[chain[1], single] - lead
-        ahead = (table[chain][:, single] - lead[None])[..., (_HOST, _OFFSET)]
-        if not (ahead == np.arange(len(chain))[:, None, None] * steps[None][..., (_HOST, _OFFSET)]).all():
-            out.extend(original[b] for b in chain)  # pieces out of step (not the planner's tables)
-            continue
-        rows = lead.copy()
-        rows[:, _HOST_PITCH], rows[:, _STAGE_PITCH], rows[:, _HEIGHT] = steps[:, _HOST], steps[:, _OFFSET], len(chain)
-        out.append(rows)
-        out.extend(original[b, ~single] for b in chain)
-    return np.ascontiguousarray(np.concatenate(out))
+    members = np.array([b for chain in chains for b in chain], dtype=np.int64)
+    leads = np.array([chain[0] for chain in chains], dtype=np.int64)
+    lengths = np.array([len(chain) for chain in chains], dtype=np.int64)
+    steps = np.array([(host[c[1]] - host[c[0]], offset[c[1]] - offset[c[0]]) if len(c) > 1 else (0, 0) for c in chains],
+                     dtype=np.int64).reshape(-1, 2)
+    # Each member's chain lead and its (host, staging) distance from it: rank x step.
+    lead_of = np.repeat(leads, lengths)
+    ahead = np.concatenate([np.arange(n) for n in lengths])[:, None] * np.repeat(steps, lengths, axis=0)
+    return (members, lead_of, ahead), leads, lengths, steps
+
+
+def _chains(keys: bytes, where: bytes, widest: bytes, bases: int):
+    return _chain_plan(keys, where, widest, bases)[1:]
+
+
+def _chain_members(keys: bytes, where: bytes, widest: bytes, bases: int):
+    return _chain_plan(keys, where, widest, bases)[0]
 
 
 def _share(copies, k: int, parts: int) -> np.ndarray:

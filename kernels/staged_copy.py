@@ -603,7 +603,8 @@ def fold_pitched(copies: np.ndarray, bases: int) -> np.ndarray:
 
     The planner's tables step alike in every piece (a base's copies are its address plus a
     multiple of its pitch), so the chains are found on the first piece and checked on the last;
-    they depend only on the bases, so they are computed once per shape of unit (``_chains``).
+    they depend only on the bases, so they are computed once per shape of unit (``_chains``). A
+    table that does not step alike comes back unfolded.
     """
     if bases < 2 or len(copies) % bases:
         return copies
@@ -627,7 +628,7 @@ def fold_pitched(copies: np.ndarray, bases: int) -> np.ndarray:
     members, lead_of, ahead = _chain_members(keys.tobytes(), where.tobytes(), widest.tobytes(), bases)
     last = original[:, -1][:, (_HOST, _OFFSET)]
     if not (last[members] - last[lead_of] == ahead).all():
-        raise AssertionError("fold_pitched: a unit's copies do not step alike in every piece")
+        return copies  # not a table of the planner's form: move it unfolded, as it is
     folded = table[leads][:, single]  # [chains, single pieces, 7]
     long = lengths > 1
     folded[long, :, _HOST_PITCH] = steps[long, 0, None]

@@ -307,3 +307,7 @@ def test_pitched_fold_leaves_what_does_not_fold():
                      dtype=np.int64)  # host steps 1000 then 500: only the first two fold
     folded = fold_pitched(table, 3)
     assert _rows(folded) == _rows(table) and len(folded) == 2
+    # Bases that step alike in the first piece but not in the last: moved unfolded.
+    uneven = np.array([[0, 64, 0, 64, 64, 1, 0], [5000, 64, 640, 64, 64, 1, 0],
+                       [1000, 64, 64, 64, 64, 1, 0], [7000, 64, 704, 64, 64, 1, 0]], dtype=np.int64)
+    assert np.array_equal(fold_pitched(uneven, 2), uneven)

@@ -612,7 +612,11 @@ def fold_pitched(copies: np.ndarray, bases: int) -> np.ndarray:
     table = original.copy()
     width, height = table[..., _WIDTH], table[..., _HEIGHT]
     dense = (table[..., _HOST_PITCH] == width) & (table[..., _STAGE_PITCH] == width)
-    table[..., _WIDTH] = np.where(dense, width * height, width)
+    whole = np.where(dense, width * height, width)
+    # A dense copy is one row of all its bytes (pitches too: a pitched op needs pitch >= width).
+    table[..., _HOST_PITCH] = np.where(dense, whole, table[..., _HOST_PITCH])
+    table[..., _STAGE_PITCH] = np.where(dense, whole, table[..., _STAGE_PITCH])
+    table[..., _WIDTH] = whole
     table[..., _HEIGHT] = np.where(dense, 1, height)
     single = (table[..., _HEIGHT] == 1).all(axis=0)  # pieces whose copies are one row in every base
     if not single.any():

@@ -129,3 +129,44 @@ def test_3d_batch_failure_names_the_op_and_bad_tables_are_refused(fake_runtime):
         cudart.memcpy_3d_batch_async(ops, 1)
     with pytest.raises(ValueError, match="uint64"):
         cudart.memcpy_3d_batch_async(ops.astype(np.int64), 1)
+
+
+@pytest.mark.parametrize("to_device", [True, False])
+def test_staged_pitched_ops_through_the_runtime_match_the_cpu_copies(fake_runtime, to_device):
+    """The GPU branch of the staging ring's pitched copies (``_pitched_copies``: folded tables
+    packed into ``cudaMemcpy3DBatchAsync`` ops) run by the fake runtime on CPU memory, against the
+    CPU branch of the same units: the same bytes in the staging buffer (loads) or host slots
+    (backups), for scattered layer_first slots with runs of two among them."""
+    import torch
+
+    from tiered_kv import nsa_spec
+    from tiered_kv.kernels import StagedCopier
+    from tiered_kv.kernels.staged_copy import fold_pitched
+    from tiered_kv.transfer import load_pairs
+
+    from .pools import make_device_pool, make_host_pool
+
+    spec = nsa_spec(num_layers=6, page_size=4)
+    device, host = make_device_pool(spec, 40), make_host_pool(spec, 64, "layer_first")
+    slots = np.array(sorted({3, 4, 9, 17, 18, 30, 41, 42, 43, 60}), dtype=np.int64)
+    breaks = np.flatnonzero(np.diff(slots) != 1) + 1
+    starts, ends = np.concatenate(([0], breaks)), np.concatenate((breaks, [slots.size]))
+    views = [pair[0] for layer in range(spec.num_layers) for pair in load_pairs(host, device.pool, layer)]
+    stream = type("Stream", (), {"cuda_stream": 0x77})()
+    results = []
+    for via_runtime in (False, True):
+        copier = StagedCopier("cpu", buffer_bytes=1 << 20, num_buffers=1)
+        copier._storage.copy_(torch.arange(copier._storage.numel(), dtype=torch.int64).to(torch.uint8))
+        before = host.buffer.clone()
+        units = copier._units(views, slots, starts, ends, None, True)
+        assert any(len(fold_pitched(u.host_copies, u.bases)) < len(u.host_copies) for u in units)
+        for unit in units:
+            address = copier._storage.data_ptr()
+            if via_runtime:
+                copier._pitched_copies([fold_pitched(unit.host_copies, unit.bases)], address, to_device, [stream])
+            else:
+                copier._engine_copies(unit, address, to_device, [None], pitched=True)
+        results.append(copier._storage.clone() if to_device else host.buffer.clone())
+        host.buffer.copy_(before)
+    assert torch.equal(results[0], results[1])
+    assert not torch.equal(results[1], before if not to_device else torch.zeros_like(results[1]))

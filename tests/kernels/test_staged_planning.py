@@ -283,6 +283,8 @@ def test_pitched_fold_of_layer_first_units(per):
     for unit in units:
         folded = fold_pitched(unit.host_copies, unit.bases)
         assert _rows(folded) == _rows(unit.host_copies)
+        # What cudaMemcpy3DBatchAsync needs of every op: both pitches at least the width.
+        assert (folded[:, 1] >= folded[:, 4]).all() and (folded[:, 3] >= folded[:, 4]).all()
         layers = len(unit.pairs) // len(SPEC.components)
         if layers == 1:
             assert np.array_equal(folded, unit.host_copies)  # nothing to fold
@@ -307,6 +309,13 @@ def test_pitched_fold_leaves_what_does_not_fold():
                      dtype=np.int64)  # host steps 1000 then 500: only the first two fold
     folded = fold_pitched(table, 3)
     assert _rows(folded) == _rows(table) and len(folded) == 2
+    # Two latent bases fold, the indexer base between them stays alone; the piece is a dense run
+    # of two slots, so every copy is one row of both slots' bytes (pitch >= width).
+    run = np.array([[0, 64, 0, 64, 64, 2, 0], [10_000, 16, 4096, 16, 16, 2, 1], [1000, 64, 128, 64, 64, 2, 2]],
+                   dtype=np.int64)
+    folded = fold_pitched(run, 3)
+    assert _rows(folded) == _rows(run) and len(folded) == 2
+    assert (folded[:, 1] >= folded[:, 4]).all() and (folded[:, 3] >= folded[:, 4]).all()
     # Bases that step alike in the first piece but not in the last: moved unfolded.
     uneven = np.array([[0, 64, 0, 64, 64, 1, 0], [5000, 64, 640, 64, 64, 1, 0],
                        [1000, 64, 64, 64, 64, 1, 0], [7000, 64, 704, 64, 64, 1, 0]], dtype=np.int64)

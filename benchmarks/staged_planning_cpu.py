@@ -55,9 +55,13 @@ def main() -> int:
         return [AddressView(bases[c] + layer * SLOTS * widths[c], widths[c]) for layer in layers for c in range(len(widths))]
 
     rng = np.random.default_rng(args.seed)
-    host = np.sort(rng.permutation(SLOTS)[:PAGES]).astype(np.int64)
-    breaks = np.flatnonzero(np.diff(host) != 1) + 1
-    starts, ends = np.concatenate(([0], breaks)), np.concatenate((breaks, [host.size]))
+
+    def draw():  # fresh slots per load, as in serving (the fold's chain cache must not hit by reuse)
+        host = np.sort(rng.permutation(SLOTS)[:PAGES]).astype(np.int64)
+        breaks = np.flatnonzero(np.diff(host) != 1) + 1
+        return host, np.concatenate(([0], breaks)), np.concatenate((breaks, [host.size]))
+
+    host, starts, ends = draw()
     blocks = [list(range(i, min(spec.num_layers, i + BLOCK))) for i in range(0, spec.num_layers, BLOCK)]
     copier = StagedCopier("cpu", buffer_bytes=32 << 20, num_buffers=2)
     print(f"{platform.processor() or platform.machine()}, python {platform.python_version()}, "
@@ -65,6 +69,7 @@ def main() -> int:
     for pitched in (False, True):
         times, copies = [], 0
         for _ in range(args.reps):
+            host, starts, ends = draw()
             t0, copies = time.perf_counter(), 0
             for block in blocks:
                 for unit in copier._units(views(block), host, starts, ends, None, pitched):

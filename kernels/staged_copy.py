@@ -83,6 +83,10 @@ BATCH_MAX_MEAN_ROWS = 2
 #: With ``pitched`` copies, a unit of dense blocks holds few enough rows that this many pairs (or
 #: all of a group's, if fewer) fit one buffer: their rows fold into one op per slot.
 PITCHED_MIN_PAIRS = 16
+#: The widest pitch a folded op gets (cudaDevAttrMaxPitch on the H200, which cudaMemcpy2D enforces;
+#: whether cudaMemcpy3DBatchAsync does is not measured): a layer stride of a big layer_first pool
+#: (DeepSeek-V3.2 latent: 51k slots and more) is wider, and such bases stay unfolded.
+MAX_PITCH = (1 << 31) - 1
 
 CopyStreams = torch.cuda.Stream | Sequence[torch.cuda.Stream] | None
 
@@ -376,6 +380,7 @@ class StagedCopier:
         if self._on_gpu and (not copy_streams or any(s is None for s in copy_streams) or kernel_stream is None):
             raise ValueError("staged copies on a GPU need an explicit copy_stream and kernel_stream")
         copy_stream = copy_streams[0]
+        pitched = pitched and (not self._on_gpu or _pitched_available())  # else ignored, units included
         while self._on_gpu and len(self._join) < len(copy_streams) - 1:
             self._join.append(torch.cuda.Event())
         # Stage rows in host order, so consecutive host slots become one copy-engine copy.
@@ -492,7 +497,7 @@ class StagedCopier:
 
     def _engine_copies(self, unit: _Unit, buffer_addr: int, to_device: bool, streams, pitched: bool = False) -> None:
         copies = unit.host_copies
-        pitched = pitched and len(copies) > 0 and (not self._on_gpu or _pitched_available())
+        pitched = pitched and len(copies) > 0  # ``_run`` checked that the runtime has the call
         if pitched:
             copies = fold_pitched(copies, unit.bases)
         shares = [_share(copies, k, len(streams)) for k in range(len(streams))]
@@ -623,15 +628,21 @@ def fold_pitched(copies: np.ndarray, bases: int) -> np.ndarray:
         return copies
     first = original[:, 0]
     keys = first[:, (_WIDTH, _HOST_PITCH, _STAGE_PITCH)]
-    where = first[:, (_HOST, _OFFSET)] - first[0, (_HOST, _OFFSET)]
+    # Chains join bases of one key only, whose distances do not depend on the unit's slots: each
+    # base's place relative to the first base of its key keeps the cache key one per unit shape.
+    seen: dict[tuple, int] = {}
+    ref = [seen.setdefault(k, i) for i, k in enumerate(map(tuple, keys.tolist()))]
+    where = first[:, (_HOST, _OFFSET)] - first[ref][:, (_HOST, _OFFSET)]
     widest = table[..., _WIDTH].max(axis=1)
     leads, lengths, steps = _chains(keys.tobytes(), where.tobytes(), widest.tobytes(), bases)
     if len(leads) == bases:
         return copies
-    # Check on the last piece what the chains were found on in the first.
+    # Check on every piece what the chains were found on in the first (and that a chain's copies
+    # have its lead's width and height in every piece).
     members, lead_of, ahead = _chain_members(keys.tobytes(), where.tobytes(), widest.tobytes(), bases)
-    last = original[:, -1][:, (_HOST, _OFFSET)]
-    if not (last[members] - last[lead_of] == ahead).all():
+    place = original[..., (_HOST, _OFFSET)]
+    size = table[..., (_WIDTH, _HEIGHT)]
+    if not ((place[members] - place[lead_of] == ahead[:, None, :]).all() and (size[members] == size[lead_of]).all()):
         return copies  # not a table of the planner's form: move it unfolded, as it is
     folded = table[leads][:, single]  # [chains, single pieces, 7]
     long = lengths > 1
@@ -658,7 +669,7 @@ def _chain_plan(keys: bytes, where: bytes, widest: bytes, bases: int):
         if chain is not None and key[b] == key[chain[0]]:
             step = (host[b] - host[chain[-1]], offset[b] - offset[chain[-1]])
             if len(chain) == 1:
-                fits = min(step) >= max(wide[b], wide[chain[0]])
+                fits = max(wide[b], wide[chain[0]]) <= min(step) and max(step) <= MAX_PITCH
             else:
                 fits = step == (host[chain[1]] - host[chain[0]], offset[chain[1]] - offset[chain[0]])
             if fits:

@@ -632,9 +632,16 @@ def test_gpu_auto_with_scattered_slots(layout, op):
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
-def test_gpu_pitched_batch_loads_and_backups(layout):
+def test_gpu_pitched_batch_loads_and_backups(layout, monkeypatch):
     """Pitched ops in ``cudaMemcpy3DBatchAsync`` on the H200: scattered slots, blocks of layers,
     every layer right after ``wait_layer``, and a staged backup byte for byte."""
+    from tiered_kv.kernels import cudart
+
+    if not cudart.has_memcpy_3d_batch():
+        pytest.skip("cudaMemcpy3DBatchAsync needs CUDA 12.8+ (pitched_batch would fall back unseen)")
+    calls = []
+    real = cudart.memcpy_3d_batch_async
+    monkeypatch.setattr(cudart, "memcpy_3d_batch_async", lambda ops, stream: (calls.append(len(ops)), real(ops, stream)))
     spec = nsa_spec(num_layers=12, page_size=64)
     device = make_device_pool(spec, 1100, "cuda")
     host = make_host_pool(spec, 1024, layout)
@@ -649,4 +656,5 @@ def test_gpu_pitched_batch_loads_and_backups(layout):
     for layer in range(spec.num_layers):
         for ci in range(2):
             assert torch.equal(host.chunk_view(ci, layer)[back], device.pool.chunk_view(ci, layer)[pages.cuda()].cpu())
+    assert calls, "no cudaMemcpy3DBatchAsync ran: the pitched path was not taken"
     host.close()

@@ -154,19 +154,20 @@ def test_staged_pitched_ops_through_the_runtime_match_the_cpu_copies(fake_runtim
     views = [pair[0] for layer in range(spec.num_layers) for pair in load_pairs(host, device.pool, layer)]
     stream = type("Stream", (), {"cuda_stream": 0x77})()
     results = []
-    for via_runtime in (False, True):
+    for mode in ("unfolded rows", "folded on CPU", "folded through the runtime"):
         copier = StagedCopier("cpu", buffer_bytes=1 << 20, num_buffers=1)
         copier._storage.copy_(torch.arange(copier._storage.numel(), dtype=torch.int64).to(torch.uint8))
-        before = host.buffer.clone()
+        before = copier._storage.clone() if to_device else host.buffer.clone()
+        host_before = host.buffer.clone()
         units = copier._units(views, slots, starts, ends, None, True)
         assert any(len(fold_pitched(u.host_copies, u.bases)) < len(u.host_copies) for u in units)
         for unit in units:
             address = copier._storage.data_ptr()
-            if via_runtime:
+            if mode == "folded through the runtime":
                 copier._pitched_copies([fold_pitched(unit.host_copies, unit.bases)], address, to_device, [stream])
             else:
-                copier._engine_copies(unit, address, to_device, [None], pitched=True)
+                copier._engine_copies(unit, address, to_device, [None], pitched=mode == "folded on CPU")
         results.append(copier._storage.clone() if to_device else host.buffer.clone())
-        host.buffer.copy_(before)
-    assert torch.equal(results[0], results[1])
-    assert not torch.equal(results[1], before if not to_device else torch.zeros_like(results[1]))
+        assert not torch.equal(results[-1], before), mode  # something was copied
+        host.buffer.copy_(host_before)
+    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])

@@ -330,14 +330,43 @@ class StagedCopier:
         r0, r1, p0, p1 = unit_bounds[-1]
         if groups_of[r1 - r0][1] != offsets:  # a short last unit: its own staging offsets
             table[:, p0:p1, _OFFSET] += np.array(groups_of[r1 - r0][1], dtype=np.int64)[:, None] - base[:, _OFFSET, None]
+        folded = self._fold_units(table, unit_bounds, groups_of) if pitched else {}
         units = []
-        for r0, r1, p0, p1 in unit_bounds:
+        for u, (r0, r1, p0, p1) in enumerate(unit_bounds):
             ranges, unit_offsets = groups_of[r1 - r0]
             for k0, k1 in ranges:
                 stage = [(unit_offsets[k], info[k][2], info[k][2]) for k in range(k0, k1)]
+                if (u, k0) in folded:  # folded for the whole group at once: the unit's pieces of it
+                    rows, first = folded[(u, k0)]
+                    units.append(_Unit(list(range(k0, k1)), r0, r1, rows[:, p0 - first:p1 - first].reshape(-1, 7), stage,
+                                       host_views, 1))
+                    continue
                 units.append(_Unit(list(range(k0, k1)), r0, r1, table[k0:k1, p0:p1].reshape(-1, 7), stage, host_views,
                                    k1 - k0))
         return units
+
+    @staticmethod
+    def _fold_units(table: np.ndarray, unit_bounds, groups_of) -> dict[tuple[int, int], tuple[np.ndarray, int]]:
+        """Pitched folds (``fold_pitched``) of the units of one shape (row count) and pair range at
+        once: one call for all the full units of a group and one for a short last unit, instead of
+        one per unit. Returns ``{(unit, k0): (folded [chains, pieces, 7], first piece)}`` for the
+        units whose pieces all folded (``_Unit.bases`` 1: nothing left to fold)."""
+        out = {}
+        shapes: dict[int, list[int]] = {}
+        for u, (r0, r1, _, _) in enumerate(unit_bounds):
+            shapes.setdefault(r1 - r0, []).append(u)
+        for rows, members in shapes.items():
+            # Units of one shape are consecutive (all full ones, then a short last one).
+            p_first, p_last = unit_bounds[members[0]][2], unit_bounds[members[-1]][3]
+            for k0, k1 in groups_of[rows][0]:
+                if k1 - k0 < 2:
+                    continue
+                result = _fold(table[k0:k1, p_first:p_last])
+                if result is None or not result[1].all():
+                    continue
+                for u in members:
+                    out[(u, k0)] = (result[0], p_first)
+        return out
 
     def _pair_groups(self, info, rows: int) -> tuple[list[tuple[int, int]], list[int]]:
         """The pairs of a ``rows``-row unit in groups that each fit one buffer (ranges ``[k0, k1)``
@@ -607,13 +636,27 @@ def fold_pitched(copies: np.ndarray, bases: int) -> np.ndarray:
     with nothing to fold the copies come back as they were. The rows moved are the same.
 
     The planner's tables step alike in every piece (a base's copies are its address plus a
-    multiple of its pitch), so the chains are found on the first piece and checked on the last;
-    they depend only on the bases, so they are computed once per shape of unit (``_chains``). A
-    table that does not step alike comes back unfolded.
+    multiple of its pitch), so the chains are found on the first piece and checked on every
+    piece; they depend only on the bases, so they are computed once per shape of unit
+    (``_chains``). A table that does not step alike comes back unfolded.
     """
     if bases < 2 or len(copies) % bases:
         return copies
     original = copies.reshape(bases, -1, 7)
+    folded = _fold(original)
+    if folded is None:
+        return copies
+    rows, single = folded
+    out = [rows.reshape(-1, 7)]
+    if not single.all():
+        out.append(original[:, ~single].reshape(-1, 7))
+    return np.ascontiguousarray(np.concatenate(out)) if len(out) > 1 else np.ascontiguousarray(out[0])
+
+
+def _fold(original: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """``fold_pitched`` of a ``[bases, pieces, 7]`` table: (the folded copies of the single-row
+    pieces, ``[chains, those pieces, 7]``; the mask of those pieces), or None (nothing folds)."""
+    bases = original.shape[0]
     table = original.copy()
     width, height = table[..., _WIDTH], table[..., _HEIGHT]
     dense = (table[..., _HOST_PITCH] == width) & (table[..., _STAGE_PITCH] == width)
@@ -625,7 +668,7 @@ def fold_pitched(copies: np.ndarray, bases: int) -> np.ndarray:
     table[..., _HEIGHT] = np.where(dense, 1, height)
     single = (table[..., _HEIGHT] == 1).all(axis=0)  # pieces whose copies are one row in every base
     if not single.any():
-        return copies
+        return None
     first = original[:, 0]
     keys = first[:, (_WIDTH, _HOST_PITCH, _STAGE_PITCH)]
     # Chains join bases of one key only, whose distances do not depend on the unit's slots: each
@@ -636,23 +679,20 @@ def fold_pitched(copies: np.ndarray, bases: int) -> np.ndarray:
     widest = table[..., _WIDTH].max(axis=1)
     leads, lengths, steps = _chains(keys.tobytes(), where.tobytes(), widest.tobytes(), bases)
     if len(leads) == bases:
-        return copies
+        return None
     # Check on every piece what the chains were found on in the first (and that a chain's copies
     # have its lead's width and height in every piece).
     members, lead_of, ahead = _chain_members(keys.tobytes(), where.tobytes(), widest.tobytes(), bases)
     place = original[..., (_HOST, _OFFSET)]
     size = table[..., (_WIDTH, _HEIGHT)]
     if not ((place[members] - place[lead_of] == ahead[:, None, :]).all() and (size[members] == size[lead_of]).all()):
-        return copies  # not a table of the planner's form: move it unfolded, as it is
-    folded = table[leads][:, single]  # [chains, single pieces, 7]
+        return None  # not a table of the planner's form: move it unfolded, as it is
+    folded = table[leads][:, single] if not single.all() else table[leads]  # [chains, single pieces, 7]
     long = lengths > 1
     folded[long, :, _HOST_PITCH] = steps[long, 0, None]
     folded[long, :, _STAGE_PITCH] = steps[long, 1, None]
     folded[long, :, _HEIGHT] = lengths[long, None]
-    out = [folded.reshape(-1, 7)]
-    if not single.all():
-        out.append(original[:, ~single].reshape(-1, 7))
-    return np.ascontiguousarray(np.concatenate(out)) if len(out) > 1 else np.ascontiguousarray(out[0])
+    return folded, single
 
 
 @functools.lru_cache(maxsize=256)

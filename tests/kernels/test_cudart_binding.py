@@ -159,8 +159,11 @@ def test_staged_pitched_ops_through_the_runtime_match_the_cpu_copies(fake_runtim
         copier._storage.copy_(torch.arange(copier._storage.numel(), dtype=torch.int64).to(torch.uint8))
         before = copier._storage.clone() if to_device else host.buffer.clone()
         host_before = host.buffer.clone()
-        units = copier._units(views, slots, starts, ends, None, True)
-        assert any(len(fold_pitched(u.host_copies, u.bases)) < len(u.host_copies) for u in units)
+        folded = copier._units(views, slots, starts, ends, None, True)
+        rows = folded[0].r1 - folded[0].r0
+        # The reference: the same units' boundaries, planned without folding.
+        units = folded if mode != "unfolded rows" else copier._units(views, slots, starts, ends, rows, False)
+        assert any(u.bases == 1 and len(u.pairs) > 1 for u in folded)  # folded when planned
         for unit in units:
             address = copier._storage.data_ptr()
             if mode == "folded through the runtime":

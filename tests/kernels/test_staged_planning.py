@@ -269,29 +269,40 @@ def _rows(copies: np.ndarray) -> list[tuple[int, int, int]]:
     return [tuple(m) for m in merged]
 
 
+@pytest.mark.parametrize("buffer_bytes", [1 << 20, 40_000])
 @pytest.mark.parametrize("per", [1, 3, 4])
-def test_pitched_fold_of_layer_first_units(per):
-    """Scattered layer_first slots: a unit's copies fold to one per (component, slot) whose rows
-    are the unit's layers, and the folded rows are exactly the rows of before."""
+def test_pitched_units_of_layer_first_slots_fold_at_planning(per, buffer_bytes):
+    """Scattered layer_first slots, ``pitched``: each unit comes folded, one copy per (component,
+    run of slots) whose rows are the unit's layers, moving exactly the rows of the unfolded units
+    with the same boundaries (a small buffer splits the pairs mid-layer: those units fold too)."""
     device = make_device_pool(SPEC, NUM_PAGES)
     host = make_host_pool(SPEC, NUM_SLOTS, "layer_first")
     slots = random_ids(11, 0, NUM_SLOTS)
     group = _groups(host, device.pool, per)[0]
     host_views = [pair[0] for pair in group]
-    copier = StagedCopier("cpu", buffer_bytes=1 << 20, num_buffers=2)
+    copier = StagedCopier("cpu", buffer_bytes=buffer_bytes, num_buffers=2)
     units = copier._units(host_views, *_sorted_runs(slots), pitched=True)
-    for unit in units:
-        folded = fold_pitched(unit.host_copies, unit.bases)
-        assert _rows(folded) == _rows(unit.host_copies)
+    rows = units[0].r1 - units[0].r0
+    plain = copier._units(host_views, *_sorted_runs(slots), unit_rows=rows)
+    assert [(u.pairs, u.r0, u.r1) for u in units] == [(u.pairs, u.r0, u.r1) for u in plain]
+    for unit, unfolded in zip(units, plain, strict=True):
+        assert _rows(unit.host_copies) == _rows(unfolded.host_copies)
         # What cudaMemcpy3DBatchAsync needs of every op: both pitches at least the width.
-        assert (folded[:, 1] >= folded[:, 4]).all() and (folded[:, 3] >= folded[:, 4]).all()
-        layers = len(unit.pairs) // len(SPEC.components)
-        if layers == 1:
-            assert np.array_equal(folded, unit.host_copies)  # nothing to fold
+        copies = unit.host_copies
+        assert (copies[:, 1] >= copies[:, 4]).all() and (copies[:, 3] >= copies[:, 4]).all()
+        layers = {p // len(SPEC.components) for p in unit.pairs}
+        components = {p % len(SPEC.components) for p in unit.pairs}
+        if len(layers) == 1:
+            assert np.array_equal(copies, unfolded.host_copies)  # nothing to fold
             continue
-        # One copy per (component, run of slots) whatever the runs' lengths, its rows the layers.
-        assert len(folded) == len(unit.host_copies) // layers
-        assert set(folded[:, 5].tolist()) == {layers}
+        # Whatever the runs' lengths: a copy per (component, run) whose rows are its layers.
+        runs = len(unfolded.host_copies) // len(unit.pairs)
+        assert len(copies) == len(components) * runs
+        assert sorted(copies[:, 5].tolist()) == sorted(
+            n for c in components for n in [sum(1 for p in unit.pairs if p % len(SPEC.components) == c)] * runs)
+    # fold_pitched of an unfolded unit is the same fold (the engine's per-unit fallback).
+    for unit, unfolded in zip(units, plain):
+        assert _rows(fold_pitched(unfolded.host_copies, unfolded.bases)) == _rows(unit.host_copies)
 
 
 def test_pitched_fold_leaves_what_does_not_fold():

@@ -572,7 +572,17 @@ class StagedCopier:
                         ops = cudart.pack_2d_ops(stage, stage_pitch, host, host_pitch, width, height)
                     else:
                         ops = cudart.pack_2d_ops(host, host_pitch, stage, stage_pitch, width, height)
-                    cudart.memcpy_3d_batch_async(ops, stream.cuda_stream)
+                    if stream.cuda_stream == 0:
+                        # The runtime refuses batches on the legacy default stream (as in
+                        # ``batch_copy.run_copy_list``): a side stream ordered both ways.
+                        from .batch_copy import _side_stream
+
+                        side = _side_stream(stream.device)
+                        side.wait_stream(stream)
+                        cudart.memcpy_3d_batch_async(ops, side.cuda_stream)
+                        stream.wait_stream(side)
+                    else:
+                        cudart.memcpy_3d_batch_async(ops, stream.cuda_stream)
 
     def _batch_copies(self, shares, buffer_addr: int, to_device: bool, streams) -> None:
         """Each copy stream's share of a unit as one memcpy batch (memmove on CPU: the CPU

@@ -189,6 +189,22 @@ def main() -> int:
         timing = tg.measure(lambda i, lc=lc, bc=bc: run_on([(s1, lc), (s2, bc)]), args.reps)
         add("both", f"{load_name} + {backup_name}", timing, 2 * nbytes, True, 0)
 
+    # Does the call take a pitch above 2^31 - 1 (a layer stride of a layer_first pool of more than
+    # about 51k DeepSeek-V3.2 slots)? kernels.staged_copy.MAX_PITCH keeps folds under it until this says.
+    wide = torch.empty((1 << 31) + (1 << 25), dtype=torch.uint8, pin_memory=True)
+    wide[:4096].fill_(7)
+    wide[(1 << 31) + 4096:(1 << 31) + 8192].fill_(9)
+    target = torch.zeros(2, 4096, dtype=torch.uint8, device="cuda")
+    op = cudart.pack_2d_ops(target.data_ptr(), 4096, wide.data_ptr(), (1 << 31) + 4096, 4096, 2)
+    try:
+        cudart.memcpy_3d_batch_async(op, s1.cuda_stream)
+        s1.synchronize()
+        results["pitch_above_2gib"] = {"ok": bool((target[0] == 7).all() and (target[1] == 9).all()), "error": None}
+    except cudart.CudaRuntimeError as exc:
+        results["pitch_above_2gib"] = {"ok": False, "error": str(exc)}
+    print("pitch above 2 GiB:", results["pitch_above_2gib"], flush=True)
+    del wide
+
     for row in results["rows"]:
         direction = {"load": "h2d", "backup": "d2h", "both": "both"}[row["group"]]
         row["of_ceiling"] = row["gbps"] / results["ceilings_gbps"][direction]

@@ -412,7 +412,8 @@ def test_scattered_splits_follow_the_policy():
     assert issue_threads("kernel", 61, TransferOptions(issue_threads=2)) == 2
 
 
-@pytest.mark.parametrize("bad", [{"ce_fraction": -0.1}, {"backup_ce_fraction": 1.5}, {"num_ctas": 0}, {"issue_threads": -1}, {"issue_threads": 99}])
+@pytest.mark.parametrize("bad", [{"ce_fraction": -0.1}, {"backup_ce_fraction": 1.5}, {"num_ctas": 0}, {"issue_threads": -1}, {"issue_threads": 99},
+                                 {"pitched_batch": "yes"}, {"pitched_batch": 1}])
 def test_options_reject_nonsense(bad):
     with pytest.raises(ConfigError, match="TransferOptions"):
         TransferOptions(**bad)

@@ -245,6 +245,8 @@ class TransferOptions:
             raise ConfigError(f"TransferOptions.num_ctas must be positive: {self}")
         if self.issue_threads is not None and not 0 <= self.issue_threads <= MAX_ISSUE_THREADS:
             raise ConfigError(f"TransferOptions.issue_threads must be in 0..{MAX_ISSUE_THREADS}: {self}")
+        if not isinstance(self.pitched_batch, bool):
+            raise ConfigError(f"TransferOptions.pitched_batch must be True or False: {self}")
 
 
 #: The most library issue threads an engine starts.

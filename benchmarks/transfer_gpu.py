@@ -149,7 +149,7 @@ def summarize(results: list[dict], ceiling: dict, layer_gbps: float, naive: dict
             r = row(group="paths", path="auto", layout=layout, op="load1", slots=slots)
             print(f"load1   {layout:11s} {slots:9s} {r['gbps']:6.2f} GB/s = {100 * r['frac_of_layer_copy']:5.1f}% of a contiguous "
                   f"copy of the layer ({layer_gbps:.2f} GB/s)")
-            r = row(group="concurrent", layout=layout, load_path="auto", backup_path="auto", slots=slots)
+            r = row(group="both", layout=layout, load_path="auto", backup_path="auto", slots=slots)
             print(f"both    {layout:11s} {slots:9s} {r['gbps']:6.2f} GB/s = {r['vs_one_direction']:.2f}x one direction (target 1.6x)")
             for factor in (0.5, 1.25):
                 try:
@@ -520,7 +520,7 @@ def concurrent_section(b, args, engines, hosts, page_sets, slot_sets, sets, tran
             for load_path, backup_path, split, name in chosen:
                 t = measure(concurrent(layout, load_path, backup_path, split, slots_kind), b.reps)
                 nbytes = int(transfer_bytes + backup_bytes)
-                b.add(f"load {name} + backup {backup_path} {layout} {slots_kind}", nbytes, t, group="concurrent", op="both",
+                b.add(f"load {name} + backup {backup_path} {layout} {slots_kind}", nbytes, t, group="both", op="both",
                       layout=layout, slots=slots_kind, load_path=load_path if split is None else name,
                       backup_path=backup_path, frac_of_ceiling=nbytes / t["ms"] / 1e6 / ceiling["both"],
                       vs_one_direction=nbytes / t["ms"] / 1e6 / max(h2d["gbps"], d2h["gbps"]))

@@ -747,12 +747,20 @@ def _chain_members(keys: bytes, where: bytes, widest: bytes, bases: int):
 
 def _share(copies, k: int, parts: int) -> np.ndarray:
     """Copy-stream k's part of a unit's copies (a ``host_copies`` table, or rows like it): rows
-    ``[h*k/parts, h*(k+1)/parts)`` of each copy of height h, copies left empty dropped."""
+    ``[h*k/parts, h*(k+1)/parts)`` of each copy of height h > 1, copies left empty dropped; copies
+    of one row (scattered slots) dealt whole in ``parts`` consecutive ranges of about equal count
+    (split by rows they would all fall to the last stream; consecutive, so copies that continue
+    each other stay together and still merge)."""
     table = np.asarray(copies)
     if parts == 1:
         return table
     heights = table[:, _HEIGHT]
     r0, r1 = heights * k // parts, heights * (k + 1) // parts
+    one = heights == 1
+    if one.any():
+        dealt = np.cumsum(one) - 1  # index among the one-row copies
+        mine = dealt * parts // int(one.sum()) == k
+        r0, r1 = np.where(one, 0, r0), np.where(one, mine.astype(heights.dtype), r1)
     keep = r1 > r0
     share, r0 = table[keep], r0[keep]  # a copy: boolean indexing
     share[:, _HOST] += r0 * share[:, _HOST_PITCH]

@@ -198,20 +198,35 @@ def test_copy_list_merges_rows_that_join_across_copies():
 
 
 def test_share_splits_a_table_like_the_per_copy_split():
-    """A table's share for stream k: rows [h*k/parts, h*(k+1)/parts) of each copy, empty ones dropped."""
+    """A table's share for stream k: rows [h*k/parts, h*(k+1)/parts) of each copy of several rows,
+    empty ones dropped; one-row copies dealt whole, in consecutive ranges of about equal count."""
     rng = np.random.default_rng(5)
     table = np.stack([rng.integers(0, 1 << 40, 50), rng.integers(1, 1 << 16, 50), rng.integers(0, 1 << 20, 50),
                       rng.integers(1, 1 << 16, 50), rng.integers(1, 4096, 50), rng.integers(1, 9, 50),
                       rng.integers(0, 16, 50)], axis=1).astype(np.int64)
+    table[::3, 5] = 1  # a third of the copies are single rows (scattered slots)
     before = table.copy()
     for parts in (1, 2, 3, 8):
+        got_rows = []
         for k in range(parts):
-            want = []
+            want, single, singles = [], 0, int((table[:, 5] == 1).sum())
             for h, hp, o, sp, w, height, view in table.tolist():
+                if height == 1 and parts > 1:
+                    if single * parts // singles == k:
+                        want.append([h, hp, o, sp, w, 1, view])
+                    single += 1
+                    continue
                 r0, r1 = height * k // parts, height * (k + 1) // parts
                 if r1 > r0:
                     want.append([h + r0 * hp, hp, o + r0 * sp, sp, w, r1 - r0, view])
-            assert _share(table, k, parts).tolist() == want
+            share = _share(table, k, parts)
+            assert share.tolist() == want
+            got_rows += [(h + j * hp, o + j * sp) for h, hp, o, sp, w, height, _ in share.tolist() for j in range(height)]
+        # Every row of the table in exactly one share.
+        assert sorted(got_rows) == sorted((h + j * hp, o + j * sp) for h, hp, o, sp, w, height, _ in table.tolist()
+                                          for j in range(height))
+        if parts > 1:  # the single rows are spread, not all on one stream
+            assert all(any(row[5] == 1 for row in _share(table, k, parts).tolist()) for k in range(parts))
     assert np.array_equal(table, before)  # shares are copies: the unit's table stays as it was
 
 

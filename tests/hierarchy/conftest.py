@@ -9,6 +9,7 @@ with: every host slot free and no task left on the controller's loop.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -89,6 +90,18 @@ class Stack:
     def close(self) -> None:
         self.l1.close()
         assert_clean(self.host, self.controller)
+
+
+async def pages_on_l3(url: str, options: dict, keys: Sequence[str]) -> int:
+    """How many of ``keys`` (their leading run) a client of its own finds on the L3 at ``url``:
+    what another instance sharing the medium would see, not this stack's index."""
+    async with open_backend(url, None, **options) as backend:
+        return await backend.exists(list(keys))
+
+
+def count_on_l3(url: str, options: dict, keys: Sequence[str]) -> int:
+    """``pages_on_l3`` from synchronous test code."""
+    return asyncio.run(pages_on_l3(url, options, keys))
 
 
 def make_stack(l3_url: str | None, *, host_slots: int = 64, l1_pages: int = 32,

@@ -17,7 +17,7 @@ from tiered_kv.backends import open_backend
 from tiered_kv.hierarchy import ControllerLimits
 
 from ..backends.redis_server import REDIS_SERVER, RedisServer
-from .conftest import SPEC, keys_of, make_stack, prompts
+from .conftest import SPEC, count_on_l3, keys_of, make_stack, prompts
 
 
 def delete_behind_our_back(url: str, options: dict, keys: list[str]) -> None:
@@ -28,15 +28,6 @@ def delete_behind_our_back(url: str, options: dict, keys: list[str]) -> None:
                 await other.delete(keys)
                 assert await other.exists(keys) == 0
     asyncio.run(go())
-
-
-def count_on_medium(url: str, options: dict, keys: list[str]) -> int:
-    """How many of ``keys`` (leading run) another instance finds on the medium."""
-    async def go():
-        with HostPool(SPEC, 1) as pool:
-            async with open_backend(url, pool, **options) as other:
-                return await other.exists(keys)
-    return asyncio.run(go())
 
 
 @pytest.mark.parametrize("l3_kind", ["file", "redis"])
@@ -74,7 +65,7 @@ def test_pages_deleted_from_l3_between_match_and_load(l3_kind, l3_opener):
         for key in keys[5:]:
             entry = s.manager.index.entry(key)
             if entry is not None and entry.on_l3:
-                assert count_on_medium(url, options, [key]) == 1, f"index marks {key} on L3, the medium lacks it"
+                assert count_on_l3(url, options, [key]) == 1, f"index marks {key} on L3, the medium lacks it"
     finally:
         s.close()
 

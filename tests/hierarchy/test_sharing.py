@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -18,13 +17,11 @@ import sys
 import time
 from pathlib import Path
 
-from tiered_kv import HostPool
-from tiered_kv.backends import open_backend
 from tiered_kv.hierarchy import CacheManager, Policies
 from tiered_kv.hierarchy.agree import TcpAgreement
 from tiered_kv.slot_allocator import SlotAllocator
 
-from .conftest import PAGE, SPEC, assert_clean, keys_of, make_stack, prompts
+from .conftest import PAGE, assert_clean, count_on_l3, keys_of, make_stack, prompts
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 3.0
@@ -109,14 +106,6 @@ def test_a_silent_rank_makes_the_other_give_up_by_the_deadline_and_recompute():
         agree.close()
 
 
-def _on_l3(url: str, options: dict, keys: list[str]) -> int:
-    async def go():
-        with HostPool(SPEC, 1) as pool:
-            async with open_backend(url, pool, **options) as backend:
-                return await backend.exists(keys)
-    return asyncio.run(go())
-
-
 def test_only_the_writer_rank_writes_replicated_pages(tmp_path):
     url = f"file://{tmp_path / 'l3'}"
     keys = keys_of(prompts(73, [6])[0])
@@ -126,10 +115,10 @@ def test_only_the_writer_rank_writes_replicated_pages(tmp_path):
         reader.serve("r", keys)
         reader.settle()
         assert reader.manager.stats.stores == len(keys)  # on its L2...
-        assert _on_l3(url, {}, keys) == 0 and reader.controller.stats.writes_started == 0  # ...not on L3
+        assert count_on_l3(url, {}, keys) == 0 and reader.controller.stats.writes_started == 0  # ...not on L3
         writer.serve("w", keys)
         writer.settle()
-        assert _on_l3(url, {}, keys) == len(keys)
+        assert count_on_l3(url, {}, keys) == len(keys)
     finally:
         reader.close()
         writer.close()

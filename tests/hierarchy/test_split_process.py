@@ -34,7 +34,7 @@ from tiered_kv.keys import page_keys
 
 from ..backends.contract import fill_and_seal
 from ..backends.redis_server import REDIS_SERVER, RedisServer
-from .conftest import NS, PAGE, SPEC
+from .conftest import NS, PAGE, SPEC, count_on_l3
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SPEC_ARGS = {"num_layers": 2, "page_size": PAGE, "latent_dtype": "fp8"}  # conftest's SPEC, rebuilt there
@@ -175,11 +175,6 @@ async def _store_as_worker(url: str, options: dict, keys: list[str]) -> None:
         assert host.free_slots == host.num_slots
 
 
-async def _count_on_l3(url: str, options: dict, keys: list[str]) -> int:
-    async with open_backend(url, None, **options) as backend:
-        return await backend.exists(keys)
-
-
 def test_metadata_half_in_another_process_answers_l3_hits(medium):
     url, options, pause, resume = medium
     tokens = np.random.default_rng(10).integers(0, 50_000, 8 * PAGE + 5)  # 8 pages and a tail
@@ -235,4 +230,4 @@ def test_metadata_half_in_another_process_answers_l3_hits(medium):
     assert report["lookups"] == decided + 2  # every decided answer counted, the two waits included
     assert report["lookups_pending"] >= 2
     # The scheduler only asked: the worker's pages are all still there.
-    assert asyncio.run(_count_on_l3(url, options, keys)) == stored
+    assert count_on_l3(url, options, keys) == stored

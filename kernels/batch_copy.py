@@ -105,19 +105,24 @@ def run_copy_list(copies: CopyList, *, stream: torch.cuda.Stream | None = None, 
     if len(copies) == 0:
         return
     if on_gpu:
-        stream = stream or torch.cuda.current_stream()
-        if stream.cuda_stream == 0:
-            # The runtime refuses batches on the legacy default stream: run on a side stream
-            # ordered after it, and order the default stream after the batch.
-            side = _side_stream(stream.device)
-            side.wait_stream(stream)
-            cudart.memcpy_batch_async(copies.dsts, copies.srcs, copies.sizes, side.cuda_stream, flags=flags)
-            stream.wait_stream(side)
-            return
-        cudart.memcpy_batch_async(copies.dsts, copies.srcs, copies.sizes, stream.cuda_stream, flags=flags)
+        issue_batch(stream or torch.cuda.current_stream(),
+                    lambda handle: cudart.memcpy_batch_async(copies.dsts, copies.srcs, copies.sizes, handle, flags=flags))
         return
     for d, s, n in zip(copies.dsts.tolist(), copies.srcs.tolist(), copies.sizes.tolist()):
         ctypes.memmove(d, s, n)
+
+
+def issue_batch(stream: torch.cuda.Stream, call) -> None:
+    """``call(handle)`` with the ``cudaStream_t`` its batch runs on, in ``stream``'s order. The
+    runtime refuses batches (1-D and pitched) on the legacy default stream: there the batch runs
+    on a side stream ordered after it, and the default stream is ordered after the batch."""
+    if stream.cuda_stream != 0:
+        call(stream.cuda_stream)
+        return
+    side = _side_stream(stream.device)
+    side.wait_stream(stream)
+    call(side.cuda_stream)
+    stream.wait_stream(side)
 
 
 @functools.cache

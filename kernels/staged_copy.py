@@ -562,6 +562,8 @@ class StagedCopier:
 
     def _pitched_copies(self, shares, buffer_addr: int, to_device: bool, streams) -> None:
         """Each copy stream's share of a unit as one ``cudaMemcpy3DBatchAsync`` of pitched ops."""
+        from .batch_copy import issue_batch
+
         with self._forked(streams):
             for stream, share in zip(streams, shares):
                 if len(share):
@@ -572,17 +574,7 @@ class StagedCopier:
                         ops = cudart.pack_2d_ops(stage, stage_pitch, host, host_pitch, width, height)
                     else:
                         ops = cudart.pack_2d_ops(host, host_pitch, stage, stage_pitch, width, height)
-                    if stream.cuda_stream == 0:
-                        # The runtime refuses batches on the legacy default stream (as in
-                        # ``batch_copy.run_copy_list``): a side stream ordered both ways.
-                        from .batch_copy import _side_stream
-
-                        side = _side_stream(stream.device)
-                        side.wait_stream(stream)
-                        cudart.memcpy_3d_batch_async(ops, side.cuda_stream)
-                        stream.wait_stream(side)
-                    else:
-                        cudart.memcpy_3d_batch_async(ops, stream.cuda_stream)
+                    issue_batch(stream, lambda handle, ops=ops: cudart.memcpy_3d_batch_async(ops, handle))
 
     def _batch_copies(self, shares, buffer_addr: int, to_device: bool, streams) -> None:
         """Each copy stream's share of a unit as one memcpy batch (memmove on CPU: the CPU
@@ -630,7 +622,9 @@ def _batch_available() -> bool:
     return available()
 
 
+@functools.cache
 def _pitched_available() -> bool:
+    """Asked once per process: runtime and driver do not change while it runs."""
     return torch.cuda.is_available() and cudart.has_memcpy_3d_batch()
 
 
@@ -648,7 +642,7 @@ def fold_pitched(copies: np.ndarray, bases: int) -> np.ndarray:
     The planner's tables step alike in every piece (a base's copies are its address plus a
     multiple of its pitch), so the chains are found on the first piece and checked on every
     piece; they depend only on the bases, so they are computed once per shape of unit
-    (``_chains``). A table that does not step alike comes back unfolded.
+    (``_chain_plan``). A table that does not step alike comes back unfolded.
     """
     if bases < 2 or len(copies) % bases:
         return copies
@@ -687,12 +681,12 @@ def _fold(original: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     ref = [seen.setdefault(k, i) for i, k in enumerate(map(tuple, keys.tolist()))]
     where = first[:, (_HOST, _OFFSET)] - first[ref][:, (_HOST, _OFFSET)]
     widest = table[..., _WIDTH].max(axis=1)
-    leads, lengths, steps = _chains(keys.tobytes(), where.tobytes(), widest.tobytes(), bases)
+    (members, lead_of, ahead), leads, lengths, steps = _chain_plan(keys.tobytes(), where.tobytes(),
+                                                                   widest.tobytes(), bases)
     if len(leads) == bases:
         return None
     # Check on every piece what the chains were found on in the first (and that a chain's copies
     # have its lead's width and height in every piece).
-    members, lead_of, ahead = _chain_members(keys.tobytes(), where.tobytes(), widest.tobytes(), bases)
     place = original[..., (_HOST, _OFFSET)]
     size = table[..., (_WIDTH, _HEIGHT)]
     if not ((place[members] - place[lead_of] == ahead[:, None, :]).all() and (size[members] == size[lead_of]).all()):
@@ -736,13 +730,6 @@ def _chain_plan(keys: bytes, where: bytes, widest: bytes, bases: int):
     ahead = np.concatenate([np.arange(n) for n in lengths])[:, None] * np.repeat(steps, lengths, axis=0)
     return (members, lead_of, ahead), leads, lengths, steps
 
-
-def _chains(keys: bytes, where: bytes, widest: bytes, bases: int):
-    return _chain_plan(keys, where, widest, bases)[1:]
-
-
-def _chain_members(keys: bytes, where: bytes, widest: bytes, bases: int):
-    return _chain_plan(keys, where, widest, bases)[0]
 
 
 def _share(copies, k: int, parts: int) -> np.ndarray:

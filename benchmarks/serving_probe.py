@@ -14,7 +14,7 @@ run:
   highest priority (the engine's default now) and at the default priority.
 Every candidate's bytes are checked against the source once before it is timed.
 
-    python3 benchmarks/serving_probe.py [--set first|second|...|eighth|ninth] [--reps 6]
+    python3 benchmarks/serving_probe.py [--set first|second|...|ninth|tenth] [--reps 6]
         [--beside-reps 6] [--skip load61,backup,both,beside] [--out docs/benchmarks/serving_probe.json]
 """
 
@@ -37,6 +37,7 @@ import transfer_gpu as tg  # noqa: E402  (the main benchmark's measuring helpers
 
 from tiered_kv.transfer import backup_pairs, load_pairs  # noqa: E402
 from tiered_kv.transfer_engine import LoadSplit, TransferEngine, TransferOptions  # noqa: E402
+from tiered_kv.transfer_policy import HEAD as tp_HEAD  # noqa: E402
 
 B8 = LoadSplit(1.0, layers_per_copy=8)
 B8R = LoadSplit(1.0, layers_per_copy=8, ramp=True)
@@ -300,12 +301,47 @@ NINTH_BESIDE = [("auto", "auto", None, {}),
                 ("pitched blocks 8 ramp", "mixed", _pitched(P8), {}),
                 ("pitched blocks 4 ramp", "mixed", _pitched(LoadSplit(1.0, layers_per_copy=4, ramp=True)), {}),
                 ("pitched head 8 blocks 8 ramp step 5", "mixed", _pitched(P8H), {})]
-CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH}
+#: Tenth probe (H200, after the ninth showed pitched ops slower): load + backup at once with one
+#: direction on the copy engines and the other on the UVA kernel, since UVA in both directions
+#: shares the SMs' PCIe request capacity (~61 GB/s together) and scattered ``layer_first`` rows
+#: put both of ``auto``'s directions mostly on the kernel.
+B32 = TransferOptions(num_ctas=32)
+CE8 = TransferOptions(load_split=P8, issue_threads=1)
+TENTH_BOTH = [("auto + auto", "auto", None, "auto", None),
+              ("batch + kernel", "batch", None, "kernel", None),
+              ("batch + kernel 32 ctas", "batch", None, "kernel", B32),
+              ("ce blocks 8 ramp + kernel", "mixed", CE8, "kernel", None),
+              ("ce blocks 8 ramp + kernel 32 ctas", "mixed", CE8, "kernel", B32),
+              ("ce blocks 8 ramp + batch", "mixed", CE8, "batch", None),
+              ("batch + batch", "batch", None, "batch", None),
+              ("kernel + batch", "kernel", None, "batch", None),
+              ("auto + batch", "auto", None, "batch", None),
+              ("auto + kernel 32 ctas", "auto", None, "kernel", B32)]
+def _layer_first_beside_backup(split: LoadSplit):
+    """A change for ``PolicyVariant``: scattered ``layer_first`` loads take ``split`` (the table's
+    entry is shared with idle scattered loads, so only the ``both`` group measures it fairly)."""
+    import tiered_kv.transfer_policy as tp
+
+    return lambda s: split if s is tp.SCATTERED_LOADS_BESIDE_BACKUP[True] else s
+
+
+#: Eleventh probe: the tenth's best ``layer_first`` pair (a copy-engine load in rows of blocks of 8
+#: layers beside a kernel backup) with ``auto``'s own backup, one engine, as ``auto`` would run it.
+ELEVENTH = [
+    ("auto", "auto", None, {}, None),
+    ("auto, lf beside backup ce blocks 8 ramp", "auto", None, {}, _layer_first_beside_backup(P8)),
+    ("auto, lf beside backup ce head 8 blocks 8", "auto", None, {},
+     _layer_first_beside_backup(LoadSplit(1.0, layers_per_copy=8, **tp_HEAD))),
+]
+
+
+CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH, "eleventh": ELEVENTH}
 SETS = {"fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
         "fourth": ([], [], [], FOURTH_BESIDE),
         "second": (SECOND_LOADS, SECOND_BACKUPS, SECOND_BOTH, SECOND_BESIDE),
         "third": ([], [], THIRD_BOTH, THIRD_BESIDE),
-        "ninth": (NINTH_LOADS, NINTH_BACKUPS, NINTH_BOTH, NINTH_BESIDE)}
+        "ninth": (NINTH_LOADS, NINTH_BACKUPS, NINTH_BOTH, NINTH_BESIDE),
+        "tenth": ([], [], TENTH_BOTH, [])}
 
 
 def candidate_probe(args, b, engine, hosts, page_sets, slot_sets, sets, check_load, add, ceiling, h2d, d2h, transfer_bytes, skip):

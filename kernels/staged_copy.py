@@ -488,8 +488,7 @@ class StagedCopier:
             return self.host_batch
         if not self._on_gpu or len(copies) < BATCH_MIN_COPIES:
             return False
-        rows = int(copies[:, _HEIGHT].sum())
-        return rows <= BATCH_MAX_MEAN_ROWS * len(copies) and _batch_available()
+        return _batch_rows(copies) <= BATCH_MAX_MEAN_ROWS * len(copies) and _batch_available()
 
     @staticmethod
     def _copy_list(copies: np.ndarray, buffer_addr: int, to_device: bool):
@@ -501,7 +500,7 @@ class StagedCopier:
         heights, sizes = copies[:, _HEIGHT], copies[:, _WIDTH]
         # A copy dense on both sides (one run of layer_first rows) is one row: its rows would merge
         # anyway, so they are not listed one by one first.
-        dense = (copies[:, _HOST_PITCH] == sizes) & (copies[:, _STAGE_PITCH] == sizes)
+        dense = _dense_copies(copies)
         if dense.any():
             sizes, heights = np.where(dense, sizes * heights, sizes), np.where(dense, 1, heights)
         host, stage = copies[:, _HOST], copies[:, _OFFSET] + buffer_addr
@@ -626,6 +625,23 @@ def _batch_available() -> bool:
 def _pitched_available() -> bool:
     """Asked once per process: runtime and driver do not change while it runs."""
     return torch.cuda.is_available() and cudart.has_memcpy_3d_batch()
+
+
+def _dense_copies(copies: np.ndarray) -> np.ndarray:
+    """Which of a ``host_copies`` table's copies are dense on both sides (row pitch = width): a
+    run of ``layer_first`` rows, one 1-D copy of ``width * height`` bytes however many rows."""
+    sizes = copies[:, _WIDTH]
+    return (copies[:, _HOST_PITCH] == sizes) & (copies[:, _STAGE_PITCH] == sizes)
+
+
+def _batch_rows(copies: np.ndarray) -> int:
+    """The 1-D copies a memcpy batch of ``copies`` holds: a dense copy is one, any other copy one
+    per row. Counting a dense run of 16 ``layer_first`` rows as 16 rows kept such units out of the
+    batch, one ``cudaMemcpy2DAsync`` per (run, component, layer) instead, about 3k calls for 512
+    slots: on the H200 a backup issued for 65 ms and ran at 77% of the ceiling, a 61-layer load
+    likewise 77%; counted as one copy each, 96% both (issue 22 ms; ``benchmarks/short_runs_probe.py``,
+    2026-12-01, docs/benchmarks.md "Serving conditions, fourth round")."""
+    return int(np.where(_dense_copies(copies), 1, copies[:, _HEIGHT]).sum())
 
 
 def fold_pitched(copies: np.ndarray, bases: int) -> np.ndarray:

@@ -50,3 +50,17 @@ def test_ninth_both_and_beside_entries_name_known_paths():
     for name, load_path, _, backup_path, _ in serving_probe.NINTH_BOTH:
         assert load_path in PATHS and backup_path in PATHS, name
     assert {e[0] for e in serving_probe.NINTH_BESIDE} <= {e[0] for e in serving_probe.NINTH_LOADS}
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("entry", serving_probe.TENTH_BOTH, ids=lambda e: e[0])
+def test_tenth_both_sides_copy_every_byte(entry, layout):
+    name, load_path, load_options, backup_path, backup_options = entry
+    device, host = make_device_pool(SPEC, 20), make_host_pool(SPEC, 16, layout)
+    loader = TransferEngine(device.pool, host, path=load_path)
+    backer = TransferEngine(device.pool, host, path=backup_path)
+    pages, slots = random_ids(9, 1, 20), torch.randperm(16)[:9]
+    check_copy(backup_pairs(device.pool, host), pages, slots, [host.buffer],
+               lambda: backer.backup(pages, slots, options=backup_options))
+    pairs = [pair for layer in range(SPEC.num_layers) for pair in load_pairs(host, device.pool, layer)]
+    check_copy(pairs, slots, pages, device.roots, lambda: loader.load(slots, pages, options=load_options))

@@ -225,7 +225,10 @@ class TransferOptions:
     pitched_batch: the staging ring's copy-engine copies of scattered host slots go out as
         pitched ops in one ``cudaMemcpy3DBatchAsync`` per unit, a slot's rows of a unit's
         ``layer_first`` layers folded into one op (``kernels.staged_copy``; CUDA 12.8+, else
-        ignored). Not measured on the H200 yet, so ``auto`` does not set it.
+        ignored). Measured on the H200 (2026-12-01, ``benchmarks/batch3d_probe.py``): the copy
+        engines run pitched ops far slower than the same bytes as 1-D rows (a 61-layer load of
+        512 scattered slots: 7.8 GB/s at one row per op, 28.6 at 8, 44.1 at 61 against 41.5 for
+        1-D rows), so ``auto`` never sets it; kept for runtimes where that changes.
     """
 
     load_split: LoadSplit | None = None

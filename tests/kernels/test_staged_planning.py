@@ -16,7 +16,8 @@ import torch
 from tiered_kv import nsa_spec
 from tiered_kv.kernels import StagedCopier
 from tiered_kv.kernels.batch_copy import CopyList, merge_copy_list
-from tiered_kv.kernels.staged_copy import _share, _spans, fold_pitched
+from tiered_kv.kernels import staged_copy
+from tiered_kv.kernels.staged_copy import _batch_rows, _share, _spans, fold_pitched
 from tiered_kv.transfer import backup_pairs, load_pairs
 
 from .pools import adjacent_ids, check_copy, make_device_pool, make_host_pool, random_ids
@@ -179,6 +180,49 @@ def test_copy_list_is_the_merged_row_by_row_list(layout, kind):
                                 assert a.dtype == np.uint64 and a.flags.c_contiguous and a.tolist() == b.tolist()
                             checked += 1
     assert checked > 0
+
+
+#: 16 slots of 36 in four runs of 4, none adjacent to the next.
+RUNS_OF_4 = torch.tensor([b * 4 + k for b in (0, 2, 4, 6) for k in range(4)])
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("kind", ["scattered", "runs", "one_run", "runs_of_4"])
+def test_batch_rows_counts_the_copies_of_the_unmerged_list(layout, kind):
+    """What the batch decision counts is the 1-D copies the list holds before joins merge: a
+    dense copy (a run of layer_first rows) one, a pitched copy (page_first) one per row."""
+    device = make_device_pool(SPEC, NUM_PAGES)
+    host = make_host_pool(SPEC, NUM_SLOTS, layout)
+    host_sorted, run_starts, run_ends = _sorted_runs(RUNS_OF_4[torch.randperm(16)] if kind == "runs_of_4" else _slots(kind, 17))
+    copier = StagedCopier("cpu", buffer_bytes=THREE_BLOCK_ROWS)
+    checked = 0
+    for per in (1, 2, 4):
+        for group in _groups(host, device.pool, per):
+            for unit in copier._units([h for h, _ in group], host_sorted, run_starts, run_ends):
+                copies = unit.host_copies
+                want = len(copies) if layout == "layer_first" else int(copies[:, 5].sum())
+                assert _batch_rows(copies) == want
+                checked += int(copies[:, 5].max()) > 1  # a copy of several rows was counted
+    assert checked > 0 or kind == "scattered"
+
+
+def test_runs_of_layer_first_rows_go_out_as_one_batch(monkeypatch):
+    """Slots in runs of 4 with layer_first rows: every copy is a dense run, so a unit of many
+    copies takes the memcpy batch (it used to count 4 rows per copy and issue one 2-D call per
+    run); page_first rows of the same runs stay 2-D copies of four rows each."""
+    monkeypatch.setattr(staged_copy, "_batch_available", lambda: True)
+    device = make_device_pool(SPEC, NUM_PAGES)
+    host_sorted, run_starts, run_ends = _sorted_runs(RUNS_OF_4)
+    decided = {}
+    for layout in ("layer_first", "page_first"):
+        host = make_host_pool(SPEC, NUM_SLOTS, layout)
+        copier = StagedCopier("cpu", buffer_bytes=1 << 20)
+        copier._on_gpu = True  # the decision only; nothing is copied
+        group = [pair for layer in range(SPEC.num_layers) for pair in load_pairs(host, device.pool, layer)]
+        units = copier._units([h for h, _ in group], host_sorted, run_starts, run_ends)
+        decided[layout] = {(len(u.host_copies), copier._batched(u.host_copies)) for u in units}
+    assert decided["layer_first"] == {(4 * 2 * SPEC.num_layers, True)}  # 4 runs x (latent, indexer) x layers
+    assert all(not batched for _, batched in decided["page_first"])
 
 
 def test_copy_list_merges_rows_that_join_across_copies():

@@ -1,0 +1,105 @@
+"""Probe: ``auto`` backups and 61-layer loads with host slots in short runs, the staging ring's
+batch decision of now against the one before, in one run with its ceilings.
+
+The ring sends a unit's copy-engine copies as one ``cudaMemcpyBatchAsync`` when they are many and
+short. It used to count a dense copy (a run of ``layer_first`` rows) as one row per slot, so slots
+in runs of 16 went out as one ``cudaMemcpy2DAsync`` per (run, component, layer); it now counts the
+1-D copies the batch would hold (``staged_copy._batch_rows``). ``before`` swaps the old count back
+in around each call. Every variant's bytes are checked once before it is timed.
+
+    python3 benchmarks/short_runs_probe.py [--reps 6] [--out docs/benchmarks/short_runs_probe.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import transfer_gpu as tg  # noqa: E402  (Bench, measure, pools, id sets)
+
+from tiered_kv.kernels import staged_copy  # noqa: E402
+from tiered_kv.transfer import backup_pairs, load_pairs  # noqa: E402
+from tiered_kv.transfer_engine import TransferEngine  # noqa: E402
+
+KINDS = ("runs of 16", "runs", "runs of 4", "scattered")
+
+
+def host_chunks(host, spec):
+    """Every (component, layer) view of a host pool, ``[slots, bytes]``."""
+    return [host.chunk_view(ci, layer) for ci in range(len(spec.components)) for layer in range(spec.num_layers)]
+
+
+@contextmanager
+def rule(name: str):
+    """``now``: the library's count; ``before``: every copy counted by its rows."""
+    now = staged_copy._batch_rows
+    if name == "before":
+        staged_copy._batch_rows = lambda copies: int(copies[:, 5].sum())
+    try:
+        yield
+    finally:
+        staged_copy._batch_rows = now
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="docs/benchmarks/short_runs_probe.json")
+    parser.add_argument("--reps", type=int, default=6)
+    tg.add_shape_arguments(parser)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    b = tg.Bench(args)
+    spec, n = b.spec, args.pages
+    transfer_bytes = n * spec.page_bytes
+    h2d, d2h, _, _, _ = tg.measure_ceilings(b, n * sum(c.bytes_per_layer for c in spec.components))
+    torch.cuda.empty_cache()
+    device_pool, hosts = tg.random_pools(spec, args)
+    sets = 4
+    page_sets, slot_sets = tg.id_sets(args, sets)
+    checks = []
+    for layout, host in hosts.items():
+        engine = TransferEngine(device_pool, host, path="auto", timing=True)
+        for kind in KINDS:
+            for name in ("now", "before") if kind != "scattered" else ("now",):
+                with rule(name):
+                    slots, pages = slot_sets[kind][0], page_sets[0]
+                    for ci, layer_host in enumerate(host_chunks(host, spec)):  # poison what the backup writes
+                        layer_host[slots] = 0
+                    engine.backup(pages, slots).synchronize()
+                    ok = all(torch.equal(h[slots], d[pages.cuda()].cpu()) for d, h in backup_pairs(device_pool, host))
+                    loaded = page_sets[1]
+                    for layer in range(spec.num_layers):  # poison what the load writes
+                        for _, d in load_pairs(host, device_pool, layer):
+                            d[loaded.cuda()] = 0
+                    engine.load(slots, loaded).synchronize()
+                    torch.cuda.synchronize()
+                    ok = ok and all(torch.equal(h[slots], d[loaded.cuda()].cpu()) for layer in range(spec.num_layers)
+                                    for h, d in load_pairs(host, device_pool, layer))
+                    checks.append({"what": f"{layout} {kind} {name}", "ok": ok})
+                    print(f"check {layout} {kind} {name}: {'ok' if ok else 'WRONG BYTES'}", flush=True)
+                    t = tg.measure(lambda i: [engine.backup(page_sets[i % sets], slot_sets[kind][i % sets]).event], b.reps)
+                    b.add(f"backup {layout} {kind} {name}", transfer_bytes, t, op="backup", layout=layout, slots=kind,
+                          rule=name, frac_of_ceiling=transfer_bytes / t["ms"] / 1e6 / d2h["gbps"])
+                    t = tg.measure(lambda i: [engine.load(slot_sets[kind][i % sets], page_sets[i % sets])], b.reps)
+                    b.add(f"load61 {layout} {kind} {name}", transfer_bytes, t, op="load61", layout=layout, slots=kind,
+                          rule=name, frac_of_ceiling=transfer_bytes / t["ms"] / 1e6 / h2d["gbps"])
+        engine.close()
+    out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": torch.cuda.get_device_name(),
+           "torch": torch.__version__, "reps": b.reps, "ceiling_gbps": {"h2d": h2d["gbps"], "d2h": d2h["gbps"]},
+           "checks": checks, "results": b.results}
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    for host in hosts.values():
+        host.close()
+    return 0 if all(c["ok"] for c in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -14,7 +14,7 @@ run:
   highest priority (the engine's default now) and at the default priority.
 Every candidate's bytes are checked against the source once before it is timed.
 
-    python3 benchmarks/serving_probe.py [--set first|second|...|ninth|tenth] [--reps 6]
+    python3 benchmarks/serving_probe.py [--set first|second|...|eleventh|twelfth] [--reps 6]
         [--beside-reps 6] [--skip load61,backup,both,beside] [--out docs/benchmarks/serving_probe.json]
 """
 
@@ -335,7 +335,28 @@ ELEVENTH = [
 ]
 
 
-CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH, "eleventh": ELEVENTH}
+def _page_first_runs(split: LoadSplit):
+    """A change for ``PolicyVariant``: ``page_first`` loads of several layers from slots in runs
+    (``MIXED_LOADS[(False, True)]``) take ``split``."""
+    import tiered_kv.transfer_policy as tp
+
+    return lambda s: split if s is tp.MIXED_LOADS[(False, True)] else s
+
+
+#: Twelfth probe (not run yet): ``page_first`` loads from slots in runs beside compute. The
+#: fourth round's split (latent rows by the copy engines, indexer rows by the UVA kernel, after an
+#: 8-layer kernel head) hid 0.82 at a compute slowdown of 1.07, the kernel's indexer share slowing
+#: the matmuls by 3 ms; ``layer_first`` with everything on the copy engines after the head hid 0.93
+#: at 1.00. Candidates: the copy engines alone after the head, per layer or in blocks of 8.
+TWELFTH = [
+    ("auto", "auto", None, {}, None),
+    ("auto, pf runs ce after head", "auto", None, {}, _page_first_runs(LoadSplit(1.0, **tp_HEAD))),
+    ("auto, pf runs ce blocks 8 after head", "auto", None, {},
+     _page_first_runs(LoadSplit(1.0, layers_per_copy=8, **tp_HEAD))),
+]
+
+
+CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH, "eleventh": ELEVENTH, "twelfth": TWELFTH}
 SETS = {"fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
         "fourth": ([], [], [], FOURTH_BESIDE),
         "second": (SECOND_LOADS, SECOND_BACKUPS, SECOND_BOTH, SECOND_BESIDE),

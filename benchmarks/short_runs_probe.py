@@ -5,7 +5,8 @@ The ring sends a unit's copy-engine copies as one ``cudaMemcpyBatchAsync`` when 
 short. It used to count a dense copy (a run of ``layer_first`` rows) as one row per slot, so slots
 in runs of 16 went out as one ``cudaMemcpy2DAsync`` per (run, component, layer); it now counts the
 1-D copies the batch would hold (``staged_copy._batch_rows``). ``before`` swaps the old count back
-in around each call. Every variant's bytes are checked once before it is timed.
+in around each call; ``rows 16`` is a candidate that batches pitched copies of short runs row by row
+too (``RULES``). Every variant's bytes are checked once before it is timed.
 
     python3 benchmarks/short_runs_probe.py [--reps 6] [--out docs/benchmarks/short_runs_probe.json]
 """
@@ -37,16 +38,29 @@ def host_chunks(host, spec):
     return [host.chunk_view(ci, layer) for ci in range(len(spec.components)) for layer in range(spec.num_layers)]
 
 
+def _old_count(copies) -> int:
+    return int(copies[:, 5].sum())  # every copy by its rows, dense or not
+
+
+#: The staging ring's batch decision per rule: (the rows count, the most rows per copy on average).
+#: ``now``: the library's; ``before``: the count of before this probe; ``rows 16``: pitched copies
+#: of up to 16 rows on average batched row by row too (a candidate, for ``page_first`` slots in
+#: short runs: one ``cudaMemcpy2DAsync`` cost about 21 us of issue in the ``before`` rows, a row of a
+#: batch about 0.7 us).
+RULES = {"now": (None, None), "before": (_old_count, None), "rows 16": (None, 16)}
+
+
 @contextmanager
 def rule(name: str):
-    """``now``: the library's count; ``before``: every copy counted by its rows."""
-    now = staged_copy._batch_rows
-    if name == "before":
-        staged_copy._batch_rows = lambda copies: int(copies[:, 5].sum())
+    """Swap the staging ring's batch decision for ``RULES[name]`` around a call."""
+    count, max_rows = RULES[name]
+    saved = staged_copy._batch_rows, staged_copy.BATCH_MAX_MEAN_ROWS
+    staged_copy._batch_rows = count or saved[0]
+    staged_copy.BATCH_MAX_MEAN_ROWS = max_rows or saved[1]
     try:
         yield
     finally:
-        staged_copy._batch_rows = now
+        staged_copy._batch_rows, staged_copy.BATCH_MAX_MEAN_ROWS = saved
 
 
 def main() -> int:
@@ -68,7 +82,7 @@ def main() -> int:
     for layout, host in hosts.items():
         engine = TransferEngine(device_pool, host, path="auto", timing=True)
         for kind in KINDS:
-            for name in ("now", "before") if kind != "scattered" else ("now",):
+            for name in RULES if kind != "scattered" else ("now",):
                 with rule(name):
                     slots, pages = slot_sets[kind][0], page_sets[0]
                     for ci, layer_host in enumerate(host_chunks(host, spec)):  # poison what the backup writes

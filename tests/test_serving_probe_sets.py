@@ -64,3 +64,34 @@ def test_tenth_both_sides_copy_every_byte(entry, layout):
                lambda: backer.backup(pages, slots, options=backup_options))
     pairs = [pair for layer in range(SPEC.num_layers) for pair in load_pairs(host, device.pool, layer)]
     check_copy(pairs, slots, pages, device.roots, lambda: loader.load(slots, pages, options=load_options))
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("slots_kind", ["runs", "scattered"])
+@pytest.mark.parametrize("entry", serving_probe.ELEVENTH + serving_probe.TWELFTH, ids=lambda e: e[0])
+def test_policy_variant_candidates_copy_every_byte(entry, slots_kind, layout):
+    """The eleventh and twelfth sets' policy changes, applied the way the probe applies them."""
+    import tiered_kv.transfer_policy as tp
+
+    name, path, options, kwargs, change = entry
+    tables = {t: dict(getattr(tp, t)) for t in serving_probe.PolicyVariant.TABLES}
+    device, host = make_device_pool(SPEC, 20), make_host_pool(SPEC, 16, layout)
+    engine = TransferEngine(device.pool, host, path=path, **kwargs)
+    loader = serving_probe.PolicyVariant(engine, change) if change is not None else engine
+    slots = torch.arange(3, 12) if slots_kind == "runs" else torch.randperm(16)[:9]
+    pages = random_ids(9, 1, 20)
+    pairs = [pair for layer in range(SPEC.num_layers) for pair in load_pairs(host, device.pool, layer)]
+    check_copy(pairs, slots, pages, device.roots, lambda: loader.load(slots, pages, options=options))
+    assert {t: dict(getattr(tp, t)) for t in serving_probe.PolicyVariant.TABLES} == tables  # swapped back
+
+
+def test_policy_changes_hit_only_the_entry_they_name():
+    import tiered_kv.transfer_policy as tp
+
+    changed = serving_probe.TWELFTH[1][4]
+    assert changed(tp.MIXED_LOADS[(False, True)]) is not tp.MIXED_LOADS[(False, True)]
+    for key in ((True, True), (True, False), (False, False)):
+        assert changed(tp.MIXED_LOADS[key]) is tp.MIXED_LOADS[key]
+    lf = serving_probe.ELEVENTH[1][4]
+    assert lf(tp.SCATTERED_LOADS_BESIDE_BACKUP[True]).ce_fraction == 1.0
+    assert lf(tp.SCATTERED_LOADS[False]) is tp.SCATTERED_LOADS[False]

@@ -207,22 +207,23 @@ def test_batch_rows_counts_the_copies_of_the_unmerged_list(layout, kind):
 
 
 def test_runs_of_layer_first_rows_go_out_as_one_batch(monkeypatch):
-    """Slots in runs of 4 with layer_first rows: every copy is a dense run, so a unit of many
+    """Slots in 16 runs of 4 with layer_first rows: every copy is a dense run, so a unit of many
     copies takes the memcpy batch (it used to count 4 rows per copy and issue one 2-D call per
     run); page_first rows of the same runs stay 2-D copies of four rows each."""
     monkeypatch.setattr(staged_copy, "_batch_available", lambda: True)
     device = make_device_pool(SPEC, NUM_PAGES)
-    host_sorted, run_starts, run_ends = _sorted_runs(RUNS_OF_4)
+    slots = torch.tensor([b * 4 + k for b in range(0, 32, 2) for k in range(4)])  # 16 runs of 4 in 128
+    host_sorted, run_starts, run_ends = _sorted_runs(slots)
     decided = {}
     for layout in ("layer_first", "page_first"):
-        host = make_host_pool(SPEC, NUM_SLOTS, layout)
+        host = make_host_pool(SPEC, 128, layout)
         copier = StagedCopier("cpu", buffer_bytes=1 << 20)
         copier._on_gpu = True  # the decision only; nothing is copied
         group = [pair for layer in range(SPEC.num_layers) for pair in load_pairs(host, device.pool, layer)]
         units = copier._units([h for h, _ in group], host_sorted, run_starts, run_ends)
         decided[layout] = {(len(u.host_copies), copier._batched(u.host_copies)) for u in units}
-    assert decided["layer_first"] == {(4 * 2 * SPEC.num_layers, True)}  # 4 runs x (latent, indexer) x layers
-    assert all(not batched for _, batched in decided["page_first"])
+    assert decided["layer_first"] == {(16 * 2 * SPEC.num_layers, True)}  # 16 runs x (latent, indexer) x layers
+    assert decided["page_first"] == {(16, False)}  # one whole-slot span per run
 
 
 def test_copy_list_merges_rows_that_join_across_copies():

@@ -1,0 +1,62 @@
+"""The short-runs probe's rules (benchmarks/short_runs_probe.py) on CPU: each one changes the
+staging ring's batch decision the way it says, and puts the library's back afterwards, so a probe
+run on the H200 measures what it names."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import short_runs_probe  # noqa: E402
+
+from tiered_kv import nsa_spec  # noqa: E402
+from tiered_kv.kernels import StagedCopier, staged_copy  # noqa: E402
+from tiered_kv.transfer import load_pairs  # noqa: E402
+
+from .kernels.pools import make_device_pool, make_host_pool  # noqa: E402
+
+SPEC = nsa_spec(num_layers=4, page_size=4)
+SLOTS = 128
+#: 64 slots in 16 runs of 4, none adjacent to the next: page_first units hold a copy per run, so
+#: at least ``BATCH_MIN_COPIES`` of them.
+RUNS_OF_4 = np.array([b * 4 + k for b in range(0, 32, 2) for k in range(4)], dtype=np.int64)
+
+
+def _decisions(layout: str, monkeypatch) -> set[bool]:
+    monkeypatch.setattr(staged_copy, "_batch_available", lambda: True)
+    device = make_device_pool(SPEC, 40)
+    host = make_host_pool(SPEC, SLOTS, layout)
+    copier = StagedCopier("cpu", buffer_bytes=1 << 20)
+    copier._on_gpu = True  # the decision only; nothing is copied
+    breaks = np.flatnonzero(np.diff(RUNS_OF_4) != 1) + 1
+    starts, ends = np.concatenate(([0], breaks)), np.concatenate((breaks, [RUNS_OF_4.size]))
+    group = [pair for layer in range(SPEC.num_layers) for pair in load_pairs(host, device.pool, layer)]
+    units = copier._units([h for h, _ in group], RUNS_OF_4, starts, ends)
+    assert all(len(u.host_copies) >= staged_copy.BATCH_MIN_COPIES for u in units)
+    return {copier._batched(u.host_copies) for u in units}
+
+
+@pytest.mark.parametrize("name, layer_first, page_first", [
+    ("now", {True}, {False}),       # dense runs batch; pitched runs of 4 rows stay 2-D calls
+    ("before", {False}, {False}),   # dense runs counted by their rows: 2-D calls
+    ("rows 16", {True}, {True}),    # the candidate batches pitched short runs row by row too
+])
+def test_each_rule_makes_the_decision_it_names(name, layer_first, page_first, monkeypatch):
+    library = staged_copy._batch_rows, staged_copy.BATCH_MAX_MEAN_ROWS
+    with short_runs_probe.rule(name):
+        got = {"layer_first": _decisions("layer_first", monkeypatch), "page_first": _decisions("page_first", monkeypatch)}
+    assert got == {"layer_first": layer_first, "page_first": page_first}
+    assert (staged_copy._batch_rows, staged_copy.BATCH_MAX_MEAN_ROWS) == library
+
+
+def test_a_rule_is_undone_when_the_call_inside_raises():
+    library = staged_copy._batch_rows, staged_copy.BATCH_MAX_MEAN_ROWS
+    with pytest.raises(RuntimeError), short_runs_probe.rule("before"):
+        assert staged_copy._batch_rows is not library[0]
+        raise RuntimeError("a failed call")
+    assert (staged_copy._batch_rows, staged_copy.BATCH_MAX_MEAN_ROWS) == library

@@ -301,10 +301,12 @@ NINTH_BESIDE = [("auto", "auto", None, {}),
                 ("pitched blocks 8 ramp", "mixed", _pitched(P8), {}),
                 ("pitched blocks 4 ramp", "mixed", _pitched(LoadSplit(1.0, layers_per_copy=4, ramp=True)), {}),
                 ("pitched head 8 blocks 8 ramp step 5", "mixed", _pitched(P8H), {})]
+
 #: Tenth probe (H200, after the ninth showed pitched ops slower): load + backup at once with one
 #: direction on the copy engines and the other on the UVA kernel, since UVA in both directions
 #: shares the SMs' PCIe request capacity (~61 GB/s together) and scattered ``layer_first`` rows
-#: put both of ``auto``'s directions mostly on the kernel.
+#: put both of ``auto``'s directions mostly on the kernel. Each side has its own engine (unlike
+#: the candidate sets' ``both`` group), so an ``auto`` load here does not see the backup in flight.
 B32 = TransferOptions(num_ctas=32)
 CE8 = TransferOptions(load_split=P8, issue_threads=1)
 TENTH_BOTH = [("auto + auto", "auto", None, "auto", None),
@@ -317,6 +319,8 @@ TENTH_BOTH = [("auto + auto", "auto", None, "auto", None),
               ("kernel + batch", "kernel", None, "batch", None),
               ("auto + batch", "auto", None, "batch", None),
               ("auto + kernel 32 ctas", "auto", None, "kernel", B32)]
+
+
 def _layer_first_beside_backup(split: LoadSplit):
     """A change for ``PolicyVariant``: scattered ``layer_first`` loads take ``split`` (the table's
     entry is shared with idle scattered loads, so only the ``both`` group measures it fairly)."""

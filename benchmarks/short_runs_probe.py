@@ -8,7 +8,7 @@ in runs of 16 went out as one ``cudaMemcpy2DAsync`` per (run, component, layer);
 in around each call; ``rows 16`` is a candidate that batches pitched copies of short runs row by row
 too (``RULES``). Every variant's bytes are checked once before it is timed.
 
-    python3 benchmarks/short_runs_probe.py [--reps 6] [--out docs/benchmarks/short_runs_probe.json]
+    python3 benchmarks/short_runs_probe.py [--reps 6] [--out short_runs_probe.json]
 """
 
 from __future__ import annotations
@@ -30,7 +30,13 @@ from tiered_kv.kernels import staged_copy  # noqa: E402
 from tiered_kv.transfer import backup_pairs, load_pairs  # noqa: E402
 from tiered_kv.transfer_engine import TransferEngine  # noqa: E402
 
-KINDS = ("runs of 16", "runs", "runs of 4", "scattered")
+KINDS = ("runs of 16", "runs of 64", "runs", "runs of 4", "scattered")
+
+
+def runs_of(length: int, count: int, num_slots: int) -> torch.Tensor:
+    """``count`` slots in whole blocks of ``length`` at random places (as ``transfer_gpu.id_sets``)."""
+    blocks = torch.randperm(num_slots // length)[: -(-count // length)]
+    return (blocks[:, None] * length + torch.arange(length)).flatten()[:count]
 
 
 def host_chunks(host, spec):
@@ -46,26 +52,35 @@ def _old_count(copies) -> int:
 #: ``now``: the library's; ``before``: the count of before this probe; ``rows 16``: pitched copies
 #: of up to 16 rows on average batched row by row too (a candidate, for ``page_first`` slots in
 #: short runs: one ``cudaMemcpy2DAsync`` cost about 21 us of issue in the ``before`` rows, a row of a
-#: batch about 0.7 us).
+#: batch about 1.3 us, ``batch3d_probe``).
 RULES = {"now": (None, None), "before": (_old_count, None), "rows 16": (None, 16)}
 
 
 @contextmanager
 def rule(name: str):
-    """Swap the staging ring's batch decision for ``RULES[name]`` around a call."""
+    """Swap the staging ring's batch decision for ``RULES[name]`` around a call; yields a count of
+    the decisions taken inside (``{"batch": units sent as one memcpy batch, "2-D calls": units
+    sent as one call per copy}``), so a run shows which branch each rule took."""
     count, max_rows = RULES[name]
-    saved = staged_copy._batch_rows, staged_copy.BATCH_MAX_MEAN_ROWS
+    saved = staged_copy._batch_rows, staged_copy.BATCH_MAX_MEAN_ROWS, staged_copy.StagedCopier._batched
+    decisions = {"batch": 0, "2-D calls": 0}
+
+    def counted(copier, copies) -> bool:
+        batched = saved[2](copier, copies)
+        decisions["batch" if batched else "2-D calls"] += 1
+        return batched
     staged_copy._batch_rows = count or saved[0]
     staged_copy.BATCH_MAX_MEAN_ROWS = max_rows or saved[1]
+    staged_copy.StagedCopier._batched = counted
     try:
-        yield
+        yield decisions
     finally:
-        staged_copy._batch_rows, staged_copy.BATCH_MAX_MEAN_ROWS = saved
+        staged_copy._batch_rows, staged_copy.BATCH_MAX_MEAN_ROWS, staged_copy.StagedCopier._batched = saved
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/benchmarks/short_runs_probe.json")
+    parser.add_argument("--out", default="short_runs_probe.json")
     parser.add_argument("--reps", type=int, default=6)
     tg.add_shape_arguments(parser)
     args = parser.parse_args()
@@ -78,12 +93,13 @@ def main() -> int:
     device_pool, hosts = tg.random_pools(spec, args)
     sets = 4
     page_sets, slot_sets = tg.id_sets(args, sets)
+    slot_sets["runs of 64"] = [runs_of(64, n, args.host_slots) for _ in range(sets)]
     checks = []
     for layout, host in hosts.items():
         engine = TransferEngine(device_pool, host, path="auto", timing=True)
         for kind in KINDS:
             for name in RULES if kind != "scattered" else ("now",):
-                with rule(name):
+                with rule(name) as decisions:
                     slots, pages = slot_sets[kind][0], page_sets[0]
                     for ci, layer_host in enumerate(host_chunks(host, spec)):  # poison what the backup writes
                         layer_host[slots] = 0
@@ -97,8 +113,8 @@ def main() -> int:
                     torch.cuda.synchronize()
                     ok = ok and all(torch.equal(h[slots], d[loaded.cuda()].cpu()) for layer in range(spec.num_layers)
                                     for h, d in load_pairs(host, device_pool, layer))
-                    checks.append({"what": f"{layout} {kind} {name}", "ok": ok})
-                    print(f"check {layout} {kind} {name}: {'ok' if ok else 'WRONG BYTES'}", flush=True)
+                    checks.append({"what": f"{layout} {kind} {name}", "ok": ok, "ring_units": dict(decisions)})
+                    print(f"check {layout} {kind} {name}: {'ok' if ok else 'WRONG BYTES'}, ring units {decisions}", flush=True)
                     t = tg.measure(lambda i: [engine.backup(page_sets[i % sets], slot_sets[kind][i % sets]).event], b.reps)
                     b.add(f"backup {layout} {kind} {name}", transfer_bytes, t, op="backup", layout=layout, slots=kind,
                           rule=name, frac_of_ceiling=transfer_bytes / t["ms"] / 1e6 / d2h["gbps"])

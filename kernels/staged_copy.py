@@ -19,10 +19,11 @@ piece moves them: for all layers that is the whole slot payload, for a block of 
 one latent and one indexer piece; wide rows, which copy engines stream at full rate (also while
 the other direction is busy), instead of one 42 KB and one 8 KB row per slot and layer.
 
-Host copies of short runs (scattered slots: one row per slot and piece) go to the copy engines as
-one ``cudaMemcpyBatchAsync`` per unit and copy stream instead of one ``cudaMemcpy2DAsync`` each:
-about 1 us of CPU per row against 5-13 us per call (H200, docs/benchmarks.md "Serving
-conditions"). ``host_batch`` (per copier) forces it on or off; on CPU the same copy list runs
+A unit of many host copies that are 1-D copies or nearly so (scattered slots: one row per slot
+and piece; ``layer_first`` runs: one dense copy per run and pair) goes to the copy engines as one
+``cudaMemcpyBatchAsync`` per unit and copy stream instead of one ``cudaMemcpy2DAsync`` each: about
+1.3 us of CPU per row of the batch against about 21 us per 2-D call (H200, docs/benchmarks.md
+"Serving conditions, fourth round"). ``host_batch`` (per copier) forces it on or off; on CPU the same copy list runs
 through ``memmove``, so CI checks its addresses.
 
 ``pitched=True`` (per call) sends those copies as pitched ops in one ``cudaMemcpy3DBatchAsync``
@@ -76,8 +77,10 @@ _REGION_ALIGN = 256  # staging regions start 256-B aligned, so the kernel keeps 
 STAGING_BLOCK = 16384
 STAGING_NUM_WARPS = 16
 #: A unit's host copies go out as one memcpy batch (when ``host_batch`` is None) from this many
-#: copies of at most ``BATCH_MAX_MEAN_ROWS`` rows on average: short runs, where one call per copy
-#: costs more CPU than the copy engines need to move it.
+#: copies, when the batch holds at most ``BATCH_MAX_MEAN_ROWS`` 1-D copies per copy on average
+#: (``_batch_rows``: a dense copy is one, however many rows): where one 2-D call per copy costs more
+#: CPU than the copy engines need to move it. Long dense runs count as one copy too, so a unit of
+#: many of them batches as well (measured for runs of 16; longer runs, e.g. 64, not yet).
 BATCH_MIN_COPIES = 16
 BATCH_MAX_MEAN_ROWS = 2
 #: With ``pitched`` copies, a unit of dense blocks holds few enough rows that this many pairs (or
@@ -539,7 +542,8 @@ class StagedCopier:
             with self._forked(streams):
                 for stream, share in zip(streams, shares):
                     handle = stream.cuda_stream
-                    # Long runs (the batch was not worth it): few copies, so a loop over Python ints.
+                    # Few copies, or pitched ones of many rows (the batch was not worth it): a
+                    # loop over Python ints.
                     for host_addr, host_pitch, offset, stage_pitch, width, height, _ in share.tolist():
                         stage_addr = buffer_addr + offset
                         if to_device:

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import serving_probe  # noqa: E402
 
-from tiered_kv.transfer_engine import TransferEngine  # noqa: E402
+from tiered_kv.transfer_engine import TransferEngine, TransferOptions  # noqa: E402
 from tiered_kv.transfer import backup_pairs, load_pairs  # noqa: E402
 
 from .kernels.pools import check_copy, make_device_pool, make_host_pool, random_ids, small_specs  # noqa: E402
@@ -66,23 +66,67 @@ def test_tenth_both_sides_copy_every_byte(entry, layout):
     check_copy(pairs, slots, pages, device.roots, lambda: loader.load(slots, pages, options=load_options))
 
 
-@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
-@pytest.mark.parametrize("slots_kind", ["runs", "scattered"])
-@pytest.mark.parametrize("entry", serving_probe.ELEVENTH + serving_probe.TWELFTH, ids=lambda e: e[0])
-def test_policy_variant_candidates_copy_every_byte(entry, slots_kind, layout):
-    """The eleventh and twelfth sets' policy changes, applied the way the probe applies them."""
+VARIANTS = [e for e in serving_probe.ELEVENTH + serving_probe.TWELFTH if e[4] is not None]
+
+
+def _changed_splits(change):
+    """(table, key, split) of every policy entry ``change`` replaces."""
     import tiered_kv.transfer_policy as tp
 
-    name, path, options, kwargs, change = entry
-    tables = {t: dict(getattr(tp, t)) for t in serving_probe.PolicyVariant.TABLES}
+    return [(name, key, change(split)) for name in serving_probe.PolicyVariant.TABLES
+            for key, split in getattr(tp, name).items() if change(split) is not split]
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("slots_kind", ["runs", "scattered"])
+@pytest.mark.parametrize("entry", VARIANTS, ids=lambda e: e[0])
+def test_policy_variant_splits_copy_every_byte(entry, slots_kind, layout):
+    """Each split an eleventh or twelfth candidate puts into the policy, run through ``mixed``
+    (on CPU ``auto`` resolves to torch copies, which would not run the split)."""
+    changed = _changed_splits(entry[4])
+    assert changed, entry[0]
     device, host = make_device_pool(SPEC, 20), make_host_pool(SPEC, 16, layout)
-    engine = TransferEngine(device.pool, host, path=path, **kwargs)
-    loader = serving_probe.PolicyVariant(engine, change) if change is not None else engine
+    engine = TransferEngine(device.pool, host, path="mixed")
     slots = torch.arange(3, 12) if slots_kind == "runs" else torch.randperm(16)[:9]
     pages = random_ids(9, 1, 20)
     pairs = [pair for layer in range(SPEC.num_layers) for pair in load_pairs(host, device.pool, layer)]
-    check_copy(pairs, slots, pages, device.roots, lambda: loader.load(slots, pages, options=options))
-    assert {t: dict(getattr(tp, t)) for t in serving_probe.PolicyVariant.TABLES} == tables  # swapped back
+    for _, _, split in changed:
+        options = TransferOptions(load_split=split)
+        check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages, options=options))
+
+
+class SplitOf:
+    """Stands in for an engine: ``load`` returns the split the policy gives now for its case."""
+
+    def __init__(self, **case) -> None:
+        self.case = case
+
+    def load(self, *args, **kwargs):
+        import tiered_kv.transfer_policy as tp
+
+        return tp.choose_split(num_layers=61, has_batch=True, **self.case)
+
+
+LF_SCATTERED_BESIDE_BACKUP = {"dense_host_rows": True, "scattered": True, "backup_in_flight": True}
+PF_RUNS = {"dense_host_rows": False, "scattered": False, "backup_in_flight": False}
+
+
+@pytest.mark.parametrize("entry, case", [(serving_probe.ELEVENTH[1], LF_SCATTERED_BESIDE_BACKUP),
+                                         (serving_probe.ELEVENTH[2], LF_SCATTERED_BESIDE_BACKUP),
+                                         (serving_probe.TWELFTH[1], PF_RUNS), (serving_probe.TWELFTH[2], PF_RUNS)],
+                         ids=lambda v: v[0] if isinstance(v, tuple) else "")
+def test_policy_variant_gives_its_split_for_the_case_it_names_and_only_during_the_call(entry, case):
+    import tiered_kv.transfer_policy as tp
+
+    def split(**c):
+        return tp.choose_split(num_layers=61, has_batch=True, **c)
+
+    before = split(**case)
+    got = serving_probe.PolicyVariant(SplitOf(**case), entry[4]).load()
+    assert got == entry[4](before) and got != before  # the candidate's split, not the policy's
+    assert split(**case) == before  # tables swapped back after the call
+    other = dict(case, dense_host_rows=not case["dense_host_rows"])
+    assert serving_probe.PolicyVariant(SplitOf(**other), entry[4]).load() == split(**other)  # other layout kept
 
 
 def test_policy_changes_hit_only_the_entry_they_name():

@@ -47,16 +47,26 @@ def _decisions(layout: str, monkeypatch) -> set[bool]:
     ("rows 16", {True}, {True}),    # the candidate batches pitched short runs row by row too
 ])
 def test_each_rule_makes_the_decision_it_names(name, layer_first, page_first, monkeypatch):
-    library = staged_copy._batch_rows, staged_copy.BATCH_MAX_MEAN_ROWS
-    with short_runs_probe.rule(name):
+    library = staged_copy._batch_rows, staged_copy.BATCH_MAX_MEAN_ROWS, StagedCopier._batched
+    with short_runs_probe.rule(name) as decisions:
         got = {"layer_first": _decisions("layer_first", monkeypatch), "page_first": _decisions("page_first", monkeypatch)}
     assert got == {"layer_first": layer_first, "page_first": page_first}
-    assert (staged_copy._batch_rows, staged_copy.BATCH_MAX_MEAN_ROWS) == library
+    # Every decision counted, on the branch it took (one unit per layout here).
+    assert decisions == {"batch": (True in layer_first) + (True in page_first),
+                         "2-D calls": (False in layer_first) + (False in page_first)}
+    assert (staged_copy._batch_rows, staged_copy.BATCH_MAX_MEAN_ROWS, StagedCopier._batched) == library
 
 
 def test_a_rule_is_undone_when_the_call_inside_raises():
-    library = staged_copy._batch_rows, staged_copy.BATCH_MAX_MEAN_ROWS
+    library = staged_copy._batch_rows, staged_copy.BATCH_MAX_MEAN_ROWS, StagedCopier._batched
     with pytest.raises(RuntimeError), short_runs_probe.rule("before"):
-        assert staged_copy._batch_rows is not library[0]
+        assert staged_copy._batch_rows is not library[0] and StagedCopier._batched is not library[2]
         raise RuntimeError("a failed call")
-    assert (staged_copy._batch_rows, staged_copy.BATCH_MAX_MEAN_ROWS) == library
+    assert (staged_copy._batch_rows, staged_copy.BATCH_MAX_MEAN_ROWS, StagedCopier._batched) == library
+
+
+def test_runs_of_64_are_whole_blocks_of_adjacent_slots():
+    slots = short_runs_probe.runs_of(64, 512, 2048)
+    assert slots.numel() == 512 and slots.unique().numel() == 512 and int(slots.max()) < 2048
+    blocks = slots.view(8, 64)
+    assert bool((blocks[:, 1:] - blocks[:, :-1] == 1).all()) and bool((blocks[:, 0] % 64 == 0).all())

@@ -182,48 +182,63 @@ def test_copy_list_is_the_merged_row_by_row_list(layout, kind):
     assert checked > 0
 
 
-#: 16 slots of 36 in four runs of 4, none adjacent to the next.
-RUNS_OF_4 = torch.tensor([b * 4 + k for b in (0, 2, 4, 6) for k in range(4)])
+#: 64 slots of 128 in 16 runs of 4, none adjacent to the next (16 copies per unit and pair).
+RUNS_OF_4 = torch.tensor([b * 4 + k for b in range(0, 32, 2) for k in range(4)])
+#: A spec whose page (and layer block) bytes are multiples of the staging alignment, as DeepSeek-V3.2's.
+ALIGNED = nsa_spec(num_layers=4, page_size=64)
 
 
+@pytest.mark.parametrize("spec", [SPEC, ALIGNED], ids=["unaligned", "aligned"])
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
 @pytest.mark.parametrize("kind", ["scattered", "runs", "one_run", "runs_of_4"])
-def test_batch_rows_counts_the_copies_of_the_unmerged_list(layout, kind):
-    """What the batch decision counts is the 1-D copies the list holds before joins merge: a
-    dense copy (a run of layer_first rows) one, a pitched copy (page_first) one per row."""
-    device = make_device_pool(SPEC, NUM_PAGES)
-    host = make_host_pool(SPEC, NUM_SLOTS, layout)
-    host_sorted, run_starts, run_ends = _sorted_runs(RUNS_OF_4[torch.randperm(16)] if kind == "runs_of_4" else _slots(kind, 17))
-    copier = StagedCopier("cpu", buffer_bytes=THREE_BLOCK_ROWS)
-    checked = 0
+def test_batch_rows_is_the_length_of_the_unmerged_copy_list(layout, kind, spec, monkeypatch):
+    """What the batch decision counts is the 1-D copies ``_copy_list`` builds before joins merge
+    (a dense copy one, a pitched copy one per row): the list itself, merging turned off."""
+    from tiered_kv.kernels import batch_copy
+
+    monkeypatch.setattr(batch_copy, "merge_copy_list", lambda copy_list: copy_list)
+    device = make_device_pool(spec, NUM_PAGES)
+    host = make_host_pool(spec, 128, layout)
+    slots = RUNS_OF_4[torch.randperm(64)] if kind == "runs_of_4" else _slots(kind, 17)
+    host_sorted, run_starts, run_ends = _sorted_runs(slots)
+    copier = StagedCopier("cpu", buffer_bytes=THREE_BLOCK_ROWS if spec is SPEC else 1 << 20)
+    several_rows = 0
     for per in (1, 2, 4):
-        for group in _groups(host, device.pool, per):
+        layers = spec.num_layers
+        groups = [[pair for layer in range(s, min(s + per, layers)) for pair in load_pairs(host, device.pool, layer)]
+                  for s in range(0, layers, per)]
+        for group in groups:
             for unit in copier._units([h for h, _ in group], host_sorted, run_starts, run_ends):
                 copies = unit.host_copies
-                want = len(copies) if layout == "layer_first" else int(copies[:, 5].sum())
-                assert _batch_rows(copies) == want
-                checked += int(copies[:, 5].max()) > 1  # a copy of several rows was counted
-    assert checked > 0 or kind == "scattered"
+                assert _batch_rows(copies) == len(StagedCopier._copy_list(copies, 0, True).sizes)
+                several_rows += int(copies[:, 5].max()) > 1
+    assert several_rows > 0 or kind == "scattered"  # copies of several rows were counted
+
+
+def _decisions(spec, layout: str, layers: range) -> set[tuple[int, bool]]:
+    """(copies, batched) of every unit of a load of ``layers`` from 16 runs of 4 slots."""
+    device = make_device_pool(spec, NUM_PAGES)
+    host = make_host_pool(spec, 128, layout)
+    copier = StagedCopier("cpu", buffer_bytes=64 << 20)  # every run in one unit
+    copier._on_gpu = True  # the decision only; nothing is copied
+    group = [pair for layer in layers for pair in load_pairs(host, device.pool, layer)]
+    units = copier._units([h for h, _ in group], *_sorted_runs(RUNS_OF_4))
+    return {(len(u.host_copies), copier._batched(u.host_copies)) for u in units}
 
 
 def test_runs_of_layer_first_rows_go_out_as_one_batch(monkeypatch):
     """Slots in 16 runs of 4 with layer_first rows: every copy is a dense run, so a unit of many
     copies takes the memcpy batch (it used to count 4 rows per copy and issue one 2-D call per
-    run); page_first rows of the same runs stay 2-D copies of four rows each."""
+    run). page_first rows stay 2-D copies of four rows each: a block of layers has the slot's
+    other layers between its rows, and whole slots are padded to 4 KiB in the host pool, so even
+    DeepSeek-V3.2's 256-aligned 3,076,352-byte page is a pitched row there."""
     monkeypatch.setattr(staged_copy, "_batch_available", lambda: True)
-    device = make_device_pool(SPEC, NUM_PAGES)
-    slots = torch.tensor([b * 4 + k for b in range(0, 32, 2) for k in range(4)])  # 16 runs of 4 in 128
-    host_sorted, run_starts, run_ends = _sorted_runs(slots)
-    decided = {}
-    for layout in ("layer_first", "page_first"):
-        host = make_host_pool(SPEC, 128, layout)
-        copier = StagedCopier("cpu", buffer_bytes=1 << 20)
-        copier._on_gpu = True  # the decision only; nothing is copied
-        group = [pair for layer in range(SPEC.num_layers) for pair in load_pairs(host, device.pool, layer)]
-        units = copier._units([h for h, _ in group], host_sorted, run_starts, run_ends)
-        decided[layout] = {(len(u.host_copies), copier._batched(u.host_copies)) for u in units}
-    assert decided["layer_first"] == {(16 * 2 * SPEC.num_layers, True)}  # 16 runs x (latent, indexer) x layers
-    assert decided["page_first"] == {(16, False)}  # one whole-slot span per run
+    for spec in (SPEC, ALIGNED):
+        assert _decisions(spec, "layer_first", range(spec.num_layers)) == {(16 * 2 * spec.num_layers, True)}
+        for layers in (range(2), range(spec.num_layers)):
+            decided = _decisions(spec, "page_first", layers)
+            assert {batched for _, batched in decided} == {False}
+            assert all(copies >= staged_copy.BATCH_MIN_COPIES for copies, _ in decided)  # decided by rows
 
 
 def test_copy_list_merges_rows_that_join_across_copies():

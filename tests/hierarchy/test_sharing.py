@@ -35,6 +35,7 @@ if role == "agree":
     from tiered_kv.hierarchy.agree import TcpAgreement
     agree = TcpAgreement(1, 2, ("127.0.0.1", cfg["port"]), cfg["deadline"])
     mgr, keys = local_manager(cfg["have"], agree)
+    print("ready", flush=True)  # the parent looks up only now: interpreter start is not in the deadline
     m = mgr.lookup("r", keys)
     mgr.close()
     print(json.dumps({"l2": m.l2_pages}))
@@ -74,11 +75,17 @@ def test_two_processes_agree_on_the_minimum():
     other = child("agree", {"port": agree.port, "deadline": DEADLINE_S, "have": 3})
     mgr, keys = local_manager(6, agree)
     try:
+        # Both ranks must reach the lookup within the deadline; the child's interpreter start
+        # (imports of torch and the library, seconds on a loaded 2-core machine) must not count.
+        assert other.stdout.readline().strip() == "ready", other.stderr.read()[-3000:]
         m = mgr.lookup("r", keys)
         assert m.l2_pages == 3  # ours was 6, the other rank's 3
         assert result(other) == {"l2": 3}
         assert agree.timeouts == 0
     finally:
+        if other.poll() is None:  # a failed check must not leave the child behind for later tests
+            other.kill()
+            other.communicate()
         mgr.close()
         agree.close()
         assert_clean(mgr.allocator, None)

@@ -28,7 +28,8 @@ import transfer_gpu as tg  # noqa: E402  (Bench, measure, pools, id sets)
 
 from tiered_kv.kernels import staged_copy  # noqa: E402
 from tiered_kv.transfer import backup_pairs, load_pairs  # noqa: E402
-from tiered_kv.transfer_engine import TransferEngine  # noqa: E402
+from tiered_kv.transfer_engine import LoadSplit, TransferEngine, TransferOptions  # noqa: E402
+from tiered_kv.transfer_policy import SCATTERED_LOADS  # noqa: E402
 
 KINDS = ("runs of 16", "runs of 64", "runs", "runs of 4", "scattered")
 
@@ -54,6 +55,16 @@ def _old_count(copies) -> int:
 #: short runs: one ``cudaMemcpy2DAsync`` cost about 21 us of issue in the ``before`` rows, a row of a
 #: batch about 1.3 us, ``batch3d_probe``).
 RULES = {"now": (None, None), "before": (_old_count, None), "rows 16": (None, 16)}
+#: ``page_first`` loads from slots in short runs, through ``mixed`` with the split ``auto`` gives
+#: scattered slots (blocks of 8 layers: one 403 KB row per slot and block instead of a 42 KB row
+#: per layer, so a tenth of the 2-D calls), with and without the ``rows 16`` rule; ``auto`` sends
+#: runs of 8 and more through the per-layer split (83-85% of the ceiling, fourth round).
+PAGE_FIRST_CANDIDATES = [
+    ("blocks of 8 split", TransferOptions(load_split=SCATTERED_LOADS[False]), "now"),
+    ("blocks of 8 split, rows 16", TransferOptions(load_split=SCATTERED_LOADS[False]), "rows 16"),
+    ("copy engines in blocks of 8 after a head of 4, rows 16",
+     TransferOptions(load_split=LoadSplit(1.0, layers_per_copy=8, ramp=True, head_layers=4)), "rows 16"),
+]
 
 
 @contextmanager
@@ -95,33 +106,51 @@ def main() -> int:
     page_sets, slot_sets = tg.id_sets(args, sets)
     slot_sets["runs of 64"] = [runs_of(64, n, args.host_slots) for _ in range(sets)]
     checks = []
+
+    def check(layout, host, engine, kind, name, decisions, options=None, backup=True) -> None:
+        """Poison what the backup (and the load) must write, run each once, compare every byte."""
+        slots, pages, loaded = slot_sets[kind][0], page_sets[0], page_sets[1]
+        ok = True
+        if backup:
+            for layer_host in host_chunks(host, spec):
+                layer_host[slots] = 0
+            engine.backup(pages, slots).synchronize()
+            ok = all(torch.equal(h[slots], d[pages.cuda()].cpu()) for d, h in backup_pairs(device_pool, host))
+        for layer in range(spec.num_layers):
+            for _, d in load_pairs(host, device_pool, layer):
+                d[loaded.cuda()] = 0
+        engine.load(slots, loaded, options=options).synchronize()
+        torch.cuda.synchronize()
+        ok = ok and all(torch.equal(h[slots], d[loaded.cuda()].cpu()) for layer in range(spec.num_layers)
+                        for h, d in load_pairs(host, device_pool, layer))
+        checks.append({"what": f"{layout} {kind} {name}", "ok": ok, "ring_units": dict(decisions)})
+        print(f"check {layout} {kind} {name}: {'ok' if ok else 'WRONG BYTES'}, ring units {decisions}", flush=True)
+
+    def time_load(layout, engine, kind, name, options=None, **fields) -> None:
+        t = tg.measure(lambda i: [engine.load(slot_sets[kind][i % sets], page_sets[i % sets], options=options)], b.reps)
+        b.add(f"load61 {layout} {kind} {name}", transfer_bytes, t, op="load61", layout=layout, slots=kind,
+              frac_of_ceiling=transfer_bytes / t["ms"] / 1e6 / h2d["gbps"], **fields)
+
     for layout, host in hosts.items():
         engine = TransferEngine(device_pool, host, path="auto", timing=True)
         for kind in KINDS:
             for name in RULES if kind != "scattered" else ("now",):
                 with rule(name) as decisions:
-                    slots, pages = slot_sets[kind][0], page_sets[0]
-                    for ci, layer_host in enumerate(host_chunks(host, spec)):  # poison what the backup writes
-                        layer_host[slots] = 0
-                    engine.backup(pages, slots).synchronize()
-                    ok = all(torch.equal(h[slots], d[pages.cuda()].cpu()) for d, h in backup_pairs(device_pool, host))
-                    loaded = page_sets[1]
-                    for layer in range(spec.num_layers):  # poison what the load writes
-                        for _, d in load_pairs(host, device_pool, layer):
-                            d[loaded.cuda()] = 0
-                    engine.load(slots, loaded).synchronize()
-                    torch.cuda.synchronize()
-                    ok = ok and all(torch.equal(h[slots], d[loaded.cuda()].cpu()) for layer in range(spec.num_layers)
-                                    for h, d in load_pairs(host, device_pool, layer))
-                    checks.append({"what": f"{layout} {kind} {name}", "ok": ok, "ring_units": dict(decisions)})
-                    print(f"check {layout} {kind} {name}: {'ok' if ok else 'WRONG BYTES'}, ring units {decisions}", flush=True)
+                    check(layout, host, engine, kind, name, decisions)
                     t = tg.measure(lambda i: [engine.backup(page_sets[i % sets], slot_sets[kind][i % sets]).event], b.reps)
                     b.add(f"backup {layout} {kind} {name}", transfer_bytes, t, op="backup", layout=layout, slots=kind,
                           rule=name, frac_of_ceiling=transfer_bytes / t["ms"] / 1e6 / d2h["gbps"])
-                    t = tg.measure(lambda i: [engine.load(slot_sets[kind][i % sets], page_sets[i % sets])], b.reps)
-                    b.add(f"load61 {layout} {kind} {name}", transfer_bytes, t, op="load61", layout=layout, slots=kind,
-                          rule=name, frac_of_ceiling=transfer_bytes / t["ms"] / 1e6 / h2d["gbps"])
+                    time_load(layout, engine, kind, name, rule=name)
         engine.close()
+
+    # page_first loads from short runs through the splits of scattered slots (blocks of layers).
+    mixed = TransferEngine(device_pool, hosts["page_first"], path="mixed", timing=True)
+    for name, options, rule_name in PAGE_FIRST_CANDIDATES:
+        for kind in ("runs of 4", "runs of 16", "runs of 64"):
+            with rule(rule_name) as decisions:
+                check("page_first", hosts["page_first"], mixed, kind, name, decisions, options, backup=False)
+                time_load("page_first", mixed, kind, name, options, rule=rule_name, candidate=True)
+    mixed.close()
     out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": torch.cuda.get_device_name(),
            "torch": torch.__version__, "reps": b.reps, "ceiling_gbps": {"h2d": h2d["gbps"], "d2h": d2h["gbps"]},
            "checks": checks, "results": b.results}

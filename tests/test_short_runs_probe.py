@@ -70,3 +70,23 @@ def test_runs_of_64_are_whole_blocks_of_adjacent_slots():
     assert slots.numel() == 512 and slots.unique().numel() == 512 and int(slots.max()) < 2048
     blocks = slots.view(8, 64)
     assert bool((blocks[:, 1:] - blocks[:, :-1] == 1).all()) and bool((blocks[:, 0] % 64 == 0).all())
+
+
+@pytest.mark.parametrize("run", [4, 16])
+@pytest.mark.parametrize("entry", short_runs_probe.PAGE_FIRST_CANDIDATES, ids=lambda e: e[0])
+def test_page_first_candidates_copy_every_byte(entry, run):
+    from tiered_kv.transfer import load_pairs as pairs_of
+    from tiered_kv.transfer_engine import TransferEngine
+
+    from .kernels.pools import check_copy, random_ids, small_specs
+
+    name, options, rule_name = entry
+    spec = small_specs()["nsa"]
+    device, host = make_device_pool(spec, 40), make_host_pool(spec, 64, "page_first")
+    engine = TransferEngine(device.pool, host, path="mixed")
+    slots = short_runs_probe.runs_of(run, 32, 64)
+    pages = random_ids(32, 1, 40)
+    pairs = [pair for layer in range(spec.num_layers) for pair in pairs_of(host, device.pool, layer)]
+    with short_runs_probe.rule(rule_name):
+        check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages, options=options))
+    assert options.load_split.layers_per_copy == 8

@@ -27,16 +27,17 @@ SLOTS, PAGES, BLOCK = 2048, 512, 8
 
 
 class AddressView:
-    """What the planner reads of a host chunk view: address, row pitch, shape."""
+    """What the planner reads of a host chunk view: address, row pitch (default: dense rows,
+    ``layer_first``), shape."""
 
-    def __init__(self, address: int, width: int) -> None:
-        self.address, self.shape = address, (SLOTS, width)
+    def __init__(self, address: int, width: int, pitch: int | None = None, slots: int = SLOTS) -> None:
+        self.address, self.shape, self.pitch = address, (slots, width), pitch or width
 
     def data_ptr(self) -> int:
         return self.address
 
     def stride(self, dim: int) -> int:
-        return self.shape[1]
+        return self.pitch
 
 
 def main() -> int:

@@ -35,7 +35,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import transfer_gpu as tg  # noqa: E402  (the main benchmark's measuring helpers)
 
-from tiered_kv.transfer import backup_pairs, load_pairs  # noqa: E402
 from tiered_kv.transfer_engine import LoadSplit, TransferEngine, TransferOptions  # noqa: E402
 from tiered_kv.transfer_policy import HEAD as tp_HEAD  # noqa: E402
 
@@ -450,21 +449,12 @@ def main() -> int:
     checks: list[dict] = []
 
     def check_load(name, layout, e, options, slots_kind="scattered") -> None:
-        slots, pages = slot_sets[slots_kind][0], page_sets[0]
-        for layer in range(spec.num_layers):  # poison every byte the load must write
-            for _, d in load_pairs(hosts[layout], device_pool, layer):
-                d[pages.cuda()] = 0
-        e.load(slots, pages, options=options).synchronize()
-        torch.cuda.synchronize()
-        ok = all(torch.equal(h[slots], d[pages.cuda()].cpu()) for layer in range(spec.num_layers)
-                 for h, d in load_pairs(hosts[layout], device_pool, layer))
+        ok = tg.load_copies_every_byte(e, device_pool, hosts[layout], slot_sets[slots_kind][0], page_sets[0], options)
         checks.append({"what": f"load {name} {layout} {slots_kind}", "ok": ok})
         print(f"check load {name} {layout} {slots_kind}: {'ok' if ok else 'WRONG BYTES'}", flush=True)
 
     def check_backup(name, layout, e, options, slots_kind="scattered") -> None:
-        slots, pages = slot_sets[slots_kind][1], page_sets[1]
-        e.backup(pages, slots, options=options).synchronize()
-        ok = all(torch.equal(h[slots], d[pages.cuda()].cpu()) for d, h in backup_pairs(device_pool, hosts[layout]))
+        ok = tg.backup_copies_every_byte(e, device_pool, hosts[layout], page_sets[1], slot_sets[slots_kind][1], options)
         checks.append({"what": f"backup {name} {layout} {slots_kind}", "ok": ok})
         print(f"check backup {name} {layout} {slots_kind}: {'ok' if ok else 'WRONG BYTES'}", flush=True)
 

@@ -27,22 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import transfer_gpu as tg  # noqa: E402  (Bench, measure, pools, id sets)
 
 from tiered_kv.kernels import staged_copy  # noqa: E402
-from tiered_kv.transfer import backup_pairs, load_pairs  # noqa: E402
 from tiered_kv.transfer_engine import LoadSplit, TransferEngine, TransferOptions  # noqa: E402
 from tiered_kv.transfer_policy import SCATTERED_LOADS  # noqa: E402
 
 KINDS = ("runs of 16", "runs of 64", "runs", "runs of 4", "scattered")
-
-
-def runs_of(length: int, count: int, num_slots: int) -> torch.Tensor:
-    """``count`` slots in whole blocks of ``length`` at random places (as ``transfer_gpu.id_sets``)."""
-    blocks = torch.randperm(num_slots // length)[: -(-count // length)]
-    return (blocks[:, None] * length + torch.arange(length)).flatten()[:count]
-
-
-def host_chunks(host, spec):
-    """Every (component, layer) view of a host pool, ``[slots, bytes]``."""
-    return [host.chunk_view(ci, layer) for ci in range(len(spec.components)) for layer in range(spec.num_layers)]
+runs_of = tg.runs_of  # the slot kinds of ``transfer_gpu.id_sets``, of any run length
 
 
 def _old_count(copies) -> int:
@@ -108,21 +97,10 @@ def main() -> int:
     checks = []
 
     def check(layout, host, engine, kind, name, decisions, options=None, backup=True) -> None:
-        """Poison what the backup (and the load) must write, run each once, compare every byte."""
-        slots, pages, loaded = slot_sets[kind][0], page_sets[0], page_sets[1]
-        ok = True
-        if backup:
-            for layer_host in host_chunks(host, spec):
-                layer_host[slots] = 0
-            engine.backup(pages, slots).synchronize()
-            ok = all(torch.equal(h[slots], d[pages.cuda()].cpu()) for d, h in backup_pairs(device_pool, host))
-        for layer in range(spec.num_layers):
-            for _, d in load_pairs(host, device_pool, layer):
-                d[loaded.cuda()] = 0
-        engine.load(slots, loaded, options=options).synchronize()
-        torch.cuda.synchronize()
-        ok = ok and all(torch.equal(h[slots], d[loaded.cuda()].cpu()) for layer in range(spec.num_layers)
-                        for h, d in load_pairs(host, device_pool, layer))
+        """Run the backup (if asked) and the load once each and compare every byte."""
+        slots = slot_sets[kind][0]
+        ok = not backup or tg.backup_copies_every_byte(engine, device_pool, host, page_sets[0], slots)
+        ok = tg.load_copies_every_byte(engine, device_pool, host, slots, page_sets[1], options) and ok
         checks.append({"what": f"{layout} {kind} {name}", "ok": ok, "ring_units": dict(decisions)})
         print(f"check {layout} {kind} {name}: {'ok' if ok else 'WRONG BYTES'}, ring units {decisions}", flush=True)
 

@@ -25,12 +25,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tiered_kv.kernels import find_runs
 from tiered_kv.replay import cli as replay_cli
 from tiered_kv.replay.driver import replay
 from tiered_kv.replay.setup import build
 from tiered_kv.transfer_engine import TransferEngine
-from tiered_kv.transfer_policy import STAGED_MIN_MEAN_RUN
+from tiered_kv.transfer_policy import STAGED_MIN_MEAN_RUN, mean_host_run
 
 TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "conversation_trace.jsonl"
 #: Classes of a transfer's mean host-slot run, as ``transfer_gpu.py`` names its slot kinds.
@@ -39,9 +38,8 @@ CLASSES = [("scattered (< 2)", 0, 2), ("2-4", 2, 4), ("4-8 (runs of 4)", 4, STAG
 
 
 def mean_run(slots) -> float:
-    """The mean run of adjacent host slots, as ``transfer_policy.is_scattered`` measures it."""
-    ids = torch.as_tensor(np.asarray(slots, dtype=np.int64))
-    return find_runs(ids, torch.arange(ids.numel()), sort_by="src").mean_length
+    """The mean run of adjacent host slots, as ``auto`` measures it (``transfer_policy.mean_host_run``)."""
+    return mean_host_run(torch.as_tensor(np.asarray(slots, dtype=np.int64)))
 
 
 class Recorder:

@@ -216,19 +216,46 @@ def random_pools(spec, args) -> tuple:
     return device_pool, hosts
 
 
+def backup_copies_every_byte(engine, device_pool, host: HostPool, pages: torch.Tensor, slots: torch.Tensor,
+                             options: TransferOptions | None = None) -> bool:
+    """One backup of ``pages`` into ``slots`` (their host bytes poisoned first), checked byte for byte."""
+    spec = host.spec
+    for ci in range(len(spec.components)):
+        for layer in range(spec.num_layers):
+            host.chunk_view(ci, layer)[slots] = 0
+    engine.backup(pages, slots, options=options).synchronize()
+    return all(torch.equal(h[slots], d[pages.to(d.device)].cpu()) for d, h in backup_pairs(device_pool, host))
+
+
+def load_copies_every_byte(engine, device_pool, host: HostPool, slots: torch.Tensor, pages: torch.Tensor,
+                           options: TransferOptions | None = None) -> bool:
+    """One load of ``slots`` into ``pages`` (every layer's device bytes poisoned first), checked byte for byte."""
+    layers = range(host.spec.num_layers)
+    for layer in layers:
+        for _, d in load_pairs(host, device_pool, layer):
+            d[pages.to(d.device)] = 0
+    engine.load(slots, pages, options=options).synchronize()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return all(torch.equal(h[slots], d[pages.to(d.device)].cpu())
+               for layer in layers for h, d in load_pairs(host, device_pool, layer))
+
+
+def runs_of(length: int, count: int, num_slots: int) -> torch.Tensor:
+    """``count`` slots of ``num_slots`` in whole blocks of ``length`` adjacent slots at random places."""
+    blocks = torch.randperm(num_slots // length)[: -(-count // length)]
+    return (blocks[:, None] * length + torch.arange(length)).flatten()[:count]
+
+
 def id_sets(args, sets: int) -> tuple[list[torch.Tensor], dict[str, list[torch.Tensor]]]:
     """``sets`` random device page lists and host slot lists, in one run each or scattered."""
     n = args.pages
     page_sets = [torch.randperm(args.device_pages - 1)[:n] + 1 for _ in range(sets)]
     run_starts = [int(torch.randint(0, args.host_slots - n + 1, ()).item()) for _ in range(sets)]
-    def runs_of(k: int) -> torch.Tensor:
-        blocks = torch.randperm(args.host_slots // k)[: -(-n // k)]
-        return (blocks[:, None] * k + torch.arange(k)).flatten()[:n]
-
     return page_sets, {"runs": [torch.arange(s, s + n) for s in run_starts],
                        "scattered": [torch.randperm(args.host_slots)[:n] for _ in range(sets)],
-                       "runs of 4": [runs_of(4) for _ in range(sets)],
-                       "runs of 16": [runs_of(16) for _ in range(sets)]}
+                       "runs of 4": [runs_of(4, n, args.host_slots) for _ in range(sets)],
+                       "runs of 16": [runs_of(16, n, args.host_slots) for _ in range(sets)]}
 
 
 #: Candidate loads by name, (path, options), shared by the variants and the beside-compute groups.

@@ -570,13 +570,10 @@ class StagedCopier:
         with self._forked(streams):
             for stream, share in zip(streams, shares):
                 if len(share):
-                    host, stage = share[:, _HOST], share[:, _OFFSET] + buffer_addr
-                    host_pitch, stage_pitch = share[:, _HOST_PITCH], share[:, _STAGE_PITCH]
-                    width, height = share[:, _WIDTH], share[:, _HEIGHT]
-                    if to_device:
-                        ops = cudart.pack_2d_ops(stage, stage_pitch, host, host_pitch, width, height)
-                    else:
-                        ops = cudart.pack_2d_ops(host, host_pitch, stage, stage_pitch, width, height)
+                    host = (share[:, _HOST], share[:, _HOST_PITCH])
+                    stage = (share[:, _OFFSET] + buffer_addr, share[:, _STAGE_PITCH])
+                    dst, src = (stage, host) if to_device else (host, stage)
+                    ops = cudart.pack_2d_ops(*dst, *src, share[:, _WIDTH], share[:, _HEIGHT])
                     issue_batch(stream, lambda handle, ops=ops: cudart.memcpy_3d_batch_async(ops, handle))
 
     def _batch_copies(self, shares, buffer_addr: int, to_device: bool, streams) -> None:
@@ -632,10 +629,11 @@ def _pitched_available() -> bool:
 
 
 def _dense_copies(copies: np.ndarray) -> np.ndarray:
-    """Which of a ``host_copies`` table's copies are dense on both sides (row pitch = width): a
-    run of ``layer_first`` rows, one 1-D copy of ``width * height`` bytes however many rows."""
-    sizes = copies[:, _WIDTH]
-    return (copies[:, _HOST_PITCH] == sizes) & (copies[:, _STAGE_PITCH] == sizes)
+    """Which of a ``host_copies`` table's copies (``[..., 7]``) are dense on both sides (row pitch
+    = width): a run of ``layer_first`` rows, one 1-D copy of ``width * height`` bytes however
+    many rows."""
+    sizes = copies[..., _WIDTH]
+    return (copies[..., _HOST_PITCH] == sizes) & (copies[..., _STAGE_PITCH] == sizes)
 
 
 def _batch_rows(copies: np.ndarray) -> int:
@@ -683,7 +681,7 @@ def _fold(original: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     bases = original.shape[0]
     table = original.copy()
     width, height = table[..., _WIDTH], table[..., _HEIGHT]
-    dense = (table[..., _HOST_PITCH] == width) & (table[..., _STAGE_PITCH] == width)
+    dense = _dense_copies(table)
     whole = np.where(dense, width * height, width)
     # A dense copy is one row of all its bytes (pitches too: a pitched op needs pitch >= width).
     table[..., _HOST_PITCH] = np.where(dense, whole, table[..., _HOST_PITCH])
@@ -749,7 +747,6 @@ def _chain_plan(keys: bytes, where: bytes, widest: bytes, bases: int):
     lead_of = np.repeat(leads, lengths)
     ahead = np.concatenate([np.arange(n) for n in lengths])[:, None] * np.repeat(steps, lengths, axis=0)
     return (members, lead_of, ahead), leads, lengths, steps
-
 
 
 def _share(copies, k: int, parts: int) -> np.ndarray:

@@ -7,38 +7,26 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import short_runs_probe  # noqa: E402
 
-from tiered_kv import nsa_spec  # noqa: E402
 from tiered_kv.kernels import StagedCopier, staged_copy  # noqa: E402
 from tiered_kv.transfer import load_pairs  # noqa: E402
+from tiered_kv.transfer_engine import TransferEngine  # noqa: E402
 
-from .kernels.pools import make_device_pool, make_host_pool  # noqa: E402
-
-SPEC = nsa_spec(num_layers=4, page_size=4)
-SLOTS = 128
-#: 64 slots in 16 runs of 4, none adjacent to the next: page_first units hold a copy per run, so
-#: at least ``BATCH_MIN_COPIES`` of them.
-RUNS_OF_4 = np.array([b * 4 + k for b in range(0, 32, 2) for k in range(4)], dtype=np.int64)
+from .kernels.pools import check_copy, make_device_pool, make_host_pool, random_ids, small_specs  # noqa: E402
+from .kernels.test_staged_planning import SPEC, ring_decisions  # noqa: E402
 
 
 def _decisions(layout: str, monkeypatch) -> set[bool]:
+    """The ring's batch decision for every unit of a 4-layer load from 16 runs of 4 slots."""
     monkeypatch.setattr(staged_copy, "_batch_available", lambda: True)
-    device = make_device_pool(SPEC, 40)
-    host = make_host_pool(SPEC, SLOTS, layout)
-    copier = StagedCopier("cpu", buffer_bytes=1 << 20)
-    copier._on_gpu = True  # the decision only; nothing is copied
-    breaks = np.flatnonzero(np.diff(RUNS_OF_4) != 1) + 1
-    starts, ends = np.concatenate(([0], breaks)), np.concatenate((breaks, [RUNS_OF_4.size]))
-    group = [pair for layer in range(SPEC.num_layers) for pair in load_pairs(host, device.pool, layer)]
-    units = copier._units([h for h, _ in group], RUNS_OF_4, starts, ends)
-    assert all(len(u.host_copies) >= staged_copy.BATCH_MIN_COPIES for u in units)
-    return {copier._batched(u.host_copies) for u in units}
+    decided = ring_decisions(SPEC, layout, range(SPEC.num_layers))
+    assert all(copies >= staged_copy.BATCH_MIN_COPIES for copies, _ in decided)
+    return {batched for _, batched in decided}
 
 
 @pytest.mark.parametrize("name, layer_first, page_first", [
@@ -75,18 +63,13 @@ def test_runs_of_64_are_whole_blocks_of_adjacent_slots():
 @pytest.mark.parametrize("run", [4, 16])
 @pytest.mark.parametrize("entry", short_runs_probe.PAGE_FIRST_CANDIDATES, ids=lambda e: e[0])
 def test_page_first_candidates_copy_every_byte(entry, run):
-    from tiered_kv.transfer import load_pairs as pairs_of
-    from tiered_kv.transfer_engine import TransferEngine
-
-    from .kernels.pools import check_copy, random_ids, small_specs
-
     name, options, rule_name = entry
     spec = small_specs()["nsa"]
     device, host = make_device_pool(spec, 40), make_host_pool(spec, 64, "page_first")
     engine = TransferEngine(device.pool, host, path="mixed")
     slots = short_runs_probe.runs_of(run, 32, 64)
     pages = random_ids(32, 1, 40)
-    pairs = [pair for layer in range(spec.num_layers) for pair in pairs_of(host, device.pool, layer)]
+    pairs = [pair for layer in range(spec.num_layers) for pair in load_pairs(host, device.pool, layer)]
     with short_runs_probe.rule(rule_name):
         check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages, options=options))
     assert options.load_split.layers_per_copy == 8

@@ -256,11 +256,16 @@ class TransferOptions:
 MAX_ISSUE_THREADS = 8
 
 
-def is_scattered(host_slots: torch.Tensor) -> bool:
-    """Whether the host slots run shorter than ``STAGED_MIN_MEAN_RUN`` on average (CPU ids)."""
+def mean_host_run(host_slots: torch.Tensor) -> float:
+    """The mean run of adjacent host slots (CPU ids, in any order): what ``auto`` decides by."""
     from .kernels import find_runs
 
-    return find_runs(host_slots, torch.arange(host_slots.numel()), sort_by="src").mean_length < STAGED_MIN_MEAN_RUN
+    return find_runs(host_slots, torch.arange(host_slots.numel()), sort_by="src").mean_length
+
+
+def is_scattered(host_slots: torch.Tensor) -> bool:
+    """Whether the host slots run shorter than ``STAGED_MIN_MEAN_RUN`` on average (CPU ids)."""
+    return mean_host_run(host_slots) < STAGED_MIN_MEAN_RUN
 
 
 def choose_path(host_slots: torch.Tensor, device_pages: torch.Tensor, *, to_host: bool,
@@ -360,4 +365,4 @@ def issue_threads(path: str, num_layers: int, options: TransferOptions) -> int:
 __all__ = ["AUTO_PATHS", "DIRECT_MIN_MEAN_RUN", "ISSUE_THREADS", "ISSUE_THREADS_BY_PATH", "KERNEL_LOADS", "LOAD_STREAM_PRIORITY", "MAX_COPY_STREAMS", "MAX_ISSUE_THREADS", "MIXED_LOADS",
            "MIXED_BACKUPS", "MIXED_LOADS_BESIDE_BACKUP", "PATHS", "SCATTERED_LOADS", "SCATTERED_LOADS_BESIDE_BACKUP",
            "SCATTERED_LOADS_WITHOUT_BATCH", "SINGLE_LAYER_WITHOUT_BATCH", "STAGED_MIN_MEAN_RUN",
-           "BackupSplit", "LoadSplit", "TransferOptions", "choose_backup_split", "choose_path", "choose_split", "is_scattered", "issue_threads"]
+           "BackupSplit", "LoadSplit", "TransferOptions", "choose_backup_split", "choose_path", "choose_split", "is_scattered", "issue_threads", "mean_host_run"]

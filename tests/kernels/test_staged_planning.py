@@ -215,8 +215,9 @@ def test_batch_rows_is_the_length_of_the_unmerged_copy_list(layout, kind, spec, 
     assert several_rows > 0 or kind == "scattered"  # copies of several rows were counted
 
 
-def _decisions(spec, layout: str, layers: range) -> set[tuple[int, bool]]:
-    """(copies, batched) of every unit of a load of ``layers`` from 16 runs of 4 slots."""
+def ring_decisions(spec, layout: str, layers: range) -> set[tuple[int, bool]]:
+    """(copies, batched) of every unit of a load of ``layers`` from 16 runs of 4 slots (of 128),
+    the ring's batch decision alone (nothing is copied); ``_batch_available`` as patched."""
     device = make_device_pool(spec, NUM_PAGES)
     host = make_host_pool(spec, 128, layout)
     copier = StagedCopier("cpu", buffer_bytes=64 << 20)  # every run in one unit
@@ -234,9 +235,9 @@ def test_runs_of_layer_first_rows_go_out_as_one_batch(monkeypatch):
     DeepSeek-V3.2's 256-aligned 3,076,352-byte page is a pitched row there."""
     monkeypatch.setattr(staged_copy, "_batch_available", lambda: True)
     for spec in (SPEC, ALIGNED):
-        assert _decisions(spec, "layer_first", range(spec.num_layers)) == {(16 * 2 * spec.num_layers, True)}
+        assert ring_decisions(spec, "layer_first", range(spec.num_layers)) == {(16 * 2 * spec.num_layers, True)}
         for layers in (range(2), range(spec.num_layers)):
-            decided = _decisions(spec, "page_first", layers)
+            decided = ring_decisions(spec, "page_first", layers)
             assert {batched for _, batched in decided} == {False}
             assert all(copies >= staged_copy.BATCH_MIN_COPIES for copies, _ in decided)  # decided by rows
 

@@ -43,14 +43,20 @@ def _old_count(copies) -> int:
 #: of up to 16 rows on average batched row by row too (a candidate, for ``page_first`` slots in
 #: short runs: one ``cudaMemcpy2DAsync`` cost about 21 us of issue in the ``before`` rows, a row of a
 #: batch about 1.3 us, ``batch3d_probe``).
-RULES = {"now": (None, None), "before": (_old_count, None), "rows 16": (None, 16)}
+RULES = {"now": (None, None), "before": (_old_count, None), "rows 16": (None, 16), "rows 64": (None, 64)}
+#: The rules the first part compares for every slot kind (``rows 64`` is for the candidates only).
+SWEPT_RULES = ("now", "before", "rows 16")
 #: ``page_first`` loads from slots in short runs, through ``mixed`` with the split ``auto`` gives
 #: scattered slots (blocks of 8 layers: one 403 KB row per slot and block instead of a 42 KB row
 #: per layer, so a tenth of the 2-D calls), with and without the ``rows 16`` rule; ``auto`` sends
 #: runs of 8 and more through the per-layer split (83-85% of the ceiling, fourth round).
 PAGE_FIRST_CANDIDATES = [
+    ("auto's split", None, "now"),
+    ("auto's split, rows 16", None, "rows 16"),
+    ("auto's split, rows 64", None, "rows 64"),
     ("blocks of 8 split", TransferOptions(load_split=SCATTERED_LOADS[False]), "now"),
     ("blocks of 8 split, rows 16", TransferOptions(load_split=SCATTERED_LOADS[False]), "rows 16"),
+    ("blocks of 8 split, rows 64", TransferOptions(load_split=SCATTERED_LOADS[False]), "rows 64"),
     ("copy engines in blocks of 8 after a head of 4, rows 16",
      TransferOptions(load_split=LoadSplit(1.0, layers_per_copy=8, ramp=True, head_layers=4)), "rows 16"),
 ]
@@ -82,6 +88,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="short_runs_probe.json")
     parser.add_argument("--reps", type=int, default=6)
+    parser.add_argument("--candidates-only", action="store_true",
+                        help="skip the rules' sweep over both layouts; only the page_first candidates")
+    parser.add_argument("--beside", default="", help="candidates (separated by ;) also measured beside compute "
+                        "(transfer_gpu.beside_compute) with slots in runs of 16 and of 64")
+    parser.add_argument("--beside-reps", type=int, default=6)
     tg.add_shape_arguments(parser)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -94,6 +105,7 @@ def main() -> int:
     sets = 4
     page_sets, slot_sets = tg.id_sets(args, sets)
     slot_sets["runs of 64"] = [runs_of(64, n, args.host_slots) for _ in range(sets)]
+    slot_sets["runs of 32"] = [runs_of(32, n, args.host_slots) for _ in range(sets)]
     checks = []
 
     def check(layout, host, engine, kind, name, decisions, options=None, backup=True) -> None:
@@ -109,10 +121,10 @@ def main() -> int:
         b.add(f"load61 {layout} {kind} {name}", transfer_bytes, t, op="load61", layout=layout, slots=kind,
               frac_of_ceiling=transfer_bytes / t["ms"] / 1e6 / h2d["gbps"], **fields)
 
-    for layout, host in hosts.items():
+    for layout, host in hosts.items() if not args.candidates_only else ():
         engine = TransferEngine(device_pool, host, path="auto", timing=True)
         for kind in KINDS:
-            for name in RULES if kind != "scattered" else ("now",):
+            for name in SWEPT_RULES if kind != "scattered" else ("now",):
                 with rule(name) as decisions:
                     check(layout, host, engine, kind, name, decisions)
                     t = tg.measure(lambda i: [engine.backup(page_sets[i % sets], slot_sets[kind][i % sets]).event], b.reps)
@@ -123,11 +135,20 @@ def main() -> int:
 
     # page_first loads from short runs through the splits of scattered slots (blocks of layers).
     mixed = TransferEngine(device_pool, hosts["page_first"], path="mixed", timing=True)
+    beside = set(filter(None, (n.strip() for n in args.beside.split(";"))))
     for name, options, rule_name in PAGE_FIRST_CANDIDATES:
-        for kind in ("runs of 4", "runs of 16", "runs of 64"):
+        for kind in ("runs of 4", "runs of 16", "runs of 32", "runs of 64", "runs"):
             with rule(rule_name) as decisions:
                 check("page_first", hosts["page_first"], mixed, kind, name, decisions, options, backup=False)
                 time_load("page_first", mixed, kind, name, options, rule=rule_name, candidate=True)
+        if name in beside:
+            with rule(rule_name):
+                tg.BESIDE = [(name, "mixed", options)]
+                tg.beside_compute(b, {("page_first", "mixed"): mixed}, {"page_first": hosts["page_first"]}, page_sets,
+                                  slot_sets, sets, reps=args.beside_reps, kinds=("runs of 16", "runs of 64"), rule=rule_name)
+    unknown = beside - {name for name, _, _ in PAGE_FIRST_CANDIDATES}
+    if unknown:
+        print(f"unknown --beside candidates: {sorted(unknown)}", flush=True)
     mixed.close()
     out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": torch.cuda.get_device_name(),
            "torch": torch.__version__, "reps": b.reps, "ceiling_gbps": {"h2d": h2d["gbps"], "d2h": d2h["gbps"]},

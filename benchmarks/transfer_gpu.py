@@ -560,7 +560,8 @@ BESIDE = [("auto", "auto", None), ("kernel", "kernel", None)] + _named(
     "batch 4 issue threads")
 
 
-def beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps: int = 3) -> None:
+def beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps: int = 3,
+                   kinds: tuple[str, ...] = ("runs", "scattered"), **fields) -> None:
     """A 61-layer load consumed layer by layer by the model's stream: per layer ``wait_layer``,
     then a bf16 matmul ``[m, 4096] x [4096, 4096]`` sized to about 0.5x and 1.25x the load's own
     time per layer (calibrated at the chosen size: matmul time is not linear in ``m``). No sleep
@@ -646,7 +647,7 @@ def beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps: int = 3)
     for layout in hosts:
         for name, path, options in BESIDE:
             engine = engines[(layout, path)]
-            for slots_kind in ("runs", "scattered"):
+            for slots_kind in kinds:
                 try:
                     alone = median_of(engine, slots_kind, options, 0)
                     load_ms = alone["load_ms"]
@@ -665,7 +666,7 @@ def beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps: int = 3)
                                "start_delay_ms": both["start_delay"] - compute["start_delay"], "stall_ms": both["stall"],
                                "busy_extra_ms": both["busy"] - compute["busy"], "late_layers": both["late_layers"],
                                "first_layer_ms": both["first_layer_ms"], "first_layer_alone_ms": alone["first_layer_ms"],
-                               "issue_ms": both["issue_ms"], "issue_alone_ms": alone["issue_ms"]}
+                               "issue_ms": both["issue_ms"], "issue_alone_ms": alone["issue_ms"], **fields}
                         b.results.append(row)
                         print(f"{row['name']:60s} load {load_ms:6.2f} compute {compute_ms:6.2f} both {both_ms:6.2f} ms "
                               f"hidden {row['hidden_fraction']:5.2f} slowdown {row['compute_slowdown']:5.3f} | "

@@ -39,13 +39,16 @@ def _old_count(copies) -> int:
 
 
 #: The staging ring's batch decision per rule: (the rows count, the most rows per copy on average).
-#: ``now``: the library's; ``before``: the count of before this probe; ``rows 16``: pitched copies
-#: of up to 16 rows on average batched row by row too (a candidate, for ``page_first`` slots in
-#: short runs: one ``cudaMemcpy2DAsync`` cost about 21 us of issue in the ``before`` rows, a row of a
-#: batch about 1.3 us, ``batch3d_probe``).
-RULES = {"now": (None, None), "before": (_old_count, None), "rows 16": (None, 16), "rows 64": (None, 64)}
-#: The rules the first part compares for every slot kind (``rows 64`` is for the candidates only).
-SWEPT_RULES = ("now", "before", "rows 16")
+#: ``now``: the library's; ``before``: the count of before the eighth session (a dense copy counted
+#: by its rows); ``rows N``: pitched copies of up to N rows on average batched row by row too (for
+#: ``page_first`` slots in short runs: one ``cudaMemcpy2DAsync`` cost about 21 us of issue in the
+#: ``before`` rows, a row of a batch about 1.3 us, ``batch3d_probe``).
+RULES = {"now": (None, None), "before": (_old_count, 2), "rows 2": (None, 2), "rows 16": (None, 16),
+         "rows 64": (None, 64)}
+#: The rules the first part compares for every slot kind. ``rows 2`` is the eighth session's rule
+#: (``BATCH_MAX_MEAN_ROWS`` 2), ``before`` the one before it; the library's is ``rows 64`` since the
+#: ninth session's third probe.
+SWEPT_RULES = ("now", "rows 2", "before")
 #: ``page_first`` loads from slots in short runs, through ``mixed`` with the split ``auto`` gives
 #: scattered slots (blocks of 8 layers: one 403 KB row per slot and block instead of a 42 KB row
 #: per layer, so a tenth of the 2-D calls), with and without the ``rows 16`` rule; ``auto`` sends

@@ -19,11 +19,13 @@ piece moves them: for all layers that is the whole slot payload, for a block of 
 one latent and one indexer piece; wide rows, which copy engines stream at full rate (also while
 the other direction is busy), instead of one 42 KB and one 8 KB row per slot and layer.
 
-A unit of many host copies that are 1-D copies or nearly so (scattered slots: one row per slot
-and piece; ``layer_first`` runs: one dense copy per run and pair) goes to the copy engines as one
+A unit of many host copies of few rows each (scattered slots: one row per slot and piece;
+``layer_first`` runs: one dense copy per run and pair; ``page_first`` runs of up to
+``BATCH_MAX_MEAN_ROWS`` slots: a pitched copy of that many rows) goes to the copy engines as one
 ``cudaMemcpyBatchAsync`` per unit and copy stream instead of one ``cudaMemcpy2DAsync`` each: about
-1.3 us of CPU per row of the batch against about 21 us per 2-D call (H200, docs/benchmarks.md
-"Serving conditions, fourth round"). ``host_batch`` (per copier) forces it on or off; on CPU the same copy list runs
+1.3 us of CPU per row of the batch against about 21 us per 2-D call, and the copy engines run a
+2-D op of narrow rows slower than the same rows as 1-D copies (H200, docs/benchmarks.md "Serving
+conditions", fourth and fifth rounds). ``host_batch`` (per copier) forces it on or off; on CPU the same copy list runs
 through ``memmove``, so CI checks its addresses.
 
 ``pitched=True`` (per call) sends those copies as pitched ops in one ``cudaMemcpy3DBatchAsync``
@@ -79,10 +81,15 @@ STAGING_NUM_WARPS = 16
 #: A unit's host copies go out as one memcpy batch (when ``host_batch`` is None) from this many
 #: copies, when the batch holds at most ``BATCH_MAX_MEAN_ROWS`` 1-D copies per copy on average
 #: (``_batch_rows``: a dense copy is one, however many rows): where one 2-D call per copy costs more
-#: CPU than the copy engines need to move it. Long dense runs count as one copy too, so a unit of
-#: many of them batches as well (measured for runs of 16; longer runs, e.g. 64, not yet).
+#: CPU than the copy engines need to move it, or where the copy engines run a 2-D op of narrow rows
+#: slower than the same rows as 1-D copies. Long dense runs count as one copy too, so a unit of
+#: many of them batches as well. 64 (was 2), measured on the H200 (2026-12-01, ninth session,
+#: ``benchmarks/short_runs_probe.py``, docs/benchmarks.md "Serving conditions, fifth round"):
+#: ``page_first`` 61-layer loads from slots in runs of 16 through the per-layer split rise from
+#: 47.2 to 52.5 GB/s (85% to 95% of the ceiling), from runs of 4 (blocks of 8 layers) from 46.8
+#: to 52.9; runs of 32, 64 and one long run stayed within 0.4 GB/s.
 BATCH_MIN_COPIES = 16
-BATCH_MAX_MEAN_ROWS = 2
+BATCH_MAX_MEAN_ROWS = 64
 #: With ``pitched`` copies, a unit of dense blocks holds few enough rows that this many pairs (or
 #: all of a group's, if fewer) fit one buffer: their rows fold into one op per slot.
 PITCHED_MIN_PAIRS = 16

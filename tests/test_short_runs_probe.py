@@ -30,9 +30,11 @@ def _decisions(layout: str, monkeypatch) -> set[bool]:
 
 
 @pytest.mark.parametrize("name, layer_first, page_first", [
-    ("now", {True}, {False}),       # dense runs batch; pitched runs of 4 rows stay 2-D calls
+    ("now", {True}, {True}),        # the library's (rows 64): pitched short runs batch row by row too
+    ("rows 2", {True}, {False}),    # dense runs batch; pitched runs of 4 rows stay 2-D calls
     ("before", {False}, {False}),   # dense runs counted by their rows: 2-D calls
-    ("rows 16", {True}, {True}),    # the candidate batches pitched short runs row by row too
+    ("rows 16", {True}, {True}),
+    ("rows 64", {True}, {True}),
 ])
 def test_each_rule_makes_the_decision_it_names(name, layer_first, page_first, monkeypatch):
     library = staged_copy._batch_rows, staged_copy.BATCH_MAX_MEAN_ROWS, StagedCopier._batched

@@ -215,31 +215,42 @@ def test_batch_rows_is_the_length_of_the_unmerged_copy_list(layout, kind, spec, 
     assert several_rows > 0 or kind == "scattered"  # copies of several rows were counted
 
 
-def ring_decisions(spec, layout: str, layers: range) -> set[tuple[int, bool]]:
-    """(copies, batched) of every unit of a load of ``layers`` from 16 runs of 4 slots (of 128),
-    the ring's batch decision alone (nothing is copied); ``_batch_available`` as patched."""
+def ring_decisions(spec, layout: str, layers: range, slots: torch.Tensor = RUNS_OF_4,
+                   host_slots: int = 128, buffer_bytes: int = 64 << 20) -> set[tuple[int, bool]]:
+    """(copies, batched) of every unit of a load of ``layers`` from ``slots`` (default 16 runs of
+    4 slots of 128), the ring's batch decision alone (nothing is copied); ``_batch_available`` as
+    patched."""
     device = make_device_pool(spec, NUM_PAGES)
-    host = make_host_pool(spec, 128, layout)
-    copier = StagedCopier("cpu", buffer_bytes=64 << 20)  # every run in one unit
+    host = make_host_pool(spec, host_slots, layout)
+    copier = StagedCopier("cpu", buffer_bytes=buffer_bytes)  # every run in one unit
     copier._on_gpu = True  # the decision only; nothing is copied
     group = [pair for layer in layers for pair in load_pairs(host, device.pool, layer)]
-    units = copier._units([h for h, _ in group], *_sorted_runs(RUNS_OF_4))
+    units = copier._units([h for h, _ in group], *_sorted_runs(slots))
     return {(len(u.host_copies), copier._batched(u.host_copies)) for u in units}
+
+
+#: 16 runs of 80 slots (of 2048), one every 128: pitched copies of more rows than the batch takes.
+RUNS_OF_80 = (torch.arange(16)[:, None] * 128 + torch.arange(80)).flatten()
 
 
 def test_runs_of_layer_first_rows_go_out_as_one_batch(monkeypatch):
     """Slots in 16 runs of 4 with layer_first rows: every copy is a dense run, so a unit of many
     copies takes the memcpy batch (it used to count 4 rows per copy and issue one 2-D call per
-    run). page_first rows stay 2-D copies of four rows each: a block of layers has the slot's
-    other layers between its rows, and whole slots are padded to 4 KiB in the host pool, so even
-    DeepSeek-V3.2's 256-aligned 3,076,352-byte page is a pitched row there."""
+    run). page_first rows are 2-D copies of four rows each (a block of layers has the slot's other
+    layers between its rows, and whole slots are padded to 4 KiB in the host pool, so even
+    DeepSeek-V3.2's 256-aligned 3,076,352-byte page is a pitched row there); up to
+    ``BATCH_MAX_MEAN_ROWS`` rows on average they batch row by row too, and runs of 80 stay one
+    2-D call per copy."""
     monkeypatch.setattr(staged_copy, "_batch_available", lambda: True)
+    assert 4 <= staged_copy.BATCH_MAX_MEAN_ROWS < 80
     for spec in (SPEC, ALIGNED):
         assert ring_decisions(spec, "layer_first", range(spec.num_layers)) == {(16 * 2 * spec.num_layers, True)}
         for layers in (range(2), range(spec.num_layers)):
-            decided = ring_decisions(spec, "page_first", layers)
-            assert {batched for _, batched in decided} == {False}
-            assert all(copies >= staged_copy.BATCH_MIN_COPIES for copies, _ in decided)  # decided by rows
+            for slots, host_slots, batched in ((RUNS_OF_4, 128, True), (RUNS_OF_80, 2048, False)):
+                # a buffer that holds every run: 1,280 of ALIGNED's 201,728-byte slots for RUNS_OF_80
+                decided = ring_decisions(spec, "page_first", layers, slots, host_slots, buffer_bytes=288 << 20)
+                assert {b for _, b in decided} == {batched}
+                assert all(copies >= staged_copy.BATCH_MIN_COPIES for copies, _ in decided)  # decided by rows
 
 
 def test_copy_list_merges_rows_that_join_across_copies():

@@ -96,6 +96,8 @@ def main() -> int:
     parser.add_argument("--beside", default="", help="candidates (separated by ;) also measured beside compute "
                         "(transfer_gpu.beside_compute) with slots in runs of 16 and of 64")
     parser.add_argument("--beside-reps", type=int, default=6)
+    parser.add_argument("--sweep-only", action="store_true", help="skip the page_first candidates")
+    parser.add_argument("--rules", default=",".join(SWEPT_RULES), help="comma-separated rules of the sweep")
     tg.add_shape_arguments(parser)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -124,10 +126,14 @@ def main() -> int:
         b.add(f"load61 {layout} {kind} {name}", transfer_bytes, t, op="load61", layout=layout, slots=kind,
               frac_of_ceiling=transfer_bytes / t["ms"] / 1e6 / h2d["gbps"], **fields)
 
+    rules = [r.strip() for r in args.rules.split(",") if r.strip()]
+    unknown_rules = set(rules) - set(RULES)
+    if unknown_rules:
+        parser.error(f"unknown --rules: {sorted(unknown_rules)} (known: {sorted(RULES)})")
     for layout, host in hosts.items() if not args.candidates_only else ():
         engine = TransferEngine(device_pool, host, path="auto", timing=True)
         for kind in KINDS:
-            for name in SWEPT_RULES if kind != "scattered" else ("now",):
+            for name in rules if kind != "scattered" else ("now",):
                 with rule(name) as decisions:
                     check(layout, host, engine, kind, name, decisions)
                     t = tg.measure(lambda i: [engine.backup(page_sets[i % sets], slot_sets[kind][i % sets]).event], b.reps)
@@ -139,7 +145,7 @@ def main() -> int:
     # page_first loads from short runs through the splits of scattered slots (blocks of layers).
     mixed = TransferEngine(device_pool, hosts["page_first"], path="mixed", timing=True)
     beside = set(filter(None, (n.strip() for n in args.beside.split(";"))))
-    for name, options, rule_name in PAGE_FIRST_CANDIDATES:
+    for name, options, rule_name in PAGE_FIRST_CANDIDATES if not args.sweep_only else ():
         for kind in ("runs of 4", "runs of 16", "runs of 32", "runs of 64", "runs"):
             with rule(rule_name) as decisions:
                 check("page_first", hosts["page_first"], mixed, kind, name, decisions, options, backup=False)

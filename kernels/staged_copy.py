@@ -87,8 +87,11 @@ STAGING_NUM_WARPS = 16
 #: ``benchmarks/short_runs_probe.py``, docs/benchmarks.md "Serving conditions, fifth round"):
 #: ``page_first`` 61-layer loads from slots in runs of 16 through the per-layer split rise from
 #: 47.2 to 52.5 GB/s (85% to 95% of the ceiling), from runs of 4 (blocks of 8 layers) from 46.8
-#: to 52.9; runs of 32, 64 and one long run stayed within 0.4 GB/s.
-BATCH_MIN_COPIES = 16
+#: to 52.9; runs of 32, 64 and one long run stayed within 0.4 GB/s. ``BATCH_MIN_COPIES`` 4 (was
+#: 16), same session: ``layer_first`` runs of 64 are 7-8 dense runs a layer, 14-16 copies a unit,
+#: mostly under 16, so each went out as a 2-D call; batched, the backup rose from 51.1 to 53.9 GB/s
+#: (92% to 97%) and the 61-layer load from 49.8 to 52.9 (90% to 95%), every other kind unchanged.
+BATCH_MIN_COPIES = 4
 BATCH_MAX_MEAN_ROWS = 64
 #: With ``pitched`` copies, a unit of dense blocks holds few enough rows that this many pairs (or
 #: all of a group's, if fewer) fit one buffer: their rows fold into one op per slot.

@@ -253,6 +253,17 @@ def test_runs_of_layer_first_rows_go_out_as_one_batch(monkeypatch):
                 assert all(copies >= staged_copy.BATCH_MIN_COPIES for copies, _ in decided)  # decided by rows
 
 
+def test_a_few_dense_runs_of_one_layer_go_out_as_one_batch(monkeypatch):
+    """Three runs of layer_first rows, one layer: six dense copies (a run per component) already
+    batch (``layer_first`` runs of 64 on the H200 are 14-16 copies a unit and went out as 2-D calls
+    under a minimum of 16); a unit of fewer copies than ``BATCH_MIN_COPIES`` stays 2-D calls."""
+    monkeypatch.setattr(staged_copy, "_batch_available", lambda: True)
+    three_runs = torch.cat([torch.arange(s, s + 4) for s in (0, 8, 16)])
+    assert ring_decisions(SPEC, "layer_first", range(1), three_runs) == {(6, True)}
+    monkeypatch.setattr(staged_copy, "BATCH_MIN_COPIES", 7)
+    assert ring_decisions(SPEC, "layer_first", range(1), three_runs) == {(6, False)}
+
+
 def test_copy_list_merges_rows_that_join_across_copies():
     """Planned units rarely join rows of two copies; a table where they do: the pitched copy's
     last row runs into the next copy, which runs into a dense one; the last copy joins nothing."""

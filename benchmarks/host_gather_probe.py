@@ -53,39 +53,28 @@ class Mover:
         return f"{self.threads} python threads" if self.pool else f"intra-op {self.threads}"
 
     def _run(self, jobs) -> None:
+        """``jobs``: (fn(rows slice), rows); one call per job, or per chunk of its rows on the pool."""
         if self.executor is None:
             torch.set_num_threads(self.threads)
-            for job in jobs:
-                job(slice(None))
+            for fn, _ in jobs:
+                fn(slice(None))
             return
-        futures = [self.executor.submit(job, part) for job, n in jobs_with_rows(jobs) for part in chunks(n, self.threads)]
+        futures = [self.executor.submit(fn, part) for fn, rows in jobs for part in chunks(rows, self.threads)]
         for f in futures:
             f.result()
 
     def gather(self, pairs) -> None:
         """``pairs``: (src [slots, bytes], idx, out [len(idx), bytes])."""
-        self._run([_Job(lambda part, s=s, i=i, o=o: torch.index_select(s, 0, i[part], out=o[part]), len(i))
+        self._run([(lambda part, s=s, i=i, o=o: torch.index_select(s, 0, i[part], out=o[part]), len(i))
                    for s, i, o in pairs])
 
     def scatter(self, pairs) -> None:
         """``pairs``: (dst [slots, bytes], idx, src [len(idx), bytes])."""
-        self._run([_Job(lambda part, d=d, i=i, s=s: d.index_copy_(0, i[part], s[part]), len(i)) for d, i, s in pairs])
+        self._run([(lambda part, d=d, i=i, s=s: d.index_copy_(0, i[part], s[part]), len(i)) for d, i, s in pairs])
 
     def close(self) -> None:
         if self.executor is not None:
             self.executor.shutdown()
-
-
-class _Job:
-    def __init__(self, fn, rows: int) -> None:
-        self.fn, self.rows = fn, rows
-
-    def __call__(self, part):
-        return self.fn(part)
-
-
-def jobs_with_rows(jobs):
-    return [(job, job.rows) for job in jobs]
 
 
 def cpu_check() -> int:
@@ -283,21 +272,18 @@ def main() -> int:
 
     # 2. Pipelined load and backup alone (wall for the backup: it ends on the CPU).
     pipelined = [m for m in movers if m.threads >= 4]
-    best = {}
+    best = {}  # op -> (mover, ms) of the fastest mover that copied every byte
+    ops = (("load61", load_once, check_load, "h2d"), ("backup", backup_once, check_backup, "d2h"))
     for mover in pipelined:
-        t = timed(lambda: load_once(mover), args.reps)
-        ok = check_load(s)
-        add({"group": "load61", "mover": mover.name(), **t, "gbps": s.bytes / t["ms"] / 1e6,
-             "frac_of_ceiling": s.bytes / t["ms"] / 1e6 / ceiling["h2d"], "bytes_ok": ok})
-        if ok and t["ms"] < best.get("load", (None, 1e9))[1]:
-            best["load"] = (mover, t["ms"])
-        t = timed(lambda: backup_once(mover), args.reps)
-        ok = check_backup(s)
-        add({"group": "backup", "mover": mover.name(), **t, "gbps": s.bytes / t["ms"] / 1e6,
-             "frac_of_ceiling": s.bytes / t["ms"] / 1e6 / ceiling["d2h"], "bytes_ok": ok})
-        if ok and t["ms"] < best.get("backup", (None, 1e9))[1]:
-            best["backup"] = (mover, t["ms"])
-    if "load" not in best:
+        for op, once, check, direction in ops:
+            t = timed(lambda: once(mover), args.reps)
+            ok = check(s)
+            gbps = s.bytes / t["ms"] / 1e6
+            add({"group": op, "mover": mover.name(), **t, "gbps": gbps, "frac_of_ceiling": gbps / ceiling[direction],
+                 "bytes_ok": ok})
+            if ok and t["ms"] < best.get(op, (None, float("inf")))[1]:
+                best[op] = (mover, t["ms"])
+    if "load61" not in best:
         print("no load mover copied every byte", flush=True)
         return 1
 
@@ -328,8 +314,7 @@ def main() -> int:
         bm.close()
 
     # 4. Beside compute: the load on a library thread, the model's matmuls on this one.
-    mover = best["load"][0]
-    load_ms = best["load"][1]
+    mover, load_ms = best["load61"]
     k = 4096
     weight = torch.randn(k, k, device="cuda", dtype=torch.bfloat16)
     x_all = torch.randn(16384, k, device="cuda", dtype=torch.bfloat16)

@@ -14,7 +14,7 @@ run:
   highest priority (the engine's default now) and at the default priority.
 Every candidate's bytes are checked against the source once before it is timed.
 
-    python3 benchmarks/serving_probe.py [--set first|second|...|eleventh|twelfth] [--reps 6]
+    python3 benchmarks/serving_probe.py [--set first|second|...|twelfth|thirteenth] [--reps 6]
         [--beside-reps 6] [--skip load61,backup,both,beside] [--out docs/benchmarks/serving_probe.json]
 """
 
@@ -359,7 +359,43 @@ TWELFTH = [
 ]
 
 
-CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH, "eleventh": ELEVENTH, "twelfth": TWELFTH}
+def _scattered(dense_host_rows: bool, split: LoadSplit):
+    """A change for ``PolicyVariant``: loads of several layers from scattered slots of one layout
+    (``SCATTERED_LOADS[dense_host_rows]``) take ``split``. ``layer_first``'s entry is shared with
+    ``SCATTERED_LOADS_BESIDE_BACKUP``, so it changes there too (the thirteenth set skips ``both``)."""
+    import tiered_kv.transfer_policy as tp
+
+    return lambda s: split if s is tp.SCATTERED_LOADS[dense_host_rows] else s
+
+
+def _scattered_from_policy(dense_host_rows: bool, **fields):
+    import tiered_kv.transfer_policy as tp
+
+    return _scattered(dense_host_rows, replace(tp.SCATTERED_LOADS[dense_host_rows], **fields))
+
+
+T2 = TransferOptions(issue_threads=2)
+#: Thirteenth probe (not run yet): scattered loads, idle and beside compute (``--skip both``).
+#: ``layer_first`` (93% idle, hidden 0.81 at 1.05 beside compute at 1.25x, ninth session): more of
+#: the pages through memcpy batches, issued on two library threads so the batch half's CPU (about
+#: 1.3 us a row) stays under the load's time, and fewer SMs taken by the kernel half. The issue
+#: threads alone first, so the share's effect is apart from the threads'. ``page_first`` (94.9%
+#: idle, hidden 0.79): blocks of 4 layers instead of 8 (raw copy-engine reads of 4-layer rows
+#: 53.9 GB/s against 55.4), so layers are ready in smaller groups, and blocks that grow by 3.
+THIRTEENTH = [
+    ("auto", "auto", None, {}, None),
+    ("auto, 2 issue threads", "auto", T2, {}, None),
+    ("auto, lf scattered kernel 0.6 + batch 0.4, 2 issue threads", "auto", T2, {},
+     _scattered_from_policy(True, ce_fraction=0.4)),
+    ("auto, lf scattered kernel 0.5 + batch 0.5, 2 issue threads", "auto", T2, {},
+     _scattered_from_policy(True, ce_fraction=0.5)),
+    ("auto, pf scattered blocks of 4", "auto", None, {}, _scattered_from_policy(False, layers_per_copy=4, kernel_blocks=4)),
+    ("auto, pf scattered blocks of 8, ramp step 3", "auto", None, {}, _scattered_from_policy(False, ramp_step=3)),
+]
+
+
+CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH, "eleventh": ELEVENTH, "twelfth": TWELFTH,
+                  "thirteenth": THIRTEENTH}
 SETS = {"fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
         "fourth": ([], [], [], FOURTH_BESIDE),
         "second": (SECOND_LOADS, SECOND_BACKUPS, SECOND_BOTH, SECOND_BESIDE),

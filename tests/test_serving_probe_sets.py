@@ -4,6 +4,8 @@ H200 does not spend device time on a candidate that is wrong before it is timed.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import sys
 from pathlib import Path
 
@@ -66,7 +68,7 @@ def test_tenth_both_sides_copy_every_byte(entry, layout):
     check_copy(pairs, slots, pages, device.roots, lambda: loader.load(slots, pages, options=load_options))
 
 
-VARIANTS = [e for e in serving_probe.ELEVENTH + serving_probe.TWELFTH if e[4] is not None]
+VARIANTS = [e for e in serving_probe.ELEVENTH + serving_probe.TWELFTH + serving_probe.THIRTEENTH if e[4] is not None]
 
 
 def _changed_splits(change):
@@ -81,8 +83,9 @@ def _changed_splits(change):
 @pytest.mark.parametrize("slots_kind", ["runs", "scattered"])
 @pytest.mark.parametrize("entry", VARIANTS, ids=lambda e: e[0])
 def test_policy_variant_splits_copy_every_byte(entry, slots_kind, layout):
-    """Each split an eleventh or twelfth candidate puts into the policy, run through ``mixed``
-    (on CPU ``auto`` resolves to torch copies, which would not run the split)."""
+    """Each split an eleventh, twelfth or thirteenth candidate puts into the policy, with the
+    candidate's own options (issue threads), run through ``mixed`` (on CPU ``auto`` resolves to
+    torch copies, which would not run the split)."""
     changed = _changed_splits(entry[4])
     assert changed, entry[0]
     device, host = make_device_pool(SPEC, 20), make_host_pool(SPEC, 16, layout)
@@ -91,7 +94,7 @@ def test_policy_variant_splits_copy_every_byte(entry, slots_kind, layout):
     pages = random_ids(9, 1, 20)
     pairs = [pair for layer in range(SPEC.num_layers) for pair in load_pairs(host, device.pool, layer)]
     for _, _, split in changed:
-        options = TransferOptions(load_split=split)
+        options = replace(entry[2] or TransferOptions(), load_split=split)
         check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages, options=options))
 
 
@@ -111,9 +114,14 @@ LF_SCATTERED_BESIDE_BACKUP = {"dense_host_rows": True, "scattered": True, "backu
 PF_RUNS = {"dense_host_rows": False, "scattered": False, "backup_in_flight": False}
 
 
+LF_SCATTERED = {"dense_host_rows": True, "scattered": True, "backup_in_flight": False}
+PF_SCATTERED = {"dense_host_rows": False, "scattered": True, "backup_in_flight": False}
+
+
 @pytest.mark.parametrize("entry, case", [(serving_probe.ELEVENTH[1], LF_SCATTERED_BESIDE_BACKUP),
                                          (serving_probe.ELEVENTH[2], LF_SCATTERED_BESIDE_BACKUP),
-                                         (serving_probe.TWELFTH[1], PF_RUNS), (serving_probe.TWELFTH[2], PF_RUNS)],
+                                         (serving_probe.TWELFTH[1], PF_RUNS), (serving_probe.TWELFTH[2], PF_RUNS)]
+                         + [(e, LF_SCATTERED if " lf " in e[0] else PF_SCATTERED) for e in serving_probe.THIRTEENTH[2:]],
                          ids=lambda v: v[0] if isinstance(v, tuple) else "")
 def test_policy_variant_gives_its_split_for_the_case_it_names_and_only_during_the_call(entry, case):
     import tiered_kv.transfer_policy as tp

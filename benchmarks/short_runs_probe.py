@@ -39,15 +39,16 @@ def _old_count(copies) -> int:
 
 
 #: The staging ring's batch decision per rule: (the rows count, the most rows per copy on average,
-#: the fewest copies a batch takes; None: the library's). ``min 4``: units of 4 copies and more
-#: batch (for ``layer_first`` runs of 64: 8 dense runs per layer, 14-16 copies a unit, mostly
-#: under ``BATCH_MIN_COPIES``).
+#: the fewest copies a load's batch takes, the fewest a backup's takes; None: the library's). The
+#: rules other than ``now`` pin all four, as each was measured. ``min 4``: units of 4 copies and
+#: more batch in both directions (for ``layer_first`` runs of 64: 8 dense runs per layer, 14-16
+#: copies a unit, mostly under 16); the library took it for loads only.
 #: ``now``: the library's; ``before``: the count of before the eighth session (a dense copy counted
 #: by its rows); ``rows N``: pitched copies of up to N rows on average batched row by row too (for
 #: ``page_first`` slots in short runs: one ``cudaMemcpy2DAsync`` cost about 21 us of issue in the
 #: ``before`` rows, a row of a batch about 1.3 us, ``batch3d_probe``).
-RULES = {"now": (None, None, None), "before": (_old_count, 2, None), "rows 2": (None, 2, None),
-         "rows 16": (None, 16, None), "rows 64": (None, 64, None), "min 4": (None, None, 4)}
+RULES = {"now": (None, None, None, None), "before": (_old_count, 2, 16, 16), "rows 2": (None, 2, 16, 16),
+         "rows 16": (None, 16, 16, 16), "rows 64": (None, 64, 16, 16), "min 4": (None, None, 4, 4)}
 #: The rules the first part compares for every slot kind. ``rows 2`` is the eighth session's rule
 #: (``BATCH_MAX_MEAN_ROWS`` 2), ``before`` the one before it; the library's is ``rows 64`` since the
 #: ninth session's third probe.
@@ -73,24 +74,25 @@ def rule(name: str):
     """Swap the staging ring's batch decision for ``RULES[name]`` around a call; yields a count of
     the decisions taken inside (``{"batch": units sent as one memcpy batch, "2-D calls": units
     sent as one call per copy}``), so a run shows which branch each rule took."""
-    count, max_rows, min_copies = RULES[name]
+    count, max_rows, min_copies, min_to_host = RULES[name]
     saved = (staged_copy._batch_rows, staged_copy.BATCH_MAX_MEAN_ROWS, staged_copy.StagedCopier._batched,
-             staged_copy.BATCH_MIN_COPIES)
+             staged_copy.BATCH_MIN_COPIES, staged_copy.BATCH_MIN_COPIES_TO_HOST)
     decisions = {"batch": 0, "2-D calls": 0}
 
-    def counted(copier, copies) -> bool:
-        batched = saved[2](copier, copies)
+    def counted(copier, copies, to_device) -> bool:
+        batched = saved[2](copier, copies, to_device)
         decisions["batch" if batched else "2-D calls"] += 1
         return batched
     staged_copy._batch_rows = count or saved[0]
     staged_copy.BATCH_MAX_MEAN_ROWS = max_rows or saved[1]
     staged_copy.BATCH_MIN_COPIES = min_copies or saved[3]
+    staged_copy.BATCH_MIN_COPIES_TO_HOST = min_to_host or saved[4]
     staged_copy.StagedCopier._batched = counted
     try:
         yield decisions
     finally:
         (staged_copy._batch_rows, staged_copy.BATCH_MAX_MEAN_ROWS, staged_copy.StagedCopier._batched,
-         staged_copy.BATCH_MIN_COPIES) = saved
+         staged_copy.BATCH_MIN_COPIES, staged_copy.BATCH_MIN_COPIES_TO_HOST) = saved
 
 
 def main() -> int:

@@ -79,7 +79,7 @@ _REGION_ALIGN = 256  # staging regions start 256-B aligned, so the kernel keeps 
 STAGING_BLOCK = 16384
 STAGING_NUM_WARPS = 16
 #: A unit's host copies go out as one memcpy batch (when ``host_batch`` is None) from this many
-#: copies, when the batch holds at most ``BATCH_MAX_MEAN_ROWS`` 1-D copies per copy on average
+#: copies (loads; backups ``BATCH_MIN_COPIES_TO_HOST``), when the batch holds at most ``BATCH_MAX_MEAN_ROWS`` 1-D copies per copy on average
 #: (``_batch_rows``: a dense copy is one, however many rows): where one 2-D call per copy costs more
 #: CPU than the copy engines need to move it, or where the copy engines run a 2-D op of narrow rows
 #: slower than the same rows as 1-D copies. Long dense runs count as one copy too, so a unit of
@@ -91,7 +91,12 @@ STAGING_NUM_WARPS = 16
 #: 16), same session: ``layer_first`` runs of 64 are 7-8 dense runs a layer, 14-16 copies a unit,
 #: mostly under 16, so each went out as a 2-D call; batched, the backup rose from 51.1 to 53.9 GB/s
 #: (92% to 97%) and the 61-layer load from 49.8 to 52.9 (90% to 95%), every other kind unchanged.
+#: Backups keep 16 (``BATCH_MIN_COPIES_TO_HOST``): they are issued on the caller's thread, and a
+#: batch of a few long dense copies costs that thread more than their 2-D calls (the same runs: 14.4
+#: to 16.6 ms of issue against 8.0 to 8.5) for 1.6 ms less device time; the engine's own launches
+#: wait behind it. Loads are issued on a library thread (1.9 ms of the caller's either way).
 BATCH_MIN_COPIES = 4
+BATCH_MIN_COPIES_TO_HOST = 16
 BATCH_MAX_MEAN_ROWS = 64
 #: With ``pitched`` copies, a unit of dense blocks holds few enough rows that this many pairs (or
 #: all of a group's, if fewer) fit one buffer: their rows fold into one op per slot.
@@ -495,11 +500,11 @@ class StagedCopier:
             on_group_done(done_groups)
             done_groups += 1
 
-    def _batched(self, copies) -> bool:
+    def _batched(self, copies, to_device: bool) -> bool:
         """Whether ``copies`` (one unit's share) go out as one memcpy batch (see ``host_batch``)."""
         if self.host_batch is not None:
             return self.host_batch
-        if not self._on_gpu or len(copies) < BATCH_MIN_COPIES:
+        if not self._on_gpu or len(copies) < (BATCH_MIN_COPIES if to_device else BATCH_MIN_COPIES_TO_HOST):
             return False
         return _batch_rows(copies) <= BATCH_MAX_MEAN_ROWS * len(copies) and _batch_available()
 
@@ -545,7 +550,7 @@ class StagedCopier:
         if pitched and self._on_gpu:
             self._pitched_copies(shares, buffer_addr, to_device, streams)
             return
-        if not pitched and any(len(share) for share in shares) and self._batched(copies):
+        if not pitched and any(len(share) for share in shares) and self._batched(copies, to_device):
             self._batch_copies(shares, buffer_addr, to_device, streams)
             return
         if self._on_gpu:

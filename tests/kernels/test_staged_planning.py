@@ -216,17 +216,17 @@ def test_batch_rows_is_the_length_of_the_unmerged_copy_list(layout, kind, spec, 
 
 
 def ring_decisions(spec, layout: str, layers: range, slots: torch.Tensor = RUNS_OF_4,
-                   host_slots: int = 128, buffer_bytes: int = 64 << 20) -> set[tuple[int, bool]]:
-    """(copies, batched) of every unit of a load of ``layers`` from ``slots`` (default 16 runs of
-    4 slots of 128), the ring's batch decision alone (nothing is copied); ``_batch_available`` as
-    patched."""
+                   host_slots: int = 128, buffer_bytes: int = 64 << 20, to_device: bool = True) -> set[tuple[int, bool]]:
+    """(copies, batched) of every unit of a load (``to_device``; else a backup) of ``layers`` from
+    ``slots`` (default 16 runs of 4 slots of 128), the ring's batch decision alone (nothing is
+    copied); ``_batch_available`` as patched."""
     device = make_device_pool(spec, NUM_PAGES)
     host = make_host_pool(spec, host_slots, layout)
     copier = StagedCopier("cpu", buffer_bytes=buffer_bytes)  # every run in one unit
     copier._on_gpu = True  # the decision only; nothing is copied
     group = [pair for layer in layers for pair in load_pairs(host, device.pool, layer)]
     units = copier._units([h for h, _ in group], *_sorted_runs(slots))
-    return {(len(u.host_copies), copier._batched(u.host_copies)) for u in units}
+    return {(len(u.host_copies), copier._batched(u.host_copies, to_device)) for u in units}
 
 
 #: 16 runs of 80 slots (of 2048), one every 128: pitched copies of more rows than the batch takes.
@@ -255,11 +255,15 @@ def test_runs_of_layer_first_rows_go_out_as_one_batch(monkeypatch):
 
 def test_a_few_dense_runs_of_one_layer_go_out_as_one_batch(monkeypatch):
     """Three runs of layer_first rows, one layer: six dense copies (a run per component) already
-    batch (``layer_first`` runs of 64 on the H200 are 14-16 copies a unit and went out as 2-D calls
-    under a minimum of 16); a unit of fewer copies than ``BATCH_MIN_COPIES`` stays 2-D calls."""
+    batch in a load (``layer_first`` runs of 64 on the H200 are 14-16 copies a unit and went out as
+    2-D calls under a minimum of 16); a unit of fewer copies than ``BATCH_MIN_COPIES`` stays 2-D
+    calls, and so does a backup's under ``BATCH_MIN_COPIES_TO_HOST``."""
     monkeypatch.setattr(staged_copy, "_batch_available", lambda: True)
     three_runs = torch.cat([torch.arange(s, s + 4) for s in (0, 8, 16)])
     assert ring_decisions(SPEC, "layer_first", range(1), three_runs) == {(6, True)}
+    # A backup of the same slots keeps its 2-D calls: it is issued on the caller's thread.
+    assert staged_copy.BATCH_MIN_COPIES_TO_HOST > 6
+    assert ring_decisions(SPEC, "layer_first", range(1), three_runs, to_device=False) == {(6, False)}
     monkeypatch.setattr(staged_copy, "BATCH_MIN_COPIES", 7)
     assert ring_decisions(SPEC, "layer_first", range(1), three_runs) == {(6, False)}
 

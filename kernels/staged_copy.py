@@ -93,7 +93,7 @@ STAGING_NUM_WARPS = 16
 #: (92% to 97%) and the 61-layer load from 49.8 to 52.9 (90% to 95%), every other kind unchanged.
 #: Backups keep 16 (``BATCH_MIN_COPIES_TO_HOST``): they are issued on the caller's thread, and a
 #: batch of a few long dense copies costs that thread more than their 2-D calls (the same runs: 14.4
-#: to 16.6 ms of issue against 8.0 to 8.5) for 1.6 ms less device time; the engine's own launches
+#: to 16.6 ms of issue against 7.7 to 8.5) for 1.6 ms less device time; the engine's own launches
 #: wait behind it. Loads are issued on a library thread (1.9 ms of the caller's either way).
 BATCH_MIN_COPIES = 4
 BATCH_MIN_COPIES_TO_HOST = 16

@@ -78,23 +78,24 @@ _REGION_ALIGN = 256  # staging regions start 256-B aligned, so the kernel keeps 
 #: keeps 64 KiB in flight per step (4x the UVA default) to do its share with few CTAs.
 STAGING_BLOCK = 16384
 STAGING_NUM_WARPS = 16
-#: A unit's host copies go out as one memcpy batch (when ``host_batch`` is None) from this many
-#: copies (loads; backups ``BATCH_MIN_COPIES_TO_HOST``), when the batch holds at most ``BATCH_MAX_MEAN_ROWS`` 1-D copies per copy on average
-#: (``_batch_rows``: a dense copy is one, however many rows): where one 2-D call per copy costs more
-#: CPU than the copy engines need to move it, or where the copy engines run a 2-D op of narrow rows
-#: slower than the same rows as 1-D copies. Long dense runs count as one copy too, so a unit of
-#: many of them batches as well. 64 (was 2), measured on the H200 (2026-12-01, ninth session,
+#: A unit's host copies go out as one memcpy batch (when ``host_batch`` is None) when there are at
+#: least ``BATCH_MIN_COPIES`` of them (loads; ``BATCH_MIN_COPIES_TO_HOST`` for backups) and they
+#: hold at most ``BATCH_MAX_MEAN_ROWS`` 1-D copies per copy on average (``_batch_rows``: a dense
+#: copy is one, however many rows): where one 2-D call per copy costs more CPU than the copy
+#: engines need to move it, or where the copy engines run a 2-D op of narrow rows slower than the
+#: same rows as 1-D copies. Measured on the H200 (2026-12-01, ninth session,
 #: ``benchmarks/short_runs_probe.py``, docs/benchmarks.md "Serving conditions, fifth round"):
-#: ``page_first`` 61-layer loads from slots in runs of 16 through the per-layer split rise from
-#: 47.2 to 52.5 GB/s (85% to 95% of the ceiling), from runs of 4 (blocks of 8 layers) from 46.8
-#: to 52.9; runs of 32, 64 and one long run stayed within 0.4 GB/s. ``BATCH_MIN_COPIES`` 4 (was
-#: 16), same session: ``layer_first`` runs of 64 are 7-8 dense runs a layer, 14-16 copies a unit,
-#: mostly under 16, so each went out as a 2-D call; batched, the backup rose from 51.1 to 53.9 GB/s
-#: (92% to 97%) and the 61-layer load from 49.8 to 52.9 (90% to 95%), every other kind unchanged.
-#: Backups keep 16 (``BATCH_MIN_COPIES_TO_HOST``): they are issued on the caller's thread, and a
-#: batch of a few long dense copies costs that thread more than their 2-D calls (the same runs: 14.4
-#: to 16.6 ms of issue against 7.7 to 8.5) for 1.6 ms less device time; the engine's own launches
-#: wait behind it. Loads are issued on a library thread (1.9 ms of the caller's either way).
+#: - ``BATCH_MAX_MEAN_ROWS`` 64 (was 2): ``page_first`` 61-layer loads from slots in runs of 16
+#:   (per-layer split) rise from 47.2 to 52.5 GB/s (85% to 95% of the ceiling), from runs of 4
+#:   (blocks of 8 layers) from 46.8 to 52.9; runs of 32, 64 and one long run within 0.4 GB/s.
+#: - ``BATCH_MIN_COPIES`` 4 (was 16): ``layer_first`` runs of 64 are 7-8 dense runs a layer, 14-16
+#:   copies a unit, mostly under 16, so each went out as 2-D calls; batched, the 61-layer load rose
+#:   from 49.8 to 52.9 GB/s (90% to 95%), every other kind unchanged. Loads are issued on a library
+#:   thread (1.9 ms of the caller's either way).
+#: - ``BATCH_MIN_COPIES_TO_HOST`` 16: backups are issued on the caller's thread, and there a batch of
+#:   a few long dense copies costs more than their 2-D calls (the same runs: 14.4 to 16.6 ms of
+#:   issue against 7.7 to 8.5) for 1.6 ms less device time (51.1 against 53.9 GB/s); the engine's
+#:   own launches wait behind it.
 BATCH_MIN_COPIES = 4
 BATCH_MIN_COPIES_TO_HOST = 16
 BATCH_MAX_MEAN_ROWS = 64

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import threading
@@ -316,9 +317,10 @@ def main() -> int:
     # 4. Beside compute: the load on a library thread, the model's matmuls on this one.
     mover, load_ms = best["load61"]
     k = 4096
+    max_rows = 16384
     weight = torch.randn(k, k, device="cuda", dtype=torch.bfloat16)
-    x_all = torch.randn(16384, k, device="cuda", dtype=torch.bfloat16)
-    y_all = torch.empty(16384, k, device="cuda", dtype=torch.bfloat16)
+    x_all = torch.randn(max_rows, k, device="cuda", dtype=torch.bfloat16)
+    y_all = torch.empty(max_rows, k, device="cuda", dtype=torch.bfloat16)
     model = torch.cuda.Stream()
 
     def matmul_ms(m):
@@ -333,29 +335,50 @@ def main() -> int:
         torch.cuda.synchronize()
         return e0.elapsed_time(e1) / 20
 
-    def beside_once(m, with_load):
+    def layer_compute(per_layer_ms):
+        """(matmuls per layer, rows each) taking about ``per_layer_ms``: several matmuls where one
+        of ``max_rows`` rows is shorter (this probe's loads are slow, so their layers are long)."""
+        count = max(1, math.ceil(per_layer_ms / matmul_ms(max_rows)))
+        m = 8192
+        for _ in range(3):
+            m = max(128, min(max_rows, int(round(m * per_layer_ms / count / matmul_ms(m) / 128)) * 128))
+        return count, m
+
+    def beside_once(count, m, with_load):
         torch.cuda.synchronize()
         ready = [threading.Event() for _ in range(LAYERS)]
         events = [None] * LAYERS
+        errors: list[BaseException] = []
         marks = []
+
+        def on_layer(layer, ev):
+            events[layer] = ev
+            ready[layer].set()
+
+        def run_load():
+            try:
+                load(s, mover, stream, start, nbuf, 0, on_layer)
+            except BaseException as exc:  # handed to this thread below
+                errors.append(exc)
+                for r in ready:
+                    r.set()
+
         with torch.cuda.stream(model):
             start = torch.cuda.Event(enable_timing=True)
             start.record(model)
-
-            def on_layer(layer, ev):
-                events[layer] = ev
-                ready[layer].set()
-
-            th = threading.Thread(target=load, args=(s, mover, stream, start, nbuf, 0, on_layer)) if with_load else None
+            th = threading.Thread(target=run_load) if with_load else None
             if th is not None:
                 th.start()
             for layer in range(LAYERS):
                 if th is not None:
-                    ready[layer].wait()
+                    if not ready[layer].wait(timeout=60) or errors:
+                        th.join(timeout=60)
+                        raise RuntimeError(f"the load thread stopped before layer {layer}") from (errors or [None])[0]
                     model.wait_event(events[layer])
                 e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 e0.record(model)
-                torch.matmul(x_all[:m], weight, out=y_all[:m])
+                for _ in range(count):
+                    torch.matmul(x_all[:m], weight, out=y_all[:m])
                 e1.record(model)
                 marks.append((e0, e1))
         if th is not None:
@@ -366,15 +389,13 @@ def main() -> int:
         return end, busy
 
     for factor in (0.5, 1.25):
-        m = 8192
-        for _ in range(3):
-            m = max(128, min(16384, int(round(m * factor * load_ms / LAYERS / matmul_ms(m) / 128)) * 128))
-        alone = [beside_once(m, False) for _ in range(args.reps + 1)][1:]
-        both = [beside_once(m, True) for _ in range(args.reps + 1)][1:]
+        count, m = layer_compute(factor * load_ms / LAYERS)
+        alone = [beside_once(count, m, False) for _ in range(args.reps + 1)][1:]
+        both = [beside_once(count, m, True) for _ in range(args.reps + 1)][1:]
         compute_ms = statistics.median(a for a, _ in alone)
         both_ms = statistics.median(a for a, _ in both)
-        add({"group": "beside_compute", "mover": mover.name(), "factor": factor, "rows": m, "load_ms": load_ms,
-             "compute_ms": compute_ms, "both_ms": both_ms,
+        add({"group": "beside_compute", "mover": mover.name(), "factor": factor, "matmuls_per_layer": count, "rows": m,
+             "load_ms": load_ms, "compute_ms": compute_ms, "compute_per_load": compute_ms / load_ms, "both_ms": both_ms,
              "hidden_fraction": (load_ms + compute_ms - both_ms) / load_ms,
              "compute_slowdown": statistics.median(b for _, b in both) / statistics.median(b for _, b in alone),
              "bytes_ok": check_load(s)})

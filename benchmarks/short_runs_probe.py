@@ -30,7 +30,7 @@ from tiered_kv.kernels import staged_copy  # noqa: E402
 from tiered_kv.transfer_engine import LoadSplit, TransferEngine, TransferOptions  # noqa: E402
 from tiered_kv.transfer_policy import SCATTERED_LOADS  # noqa: E402
 
-KINDS = ("runs of 16", "runs of 64", "runs", "runs of 4", "scattered")
+KINDS = ("runs of 16", "runs of 32", "runs of 64", "runs", "runs of 4", "scattered")
 runs_of = tg.runs_of  # the slot kinds of ``transfer_gpu.id_sets``, of any run length
 
 
@@ -48,7 +48,7 @@ def _old_count(copies) -> int:
 #: ``page_first`` slots in short runs: one ``cudaMemcpy2DAsync`` cost about 21 us of issue in the
 #: ``before`` rows, a row of a batch about 1.3 us, ``batch3d_probe``).
 RULES = {"now": (None, None, None, None), "before": (_old_count, 2, 16, 16), "rows 2": (None, 2, 16, 16),
-         "rows 16": (None, 16, 16, 16), "rows 64": (None, 64, 16, 16), "min 4": (None, None, 4, 4)}
+         "rows 16": (None, 16, 16, 16), "rows 64": (None, 64, 16, 16), "min 4": (None, 64, 4, 4)}
 #: The rules the first part compares for every slot kind. ``rows 2`` is the eighth session's rule
 #: (``BATCH_MAX_MEAN_ROWS`` 2), ``before`` the one before it; the library's is ``rows 64`` since the
 #: ninth session's third probe.
@@ -56,11 +56,14 @@ SWEPT_RULES = ("now", "rows 2", "before")
 #: ``page_first`` loads from slots in short runs, through ``mixed`` with the split ``auto`` gives
 #: scattered slots (blocks of 8 layers: one 403 KB row per slot and block instead of a 42 KB row
 #: per layer, so a tenth of the 2-D calls), with and without the ``rows 16`` rule; ``auto`` sends
-#: runs of 8 and more through the per-layer split (83-85% of the ceiling, fourth round).
+#: runs of 8 and more through the per-layer split (83-85% of the ceiling, fourth round). The
+#: ``per-layer split`` candidates give the ``mixed`` engine no options: ``MIXED_LOADS``' split for
+#: slots in runs, which ``auto`` takes for runs of 8 and more (for runs of 4 it takes the blocks of
+#: 8); ``short_runs_probe_third.json`` calls them "auto's split".
 PAGE_FIRST_CANDIDATES = [
-    ("auto's split", None, "now"),
-    ("auto's split, rows 16", None, "rows 16"),
-    ("auto's split, rows 64", None, "rows 64"),
+    ("per-layer split", None, "now"),
+    ("per-layer split, rows 16", None, "rows 16"),
+    ("per-layer split, rows 64", None, "rows 64"),
     ("blocks of 8 split", TransferOptions(load_split=SCATTERED_LOADS[False]), "now"),
     ("blocks of 8 split, rows 16", TransferOptions(load_split=SCATTERED_LOADS[False]), "rows 16"),
     ("blocks of 8 split, rows 64", TransferOptions(load_split=SCATTERED_LOADS[False]), "rows 64"),

@@ -86,16 +86,19 @@ STAGING_NUM_WARPS = 16
 #: same rows as 1-D copies. Measured on the H200 (2026-12-01, ninth session,
 #: ``benchmarks/short_runs_probe.py``, docs/benchmarks.md "Serving conditions, fifth round"):
 #: - ``BATCH_MAX_MEAN_ROWS`` 64 (was 2): ``page_first`` 61-layer loads from slots in runs of 16
-#:   (per-layer split) rise from 47.2 to 52.5 GB/s (85% to 95% of the ceiling), from runs of 4
-#:   (blocks of 8 layers) from 46.8 to 52.9; runs of 32, 64 and one long run within 0.4 GB/s.
+#:   (per-layer split) rise from 47.2-47.6 to 52.0-52.5 GB/s (85% to 94-95% of the ceiling), from
+#:   runs of 4 (blocks of 8 layers) from 46.8-47.1 to 52.8-52.9; runs of 32 (at a minimum of 16
+#:   copies), 64 and one long run within 0.4 GB/s.
 #: - ``BATCH_MIN_COPIES`` 4 (was 16): ``layer_first`` runs of 64 are 7-8 dense runs a layer, 14-16
 #:   copies a unit, mostly under 16, so each went out as 2-D calls; batched, the 61-layer load rose
-#:   from 49.8 to 52.9 GB/s (90% to 95%), every other kind unchanged. Loads are issued on a library
-#:   thread (1.9 ms of the caller's either way).
+#:   from 49.8 to 52.9 GB/s (90% to 95%), the other kinds measured unchanged (``page_first`` runs of
+#:   32, about 13 copies a unit, now batch too: not measured). Loads are issued on a library thread
+#:   (1.9 ms of the caller's either way).
 #: - ``BATCH_MIN_COPIES_TO_HOST`` 16: backups are issued on the caller's thread, and there a batch of
-#:   a few long dense copies costs more than their 2-D calls (the same runs: 14.4 to 16.6 ms of
-#:   issue against 7.7 to 8.5) for 1.6 ms less device time (51.1 against 53.9 GB/s); the engine's
-#:   own launches wait behind it.
+#:   a few copies costs more than their 2-D calls: ``layer_first`` runs of 64 14.4 to 16.6 ms of
+#:   issue against 7.7 to 8.5 for 1.6 ms less device time (53.9 against 51.1 GB/s), ``page_first``
+#:   scattered slots 10.0 against 5.9 ms for 0.8 ms (54.3 against 52.8); the engine's own launches
+#:   wait behind it.
 BATCH_MIN_COPIES = 4
 BATCH_MIN_COPIES_TO_HOST = 16
 BATCH_MAX_MEAN_ROWS = 64

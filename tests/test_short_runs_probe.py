@@ -29,30 +29,46 @@ def _decisions(layout: str, monkeypatch) -> set[bool]:
     return {batched for _, batched in decided}
 
 
+def _library_state() -> tuple:
+    """Everything a rule swaps: the count, both limits of the batch and the decision itself."""
+    return (staged_copy._batch_rows, staged_copy.BATCH_MAX_MEAN_ROWS, staged_copy.BATCH_MIN_COPIES,
+            staged_copy.BATCH_MIN_COPIES_TO_HOST, StagedCopier._batched)
+
+
 @pytest.mark.parametrize("name, layer_first, page_first", [
     ("now", {True}, {True}),        # the library's (rows 64): pitched short runs batch row by row too
     ("rows 2", {True}, {False}),    # dense runs batch; pitched runs of 4 rows stay 2-D calls
     ("before", {False}, {False}),   # dense runs counted by their rows: 2-D calls
     ("rows 16", {True}, {True}),
     ("rows 64", {True}, {True}),
+    ("min 4", {True}, {True}),
 ])
 def test_each_rule_makes_the_decision_it_names(name, layer_first, page_first, monkeypatch):
-    library = staged_copy._batch_rows, staged_copy.BATCH_MAX_MEAN_ROWS, StagedCopier._batched
+    library = _library_state()
     with short_runs_probe.rule(name) as decisions:
         got = {"layer_first": _decisions("layer_first", monkeypatch), "page_first": _decisions("page_first", monkeypatch)}
     assert got == {"layer_first": layer_first, "page_first": page_first}
     # Every decision counted, on the branch it took (one unit per layout here).
     assert decisions == {"batch": (True in layer_first) + (True in page_first),
                          "2-D calls": (False in layer_first) + (False in page_first)}
-    assert (staged_copy._batch_rows, staged_copy.BATCH_MAX_MEAN_ROWS, StagedCopier._batched) == library
+    assert _library_state() == library
 
 
-def test_a_rule_is_undone_when_the_call_inside_raises():
-    library = staged_copy._batch_rows, staged_copy.BATCH_MAX_MEAN_ROWS, StagedCopier._batched
-    with pytest.raises(RuntimeError), short_runs_probe.rule("before"):
-        assert staged_copy._batch_rows is not library[0] and StagedCopier._batched is not library[2]
+@pytest.mark.parametrize("name", ["before", "min 4"])
+def test_a_rule_is_undone_when_the_call_inside_raises(name):
+    library = _library_state()
+    with pytest.raises(RuntimeError), short_runs_probe.rule(name):
+        assert _library_state() != library
         raise RuntimeError("a failed call")
-    assert (staged_copy._batch_rows, staged_copy.BATCH_MAX_MEAN_ROWS, StagedCopier._batched) == library
+    assert _library_state() == library
+
+
+def test_the_rules_pin_every_limit_but_now():
+    """Each rule other than ``now`` names all four values it was measured with, so a later change
+    of the library's limits does not change what a rule measures."""
+    for name, values in short_runs_probe.RULES.items():
+        if name != "now":
+            assert all(v is not None for v in values[1:]), name
 
 
 def test_runs_of_64_are_whole_blocks_of_adjacent_slots():

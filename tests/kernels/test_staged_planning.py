@@ -264,6 +264,10 @@ def test_a_few_dense_runs_of_one_layer_go_out_as_one_batch(monkeypatch):
     # A backup of the same slots keeps its 2-D calls: it is issued on the caller's thread.
     assert staged_copy.BATCH_MIN_COPIES_TO_HOST > 6
     assert ring_decisions(SPEC, "layer_first", range(1), three_runs, to_device=False) == {(6, False)}
+    # ... while a backup's unit of at least that many copies batches: 16 runs of 4, every layer.
+    many = 16 * 2 * SPEC.num_layers
+    assert many >= staged_copy.BATCH_MIN_COPIES_TO_HOST
+    assert ring_decisions(SPEC, "layer_first", range(SPEC.num_layers), to_device=False) == {(many, True)}
     monkeypatch.setattr(staged_copy, "BATCH_MIN_COPIES", 7)
     assert ring_decisions(SPEC, "layer_first", range(1), three_runs) == {(6, False)}
 

@@ -10,7 +10,8 @@ With a host-side gather the device sees slots in one run. What decides it is whe
 cores gather and scatter 42 KB / 8 KB rows at the PCIe rate next to the DMA traffic, which this
 probe measures, with the layer pipeline (gather layer i+1 while layer i is on the wire; a device
 ``index_copy_`` scatters the staged layer to the pages), alone, beside a matmul per layer, and
-load + backup at once. Torch only, independent of the library's paths.
+load + backup at once. Its own torch copies, not the library's paths (it borrows
+``transfer_gpu``'s timing and matmul helpers).
 
     python3 benchmarks/host_gather_probe.py [--reps 5] [--out docs/benchmarks/host_gather_probe.json]
     python3 benchmarks/host_gather_probe.py --cpu-check        # the gather / scatter logic on CPU
@@ -23,12 +24,18 @@ import json
 import math
 import os
 import statistics
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import transfer_gpu as tg  # noqa: E402  (measure, side_copy, the matmul helpers)
 
 LAYERS = 61
 ROW_BYTES = (41984, 8448)  # NSA fp8: latent and indexer bytes per page and layer
@@ -219,19 +226,9 @@ def main() -> int:
     big_d = torch.empty(s.bytes, dtype=torch.uint8, device="cuda")
     side = torch.cuda.Stream()
 
-    def contiguous(dst, src):
-        torch.cuda.synchronize()
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.cuda.stream(side):
-            e0.record(side)
-            dst.copy_(src, non_blocking=True)
-            e1.record(side)
-        torch.cuda.synchronize()
-        return e0.elapsed_time(e1)
-
     ceiling = {}
     for op, dst, src in (("h2d", big_d, big_h), ("d2h", big_h, big_d)):
-        t = timed(lambda: contiguous(dst, src), args.reps)
+        t = tg.measure(lambda i: [tg.side_copy(dst, src, side)], args.reps)
         ceiling[op] = s.bytes / t["ms"] / 1e6
         add({"group": "ceiling", "op": op, **t, "gbps": ceiling[op]})
     del big_h, big_d
@@ -323,26 +320,11 @@ def main() -> int:
     y_all = torch.empty(max_rows, k, device="cuda", dtype=torch.bfloat16)
     model = torch.cuda.Stream()
 
-    def matmul_ms(m):
-        with torch.cuda.stream(model):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            for _ in range(3):
-                torch.matmul(x_all[:m], weight, out=y_all[:m])
-            e0.record(model)
-            for _ in range(20):
-                torch.matmul(x_all[:m], weight, out=y_all[:m])
-            e1.record(model)
-        torch.cuda.synchronize()
-        return e0.elapsed_time(e1) / 20
-
     def layer_compute(per_layer_ms):
         """(matmuls per layer, rows each) taking about ``per_layer_ms``: several matmuls where one
         of ``max_rows`` rows is shorter (this probe's loads are slow, so their layers are long)."""
-        count = max(1, math.ceil(per_layer_ms / matmul_ms(max_rows)))
-        m = 8192
-        for _ in range(3):
-            m = max(128, min(max_rows, int(round(m * per_layer_ms / count / matmul_ms(m) / 128)) * 128))
-        return count, m
+        count = max(1, math.ceil(per_layer_ms / tg.matmul_ms(x_all, weight, y_all, max_rows, model)))
+        return count, tg.matmul_rows_for(per_layer_ms / count, x_all, weight, y_all, model)
 
     def beside_once(count, m, with_load):
         torch.cuda.synchronize()

@@ -320,12 +320,19 @@ TENTH_BOTH = [("auto + auto", "auto", None, "auto", None),
               ("auto + kernel 32 ctas", "auto", None, "kernel", B32)]
 
 
-def _layer_first_beside_backup(split: LoadSplit):
-    """A change for ``PolicyVariant``: scattered ``layer_first`` loads take ``split`` (the table's
-    entry is shared with idle scattered loads, so only the ``both`` group measures it fairly)."""
+def _entry_takes(table: str, key, split: LoadSplit):
+    """A change for ``PolicyVariant``: the loads that ``transfer_policy``'s ``table[key]`` entry
+    decides take ``split``. An entry object shared by two tables (``layer_first``'s
+    ``SCATTERED_LOADS`` and ``SCATTERED_LOADS_BESIDE_BACKUP``) changes in both."""
     import tiered_kv.transfer_policy as tp
 
-    return lambda s: split if s is tp.SCATTERED_LOADS_BESIDE_BACKUP[True] else s
+    return lambda s: split if s is getattr(tp, table)[key] else s
+
+
+def _layer_first_beside_backup(split: LoadSplit):
+    """Scattered ``layer_first`` loads take ``split`` (the entry is shared with idle scattered
+    loads, so only the ``both`` group measures it fairly)."""
+    return _entry_takes("SCATTERED_LOADS_BESIDE_BACKUP", True, split)
 
 
 #: Eleventh probe: the tenth's best ``layer_first`` pair (a copy-engine load in rows of blocks of 8
@@ -339,11 +346,8 @@ ELEVENTH = [
 
 
 def _page_first_runs(split: LoadSplit):
-    """A change for ``PolicyVariant``: ``page_first`` loads of several layers from slots in runs
-    (``MIXED_LOADS[(False, True)]``) take ``split``."""
-    import tiered_kv.transfer_policy as tp
-
-    return lambda s: split if s is tp.MIXED_LOADS[(False, True)] else s
+    """``page_first`` loads of several layers from slots in runs take ``split``."""
+    return _entry_takes("MIXED_LOADS", (False, True), split)
 
 
 #: Twelfth probe (not run yet): ``page_first`` loads from slots in runs beside compute. The
@@ -359,19 +363,13 @@ TWELFTH = [
 ]
 
 
-def _scattered(dense_host_rows: bool, split: LoadSplit):
-    """A change for ``PolicyVariant``: loads of several layers from scattered slots of one layout
-    (``SCATTERED_LOADS[dense_host_rows]``) take ``split``. ``layer_first``'s entry is shared with
-    ``SCATTERED_LOADS_BESIDE_BACKUP``, so it changes there too (the thirteenth set skips ``both``)."""
-    import tiered_kv.transfer_policy as tp
-
-    return lambda s: split if s is tp.SCATTERED_LOADS[dense_host_rows] else s
-
-
 def _scattered_from_policy(dense_host_rows: bool, **fields):
+    """Loads of several layers from scattered slots of one layout take the policy's split with
+    ``fields`` changed (``layer_first``'s entry changes beside a backup too: the thirteenth set
+    skips ``both``)."""
     import tiered_kv.transfer_policy as tp
 
-    return _scattered(dense_host_rows, replace(tp.SCATTERED_LOADS[dense_host_rows], **fields))
+    return _entry_takes("SCATTERED_LOADS", dense_host_rows, replace(tp.SCATTERED_LOADS[dense_host_rows], **fields))
 
 
 T2 = TransferOptions(issue_threads=2)

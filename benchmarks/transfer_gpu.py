@@ -560,6 +560,30 @@ BESIDE = [("auto", "auto", None), ("kernel", "kernel", None)] + _named(
     "batch 4 issue threads")
 
 
+def matmul_ms(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, m: int, stream: torch.cuda.Stream) -> float:
+    """Device ms of one ``x[:m] @ weight`` into ``y[:m]`` on ``stream`` (the mean of 20, after 3)."""
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            torch.matmul(x[:m], weight, out=y[:m])
+        s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s0.record()
+        for _ in range(20):
+            torch.matmul(x[:m], weight, out=y[:m])
+        s1.record()
+    torch.cuda.synchronize()
+    return s0.elapsed_time(s1) / 20
+
+
+def matmul_rows_for(per_matmul_ms: float, x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor,
+                    stream: torch.cuda.Stream) -> int:
+    """Rows (a multiple of 128, at most ``x``'s) whose matmul takes ``per_matmul_ms``: a linear
+    guess, then two corrections measured at the guess (a matmul's time per row shrinks as it grows)."""
+    m = 8192
+    for _ in range(3):
+        m = max(128, min(x.shape[0], int(round(m * per_matmul_ms / matmul_ms(x, weight, y, m, stream) / 128)) * 128))
+    return m
+
+
 def beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps: int = 3,
                    kinds: tuple[str, ...] = ("runs", "scattered"), **fields) -> None:
     """A 61-layer load consumed layer by layer by the model's stream: per layer ``wait_layer``,
@@ -583,25 +607,8 @@ def beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps: int = 3,
     y_all = torch.empty(rows_max, k, device="cuda", dtype=torch.bfloat16)
     model = torch.cuda.Stream()
 
-    def matmul_ms(m: int) -> float:
-        with torch.cuda.stream(model):
-            for _ in range(3):
-                torch.matmul(x_all[:m], weight, out=y_all[:m])
-            s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s0.record()
-            for _ in range(20):
-                torch.matmul(x_all[:m], weight, out=y_all[:m])
-            s1.record()
-        torch.cuda.synchronize()
-        return s0.elapsed_time(s1) / 20
-
     def rows_for(per_layer_ms: float) -> int:
-        """Rows whose matmul takes ``per_layer_ms``: a linear guess, then two corrections measured
-        at the guess (a matmul's time per row shrinks as it grows)."""
-        m = 8192
-        for _ in range(3):
-            m = max(128, min(rows_max, int(round(m * per_layer_ms / matmul_ms(m) / 128)) * 128))
-        return m
+        return matmul_rows_for(per_layer_ms, x_all, weight, y_all, model)
 
     def run(engine, slots_kind, i, options, m) -> dict:
         """One rep, every time relative to the start event (ms)."""

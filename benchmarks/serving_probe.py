@@ -372,6 +372,15 @@ def _scattered_from_policy(dense_host_rows: bool, **fields):
     return _entry_takes("SCATTERED_LOADS", dense_host_rows, replace(tp.SCATTERED_LOADS[dense_host_rows], **fields))
 
 
+def _runs_from_policy(dense_host_rows: bool, **fields):
+    """Loads of several layers from slots in runs of one layout take the policy's split with
+    ``fields`` changed."""
+    import tiered_kv.transfer_policy as tp
+
+    key = (dense_host_rows, True)
+    return _entry_takes("MIXED_LOADS", key, replace(tp.MIXED_LOADS[key], **fields))
+
+
 T2 = TransferOptions(issue_threads=2)
 #: Thirteenth probe (not run yet): scattered loads, idle and beside compute (``--skip both``).
 #: ``layer_first`` (93% idle, hidden 0.81 at 1.05 beside compute at 1.25x, ninth session): more of
@@ -389,6 +398,14 @@ THIRTEENTH = [
      _scattered_from_policy(True, ce_fraction=0.5)),
     ("auto, pf scattered blocks of 4", "auto", None, {}, _scattered_from_policy(False, layers_per_copy=4, kernel_blocks=4)),
     ("auto, pf scattered blocks of 8, ramp step 3", "auto", None, {}, _scattered_from_policy(False, ramp_step=3)),
+    # Tenth session: a block of b layers starting at layer j stalls a model at 1.25x unless
+    # b <= 1 + j / 4, so blocks growing by one every 5 layers after the 8-layer head never stall
+    # at the idle rate; the copy engines alone after the head take no SM from the matmuls.
+    ("auto, pf scattered head 8, ramp step 5", "auto", None, {}, _scattered_from_policy(False, **tp_HEAD)),
+    ("auto, pf scattered copy engines only after the head", "auto", None, {}, _scattered_from_policy(False, ce_fraction=1.0)),
+    # ``layer_first`` runs beside compute hid 0.896 (start 1.54 ms, stall 0.82, busy 0.93): a
+    # shorter head takes the SMs for fewer layers.
+    ("auto, lf runs head 3", "auto", None, {}, _runs_from_policy(True, head_layers=3)),
 ]
 
 

@@ -116,12 +116,18 @@ PF_RUNS = {"dense_host_rows": False, "scattered": False, "backup_in_flight": Fal
 
 LF_SCATTERED = {"dense_host_rows": True, "scattered": True, "backup_in_flight": False}
 PF_SCATTERED = {"dense_host_rows": False, "scattered": True, "backup_in_flight": False}
+LF_RUNS = {"dense_host_rows": True, "scattered": False, "backup_in_flight": False}
+
+
+def _case_named(name: str) -> dict:
+    """The case a thirteenth candidate's name says it changes (``lf runs``, ``lf``, else ``pf`` scattered)."""
+    return LF_RUNS if " lf runs " in name else LF_SCATTERED if " lf " in name else PF_SCATTERED
 
 
 @pytest.mark.parametrize("entry, case", [(serving_probe.ELEVENTH[1], LF_SCATTERED_BESIDE_BACKUP),
                                          (serving_probe.ELEVENTH[2], LF_SCATTERED_BESIDE_BACKUP),
                                          (serving_probe.TWELFTH[1], PF_RUNS), (serving_probe.TWELFTH[2], PF_RUNS)]
-                         + [(e, LF_SCATTERED if " lf " in e[0] else PF_SCATTERED) for e in serving_probe.THIRTEENTH[2:]],
+                         + [(e, _case_named(e[0])) for e in serving_probe.THIRTEENTH[2:]],
                          ids=lambda v: v[0] if isinstance(v, tuple) else "")
 def test_policy_variant_gives_its_split_for_the_case_it_names_and_only_during_the_call(entry, case):
     import tiered_kv.transfer_policy as tp

@@ -409,8 +409,27 @@ THIRTEENTH = [
 ]
 
 
+#: Fourteenth probe: the thirteenth (H200, tenth session) showed scattered ``page_first`` loads
+#: bound by the issuing thread when one load runs from start to end: 42 ms alone against 30 ms
+#: when loads follow each other (whose issue overlaps the previous load's copying), with 31 ms of
+#: CPU for 10,240 row copies of the copy-engine share, and the candidates with fewer copy-engine
+#: rows (the 8-layer head) ran alone fastest. Fewer rows: the latent rows through the copy engines
+#: and the indexer rows by the kernel (5,120 rows), or a smaller page share. ``layer_first``: a
+#: smaller memcpy-batch share (less CPU; the 0.4 and 0.5 shares ran alone in 36-44 ms).
+FOURTEENTH = [
+    ("auto", "auto", None, {}, None),
+    ("auto, pf scattered latent by copy engines, indexer by kernel", "auto", None, {},
+     _scattered_from_policy(False, by="components")),
+    ("auto, pf scattered head 8 step 5, latent by copy engines, indexer by kernel", "auto", None, {},
+     _scattered_from_policy(False, by="components", **tp_HEAD)),
+    ("auto, pf scattered copy engines 0.6", "auto", None, {}, _scattered_from_policy(False, ce_fraction=0.6)),
+    ("auto, pf scattered head 8, ramp step 5", "auto", None, {}, _scattered_from_policy(False, **tp_HEAD)),
+    ("auto, lf scattered kernel 0.8 + batch 0.2", "auto", None, {}, _scattered_from_policy(True, ce_fraction=0.2)),
+]
+
+
 CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH, "eleventh": ELEVENTH, "twelfth": TWELFTH,
-                  "thirteenth": THIRTEENTH}
+                  "thirteenth": THIRTEENTH, "fourteenth": FOURTEENTH}
 SETS = {"fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
         "fourth": ([], [], [], FOURTH_BESIDE),
         "second": (SECOND_LOADS, SECOND_BACKUPS, SECOND_BOTH, SECOND_BESIDE),

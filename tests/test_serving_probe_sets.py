@@ -68,7 +68,8 @@ def test_tenth_both_sides_copy_every_byte(entry, layout):
     check_copy(pairs, slots, pages, device.roots, lambda: loader.load(slots, pages, options=load_options))
 
 
-VARIANTS = [e for e in serving_probe.ELEVENTH + serving_probe.TWELFTH + serving_probe.THIRTEENTH if e[4] is not None]
+VARIANTS = [e for e in serving_probe.ELEVENTH + serving_probe.TWELFTH + serving_probe.THIRTEENTH + serving_probe.FOURTEENTH
+            if e[4] is not None]
 
 
 def _changed_splits(change):
@@ -127,7 +128,7 @@ def _case_named(name: str) -> dict:
 @pytest.mark.parametrize("entry, case", [(serving_probe.ELEVENTH[1], LF_SCATTERED_BESIDE_BACKUP),
                                          (serving_probe.ELEVENTH[2], LF_SCATTERED_BESIDE_BACKUP),
                                          (serving_probe.TWELFTH[1], PF_RUNS), (serving_probe.TWELFTH[2], PF_RUNS)]
-                         + [(e, _case_named(e[0])) for e in serving_probe.THIRTEENTH[2:]],
+                         + [(e, _case_named(e[0])) for e in serving_probe.THIRTEENTH[2:] + serving_probe.FOURTEENTH[1:]],
                          ids=lambda v: v[0] if isinstance(v, tuple) else "")
 def test_policy_variant_gives_its_split_for_the_case_it_names_and_only_during_the_call(entry, case):
     import tiered_kv.transfer_policy as tp

@@ -93,6 +93,64 @@ def one_load(engine, slots, pages) -> dict:
     return out
 
 
+def micro(device_pool, host, slots, pages, reps: int = 200) -> dict:
+    """CPU microseconds per call of each step before a head's first launch, on this host."""
+    import numpy as np
+
+    from tiered_kv.kernels import find_runs
+    from tiered_kv.transfer_policy import is_scattered
+
+    engine = TransferEngine(device_pool, host, path="auto")
+    copy = te.validate(device_pool, host, pages, slots, to_host=False)
+    plans = [engine._load_plan((layer,)) for layer in range(8)]
+    tables = [p.table for p in plans]
+    device = torch.device("cuda")
+    table, s, d = uva_copy.upload(device, [plans[0].table, slots, pages])
+    pinned = torch.empty(1 << 16, dtype=torch.int64, pin_memory=True)
+    on_device = torch.empty(1 << 16, dtype=torch.int64, device=device)
+    stream = torch.cuda.Stream()
+
+    def numpy_concat_pin():
+        packed = np.concatenate([t.numpy().reshape(-1) for t in tables] + [slots.numpy(), pages.numpy()])
+        return torch.from_numpy(packed).pin_memory().to(device, non_blocking=True)
+
+    def pinned_ring():
+        n = slots.numel()
+        pinned[:n].numpy()[:] = slots.numpy()
+        pinned[n:2 * n].numpy()[:] = pages.numpy()
+        on_device[:2 * n].copy_(pinned[:2 * n], non_blocking=True)
+
+    steps = {
+        "validate": lambda: te.validate(device_pool, host, pages, slots, to_host=False),
+        "is_scattered": lambda: is_scattered(slots),
+        "find_runs (is_scattered before)": lambda: find_runs(slots, torch.arange(slots.numel()), sort_by="src").mean_length,
+        "find_runs (direct check before)": lambda: find_runs(slots, pages).mean_length,
+        "_choose (scattered cached)": lambda: engine._choose(None, copy, to_host=False),
+        "_choose (fresh copy)": lambda: engine._choose(None, te.validate(device_pool, host, pages, slots, to_host=False),
+                                                       to_host=False),
+        "_load_split": lambda: engine._load_split(61, None, copy),
+        "upload 8 tables + ids": lambda: uva_copy.upload(device, tables + [slots, pages]),
+        "upload ids only": lambda: uva_copy.upload(device, [slots, pages]),
+        "numpy concat + pin_memory + to": numpy_concat_pin,
+        "persistent pinned buffer + copy_": pinned_ring,
+        "launch_uva (1 layer)": lambda: uva_copy.launch_uva(plans[0], table, s, d),
+        "event record": lambda: torch.cuda.Event().record(),
+        "stream wait_stream": lambda: stream.wait_stream(torch.cuda.current_stream()),
+    }
+    out = {}
+    for name, step in steps.items():
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            step()
+        out[name] = (time.perf_counter() - t0) / reps * 1e6
+        torch.cuda.synchronize()
+    print("micro (us per call):", "; ".join(f"{k} {v:.1f}" for k, v in out.items()), flush=True)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=10)
@@ -148,12 +206,13 @@ def main() -> int:
         torch.cuda.synchronize()
         times.append(e0.elapsed_time(e1))
     floor["copy engine, one layer's bytes contiguous"] = statistics.median(times[2:])
+    micro_us = micro(device_pool, hosts["page_first"], slot_sets["runs"][0], page_sets[0])
     print("floor (ms):", " ".join(f"{k}: {v:.3f}" for k, v in floor.items()), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": torch.cuda.get_device_name(),
         "torch": torch.__version__, "python": platform.python_version(), "pages": args.pages, "reps": args.reps,
-        "loads_ms": rows, "floor_ms": floor}, indent=1))
+        "loads_ms": rows, "floor_ms": floor, "micro_us": micro_us}, indent=1))
     return 0
 
 

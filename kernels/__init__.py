@@ -25,6 +25,7 @@ _LAZY = {
     "copy_pages_batch": "batch_copy",
     "Runs": "runs",
     "find_runs": "runs",
+    "mean_run_length": "runs",
     "StagedCopier": "staged_copy",
     "UvaPlan": "uva_copy",
     "copy_pages_uva": "uva_copy",

@@ -25,7 +25,6 @@ import asyncio
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 from . import record
 from .errors import ConfigError, RecordError
@@ -164,7 +163,7 @@ def open_for_inspection(url: str):
         raise ConfigError(f"backend URL must look like scheme://..., got {url!r}")
     from .backends import Backend
 
-    cls = backend_class(urlsplit(url).scheme.lower())
+    cls = backend_class(split_url(url).scheme.lower())
     if cls.scan is Backend.scan:
         # Before connecting: that the medium cannot list is known without asking it.
         raise ConfigError(f"{url}: {cls.scheme}:// cannot be inspected: it cannot list what it stores"
@@ -178,7 +177,7 @@ def open_for_inspection(url: str):
 async def _inspect_url(url: str, verify: bool) -> Inspection:
     backend = open_for_inspection(url)
     async with backend:
-        return await inspect_backend(backend, verify=verify, label=urlsplit(url)._replace(query="").geturl())
+        return await inspect_backend(backend, verify=verify, label=split_url(url)._replace(query="").geturl())
 
 
 def run(args: argparse.Namespace) -> int:

@@ -30,7 +30,7 @@ import secrets
 import statistics
 import time
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 import torch
 
@@ -84,8 +84,10 @@ def _removing_empty_dirs_it_made(url: str):
     the run created them). Directories that existed before, or hold anything, stay. A file
     backend writing into the same directory at the same time could lose a fan-out directory it
     just made; benchmark a directory of its own."""
-    parts = urlsplit(url)
-    if parts.scheme != "file" or not parts.path.startswith("/"):
+    # The backends' own splitter: a URL urllib refuses (unbalanced brackets) is the backend's
+    # ConfigError when it opens, not a ValueError here; a NUL byte is refused by it too.
+    parts = split_url(url)
+    if parts.scheme != "file" or not parts.path.startswith("/") or "\x00" in unquote(parts.path):
         yield
         return
     root = Path(unquote(parts.path))
@@ -157,7 +159,7 @@ async def _measure(url: str, *, pages: int, batch: int, concurrency: int, raw: b
         if key.endswith("_gbps") or "_vs_raw" in key:
             result[key] = statistics.median(r[key] for r in rounds)
     result.update({
-        "backend": urlsplit(url)._replace(query="").geturl(),
+        "backend": split_url(url)._replace(query="").geturl(),
         "pages": pages,
         "batch": batch,
         "concurrency": concurrency,

@@ -258,9 +258,9 @@ MAX_ISSUE_THREADS = 8
 
 def mean_host_run(host_slots: torch.Tensor) -> float:
     """The mean run of adjacent host slots (CPU ids, in any order): what ``auto`` decides by."""
-    from .kernels import find_runs
+    from .kernels import mean_run_length
 
-    return find_runs(host_slots, torch.arange(host_slots.numel()), sort_by="src").mean_length
+    return mean_run_length(host_slots)
 
 
 def is_scattered(host_slots: torch.Tensor) -> bool:
@@ -281,13 +281,13 @@ def choose_path(host_slots: torch.Tensor, device_pages: torch.Tensor, *, to_host
         single_layer_batch: both of the above (the older form of the call).
         scattered: ``is_scattered(host_slots)`` when the caller has it already.
     """
-    from .kernels import find_runs
+    from .kernels import mean_run_length
 
     single = single_layer_batch if single_layer is None else single_layer
     batch = single_layer_batch if has_batch is None else has_batch
     if scattered is None:
         scattered = is_scattered(host_slots)
-    if not scattered and find_runs(host_slots, device_pages).mean_length >= DIRECT_MIN_MEAN_RUN:
+    if not scattered and mean_run_length(host_slots, device_pages) >= DIRECT_MIN_MEAN_RUN:
         return "direct"
     if scattered and dense_host_rows is None:
         return "mixed" if single and batch and not to_host else "kernel"

@@ -12,7 +12,7 @@ import functools
 import pytest
 import torch
 
-from tiered_kv.kernels import StagedCopier, copy_pages_batch, copy_pages_direct, copy_pages_uva, find_runs
+from tiered_kv.kernels import StagedCopier, copy_pages_batch, copy_pages_direct, copy_pages_uva, find_runs, mean_run_length
 from tiered_kv.kernels.batch_copy import plan_copy_list, split_copy_list
 from tiered_kv.transfer import backup_pairs, load_pairs
 
@@ -149,6 +149,23 @@ def test_find_runs_merges_adjacent():
     runs = find_runs(src[perm], dst[perm])
     assert runs.lengths.tolist() == [4, 2]
     assert runs.src_starts.tolist() == [10, 40] and runs.dst_starts.tolist() == [3, 7]
+
+
+@pytest.mark.parametrize("sort_by", ["dst", "src"])
+def test_mean_run_length_is_find_runs_mean_length(sort_by):
+    """The path choice's fast mean run agrees with ``find_runs`` on every kind of id list:
+    runs, reversed runs, scattered, one id, none (and positions as destinations)."""
+    cases = [torch.tensor([5, 4, 3, 10, 11, 2]), torch.arange(7, 19), torch.arange(19, 7, -1), torch.tensor([3]),
+             torch.zeros(0, dtype=torch.int64)]
+    cases += [adjacent_ids(int(torch.randint(1, 40, ()).item()), 0, 60) for _ in range(20)]
+    cases += [random_ids(int(torch.randint(1, 40, ()).item()), 0, 60) for _ in range(20)]
+    for src in cases:
+        n = src.numel()
+        for dst in (adjacent_ids(n, 0, 80), random_ids(n, 0, 80), torch.arange(n) + 9):
+            assert mean_run_length(src, dst, sort_by=sort_by) == pytest.approx(find_runs(src, dst, sort_by=sort_by).mean_length)
+        assert mean_run_length(src) == pytest.approx(find_runs(src, torch.arange(n), sort_by="src").mean_length)
+    with pytest.raises(ValueError, match="ids"):
+        mean_run_length(torch.arange(3), torch.arange(4))
 
 
 def test_staged_rejects_chunk_larger_than_buffer():

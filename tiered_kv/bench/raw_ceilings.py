@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 from ..errors import BackendError, BackendUnavailableError, ConfigError
 
@@ -42,7 +42,7 @@ def measure_raw_ceiling(url: str, *, page_bytes: int, pages: int, batch: int | N
 
     ``batch``: pages per call where the medium's own calls take batches (``bench storage`` passes
     its own batch size, so both sides move the same pages per call)."""
-    ceiling = CEILINGS.get(urlsplit(url).scheme.lower())
+    ceiling = CEILINGS.get(split_url(url).scheme.lower())
     return None if ceiling is None else ceiling(url, page_bytes=page_bytes, pages=pages, batch=batch)
 
 

@@ -157,6 +157,11 @@ def test_a_bug_is_one_line_with_a_hint(monkeypatch, capsys):
     (["bench", "storage", "--backend", "memory://", "--warmup=-1"], "--warmup"),
     (["bench", "storage", "--backend", "nosuch://x", "--pages", "1"], "nosuch"),
     (["bench", "storage", "--backend", "file://relative/dir", "--pages", "1"], "file"),
+    # URLs urllib refuses and a NUL byte in a file path: the backends' ConfigError, never a bare ValueError
+    (["bench", "storage", "--backend", "redis://[::1", "--pages", "1"], "bad host part"),
+    (["bench", "storage", "--backend", "file:///tmp/a%00b", "--pages", "1"], "NUL byte"),
+    (["inspect", "redis://[::1"], "bad host part"),
+    (["inspect", "file:///tmp/a%00b"], "NUL byte"),
     (["bench", "storage"], "--backend"),
     (["bench"], "storage"),
     (["frobnicate"], "frobnicate"),

@@ -158,6 +158,7 @@ def open_for_inspection(url: str):
     """The backend of ``url`` opened read-only and key-only; ConfigError for a store no other
     process can see (``memory://``)."""
     from .backends import backend_class
+    from .backends.url_options import split_url
 
     if not isinstance(url, str) or "://" not in url:
         raise ConfigError(f"backend URL must look like scheme://..., got {url!r}")
@@ -175,6 +176,8 @@ def open_for_inspection(url: str):
 
 
 async def _inspect_url(url: str, verify: bool) -> Inspection:
+    from .backends.url_options import split_url
+
     backend = open_for_inspection(url)
     async with backend:
         return await inspect_backend(backend, verify=verify, label=split_url(url)._replace(query="").geturl())

@@ -34,6 +34,7 @@ from urllib.parse import unquote
 
 import torch
 
+from .backends.url_options import split_url
 from .cli_args import non_negative_int, positive_int
 from .errors import BackendError
 from .host_pool import HostPool

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+from ..backends.url_options import split_url
 from ..errors import BackendError, BackendUnavailableError, ConfigError
 
 Ceiling = Callable[..., "dict[str, Any] | None"]

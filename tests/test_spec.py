@@ -99,3 +99,44 @@ def test_invalid_components_and_dtypes():
         nsa_spec(latent_dtype="int4")
     with pytest.raises(SpecError, match="unknown dtype"):
         mha_spec(2, 16, 8, 128, "fp64")
+
+
+# --- factories take integers only, and name the argument that is wrong ---------------------------
+@pytest.mark.parametrize("make", [lambda **kw: nsa_spec(2, **kw), lambda **kw: mla_spec(2, **kw),
+                                  lambda **kw: mha_spec(2, num_kv_heads=8, head_dim=128, **kw)])
+@pytest.mark.parametrize("page_size", [0, -64, True, 64.0, "64", None])
+def test_a_bad_page_size_is_named_as_such(make, page_size):
+    # page_size=0 used to say "component 'latent': bytes_per_layer must be > 0"; True and 64.0 built a spec.
+    with pytest.raises(SpecError, match="page_size"):
+        make(page_size=page_size)
+
+
+@pytest.mark.parametrize("num_layers", [0, -1, True, 2.0, "2", None])
+def test_a_bad_layer_count_is_named_as_such(num_layers):
+    with pytest.raises(SpecError, match="num_layers"):
+        nsa_spec(num_layers)
+    with pytest.raises(SpecError, match="num_layers"):
+        mla_spec(num_layers, 64)
+
+
+@pytest.mark.parametrize("layer_range", ["0:2", (0, 1, 2), (False, True), (0.0, 2), 3])
+def test_a_layer_range_is_a_pair_of_ints(layer_range):
+    with pytest.raises(SpecError, match="layer_range"):
+        nsa_spec(4, layer_range=layer_range)
+
+
+@pytest.mark.parametrize("num_layers", [62, 0, True])
+def test_a_preset_has_no_more_layers_than_its_model(num_layers):
+    # 62 used to build a 62-layer "deepseek-v3.2", and 0 the whole model.
+    with pytest.raises(SpecError, match="num_layers"):
+        model_spec("deepseek-v3.2", num_layers=num_layers)
+    assert model_spec("deepseek-v3.2", num_layers=61) == model_spec("deepseek-v3.2")
+
+
+@pytest.mark.parametrize("kwargs", [dict(page_size=True), dict(layer_start=False, layer_end=1), dict(layer_end=1.0)])
+def test_kvspec_fields_are_ints(kwargs):
+    fields = dict(kind="x", page_size=1, layer_start=0, layer_end=1, components=(Component("a", 1),))
+    with pytest.raises(SpecError):
+        KVSpec(**{**fields, **kwargs})
+    with pytest.raises(SpecError, match="bytes_per_layer"):
+        Component("a", True)

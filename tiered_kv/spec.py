@@ -33,6 +33,17 @@ _DTYPE_BYTES = {
 }
 
 
+def check_int(value: object, what: str, *, minimum: int = 1) -> int:
+    """``value`` as an int >= ``minimum``; SpecError naming ``what`` otherwise.
+
+    Bools (``True`` is no page size of 1), floats (``64.0`` would reach the fingerprint as
+    ``64.0`` and name another spec) and text are refused, so a spec is built only from integers.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise SpecError(f"{what} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
 def dtype_bytes(dtype: str) -> int:
     """Bytes of one element of a dtype named like ``bf16`` or ``float8_e4m3fn``."""
     try:
@@ -50,10 +61,9 @@ class Component:
     layout: str = ""  # what is inside, for humans and for the fingerprint
 
     def __post_init__(self) -> None:
-        if not self.name or not self.name.isidentifier():
+        if not isinstance(self.name, str) or not self.name.isidentifier():
             raise SpecError(f"component name must be an identifier, got {self.name!r}")
-        if self.bytes_per_layer <= 0:
-            raise SpecError(f"component {self.name!r}: bytes_per_layer must be > 0, got {self.bytes_per_layer}")
+        check_int(self.bytes_per_layer, f"component {self.name!r}: bytes_per_layer")
 
 
 @dataclass(frozen=True)
@@ -72,12 +82,15 @@ class KVSpec:
     dims: tuple[tuple[str, str], ...] = field(default=())
 
     def __post_init__(self) -> None:
-        if self.page_size <= 0:
-            raise SpecError(f"page_size must be > 0, got {self.page_size}")
+        check_int(self.page_size, "page_size")
+        check_int(self.layer_start, "layer_start", minimum=0)
+        check_int(self.layer_end, "layer_end")
         if not 0 <= self.layer_start < self.layer_end:
             raise SpecError(f"layer range must satisfy 0 <= start < end, got [{self.layer_start}, {self.layer_end})")
         if not self.components:
             raise SpecError("a spec needs at least one component")
+        if not all(isinstance(c, Component) for c in self.components):
+            raise SpecError(f"components must be Component values, got {[type(c).__name__ for c in self.components]}")
         names = [c.name for c in self.components]
         if len(set(names)) != len(names):
             raise SpecError(f"component names must be unique, got {names}")
@@ -151,10 +164,19 @@ class KVSpec:
         )
 
 
-def _layer_range(num_layers: int, layer_range: tuple[int, int] | None) -> tuple[int, int]:
+def _layer_range(num_layers: int, layer_range: tuple[int, int] | None, page_size: int) -> tuple[int, int]:
+    """Checks the arguments every factory shares (before any size is computed from them, so the
+    error names the argument, not a component size derived from it) and returns the layer bounds."""
+    check_int(page_size, "page_size")
+    check_int(num_layers, "num_layers")
     if layer_range is None:
         return 0, num_layers
-    start, end = layer_range
+    try:
+        start, end = layer_range  # type: ignore[misc]
+    except (TypeError, ValueError):
+        raise SpecError(f"layer_range must be (start, end), got {layer_range!r}") from None
+    check_int(start, "layer_range start", minimum=0)
+    check_int(end, "layer_range end")
     if not 0 <= start < end <= num_layers:
         raise SpecError(f"layer_range {layer_range} must lie within [0, {num_layers}] and be non-empty")
     return start, end
@@ -178,6 +200,10 @@ def nsa_spec(
     Indexer, per page: ``page_size x index_head_dim`` fp8 keys, then ``page_size`` fp32 scales per
     quant block (8,448 B for V3.2 at page 64).
     """
+    start, end = _layer_range(num_layers, layer_range, page_size)
+    for name, value in (("kv_lora_rank", kv_lora_rank), ("rope_dim", rope_dim), ("index_head_dim", index_head_dim),
+                        ("quant_block", quant_block)):
+        check_int(value, name)
     if latent_dtype == "fp8":
         latent_token = kv_lora_rank + (kv_lora_rank // 128) * 4 + rope_dim * 2
         latent_layout = f"{page_size}x[{kv_lora_rank} fp8 nope|{kv_lora_rank // 128} fp32 scale|{rope_dim} bf16 rope]"
@@ -188,7 +214,6 @@ def nsa_spec(
         raise SpecError(f"latent_dtype must be 'fp8' or 'bf16', got {latent_dtype!r}")
     scales_per_token = index_head_dim // quant_block
     indexer_bytes = page_size * index_head_dim + page_size * scales_per_token * 4
-    start, end = _layer_range(num_layers, layer_range)
     return KVSpec(
         kind="nsa",
         page_size=page_size,
@@ -213,7 +238,9 @@ def mla_spec(
     layer_range: tuple[int, int] | None = None,
 ) -> KVSpec:
     """MLA (DeepSeek-V2/V3): one latent of ``kv_lora_rank + rope_dim`` elements per token."""
-    start, end = _layer_range(num_layers, layer_range)
+    start, end = _layer_range(num_layers, layer_range, page_size)
+    check_int(kv_lora_rank, "kv_lora_rank")
+    check_int(rope_dim, "rope_dim")
     elements = kv_lora_rank + rope_dim
     return KVSpec(
         kind="mla",
@@ -241,9 +268,13 @@ def mha_spec(
     ``num_kv_heads`` is the heads this rank holds; ``(tp_rank, tp_size)`` go into the fingerprint
     because MHA caches are sharded by heads.
     """
-    start, end = _layer_range(num_layers, layer_range)
-    if num_kv_heads <= 0 or head_dim <= 0:
-        raise SpecError(f"num_kv_heads and head_dim must be > 0, got {num_kv_heads}, {head_dim}")
+    start, end = _layer_range(num_layers, layer_range, page_size)
+    if isinstance(num_kv_heads, bool) or isinstance(head_dim, bool) or not isinstance(num_kv_heads, int) \
+            or not isinstance(head_dim, int) or num_kv_heads <= 0 or head_dim <= 0:
+        raise SpecError(f"num_kv_heads and head_dim must be > 0, got {num_kv_heads!r}, {head_dim!r}")
+    check_int(tp_size, "tp_size")
+    if isinstance(tp_rank, bool) or not isinstance(tp_rank, int) or not 0 <= tp_rank < tp_size:
+        raise SpecError(f"tp_rank must be an int in 0..{tp_size - 1}, got {tp_rank!r}")
     size = page_size * num_kv_heads * head_dim * dtype_bytes(dtype)
     layout = f"{page_size}x{num_kv_heads}x{head_dim} {dtype}"
     return KVSpec(
@@ -277,12 +308,20 @@ def model_spec(
     latent_dtype: str = "fp8",
     layer_range: tuple[int, int] | None = None,
 ) -> KVSpec:
-    """The spec of a named model preset (see ``MODEL_PRESETS``)."""
+    """The spec of a named model preset (see ``MODEL_PRESETS``).
+
+    ``num_layers``: the model's first N layers (None: all of them); more than the model has is a
+    SpecError, not a bigger model.
+    """
     try:
         kind, default_layers, _ = MODEL_PRESETS[model]
-    except KeyError:
+    except (KeyError, TypeError):
         raise SpecError(f"unknown model {model!r}; known: {', '.join(MODEL_PRESETS)}") from None
-    layers = num_layers or default_layers
+    if num_layers is not None:
+        check_int(num_layers, "num_layers")
+        if num_layers > default_layers:
+            raise SpecError(f"num_layers {num_layers}: {model} has {default_layers} layers")
+    layers = default_layers if num_layers is None else num_layers
     if kind == "nsa":
         return nsa_spec(layers, page_size, latent_dtype, layer_range=layer_range)
     if kind == "mla":

@@ -192,6 +192,7 @@ def test_cli_trace_json_and_table(tmp_path):
     (["--simulate", "--l3", "memory://"], "drop the L3 URL"),
     (["--model", "deepseek-v3.2", "--gpu-mem", "1MiB", "--simulate"], "--gpu-mem"),
     (["--config", "/nonexistent.yaml"], "/nonexistent.yaml"),
+    (["--model", "deepseek-v3.2", "--layers", "62", "--simulate"], "--layers 62"),  # as plan refuses it
 ])
 def test_cli_bad_usage_exits_2_with_one_line(args, message, capsys):
     # In process through the console script's own entry point (a subprocess each costs seconds).

@@ -104,6 +104,9 @@ def settings_from_args(args: argparse.Namespace) -> ReplaySettings:
     settings = _from_config(args.config) if args.config else embedded_default()
     sizes: dict[str, Any] = {"gpu_bytes": args.gpu_mem, "host_bytes": args.host_mem, "disk_bytes": args.disk}
     if args.model is not None:
+        model_layers = MODEL_PRESETS[args.model][1]
+        if args.layers is not None and args.layers > model_layers:  # as plan refuses it, naming the flag
+            raise ConfigError(f"--layers {args.layers}: {args.model} has {model_layers} layers")
         spec = model_spec(args.model, page_size=args.page_size or 64, num_layers=args.layers)
         settings = dataclasses.replace(settings, spec=spec, model=args.model)
         for key, flag in (("gpu_bytes", "gpu_mem"), ("host_bytes", "host_mem"), ("disk_bytes", "disk")):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import array
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -63,6 +63,15 @@ def check_keys(keys: object, what: str = "keys") -> list[str]:
     return out
 
 
+def _int_pair(value: object) -> tuple[int, int]:
+    """``value`` as two ints, or (-1, -1), which every caller's range check refuses: a bool is no
+    layer or rank (``(True, True)`` would hash like ``(1, 1)`` under another name), nor is text."""
+    if isinstance(value, (tuple, list)) and len(value) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return value[0], value[1]
+    return -1, -1
+
+
 @dataclass(frozen=True)
 class Namespace:
     """Everything that must differ between two caches whose pages may not be exchanged.
@@ -89,12 +98,12 @@ class Namespace:
             raise ConfigError("Namespace.model must not be empty")
         if isinstance(self.page_size, bool) or not isinstance(self.page_size, int) or self.page_size <= 0:
             raise ConfigError(f"Namespace.page_size must be an int > 0, got {self.page_size!r}")
-        start, end = self.layer_range
-        if not (isinstance(start, int) and isinstance(end, int) and 0 <= start <= end):
+        start, end = _int_pair(self.layer_range)
+        if not 0 <= start <= end:
             raise ConfigError(f"Namespace.layer_range must be (start, end) with 0 <= start <= end, got {self.layer_range!r}")
         if self.tp is not None:
-            size, rank = self.tp
-            if not (isinstance(size, int) and isinstance(rank, int) and size >= 1 and 0 <= rank < size):
+            size, rank = _int_pair(self.tp)
+            if not (size >= 1 and 0 <= rank < size):
                 raise ConfigError(f"Namespace.tp must be (tp_size, tp_rank) with 0 <= rank < size, got {self.tp!r}")
 
     @classmethod
@@ -145,6 +154,8 @@ def _token_array(token_ids: Any) -> np.ndarray:
     else:
         if isinstance(token_ids, (str, bytes)):
             raise IndexValidationError("token_ids must be a sequence of ints, not a str/bytes")
+        if not isinstance(token_ids, Iterable):
+            raise IndexValidationError(f"token_ids must be a sequence of ints, got {type(token_ids).__name__}")
         # asarray, not fromiter(int64): fromiter truncates floats (1.5 -> 1) and takes bools as
         # 0/1 silently, which would give a wrong prompt a valid key; asarray keeps their dtype.
         try:
@@ -174,14 +185,21 @@ def _extra_bytes(extra: object, page: int) -> bytes:
     """Length-prefixed encoding of one page's extra keys (so ``["ab", "c"]`` != ``["a", "bc"]``)."""
     if extra is None:
         return b""
-    items = [extra] if isinstance(extra, (str, bytes)) else extra
+    items = [extra] if isinstance(extra, (str, bytes, bytearray, memoryview)) else extra
     out = bytearray(b"\x01")
-    try:
-        for item in items:  # type: ignore[union-attr]
-            raw = item.encode() if isinstance(item, str) else bytes(item)
-            out += len(raw).to_bytes(4, "little") + raw
-    except TypeError:
-        raise IndexValidationError(f"extra[{page}] must be str, bytes or a list of them, got {extra!r:.80}") from None
+    bad = IndexValidationError(f"extra[{page}] must be str, bytes or a list of them, got {extra!r:.80}")
+    if not isinstance(items, Sequence):  # a set or dict has no order to hash
+        raise bad
+    for item in items:  # type: ignore[union-attr]
+        # bytes(5) is five zero bytes, and bytes([...]) of ints another encoding: only str and
+        # bytes-like items are keys, so an int hash can never collide with a byte string.
+        if isinstance(item, str):
+            raw = item.encode()
+        elif isinstance(item, (bytes, bytearray, memoryview)):
+            raw = bytes(item)
+        else:
+            raise bad
+        out += len(raw).to_bytes(4, "little") + raw
     return bytes(out)
 
 
@@ -212,6 +230,8 @@ def page_keys(namespace: Namespace, token_ids: Any, extra: Sequence[object] | No
     if extra is not None:
         if isinstance(extra, (str, bytes)):
             raise IndexValidationError("extra must be a sequence with one entry per page, not a single str/bytes")
+        if not isinstance(extra, Iterable):
+            raise IndexValidationError(f"extra must be a sequence with one entry per page, got {type(extra).__name__}")
         extra = list(extra)
         if len(extra) > num_pages:
             raise IndexValidationError(f"extra has {len(extra)} entries but token_ids hold only {num_pages} full pages")

@@ -138,6 +138,30 @@ def test_bad_extra_and_namespace():
         Namespace(model="", spec_fingerprint="f", page_size=4)
 
 
+@pytest.mark.parametrize("tokens", [None, 5, 3.0])
+def test_token_ids_that_are_no_sequence_are_typed_errors(tokens):
+    # None and 5 were a bare TypeError ("object is not iterable").
+    with pytest.raises(IndexValidationError, match="token_ids"):
+        page_keys(NS, tokens)
+
+
+@pytest.mark.parametrize("extra", [5, [5], [[5]], [[1, 2]], [{"a": 1}]])
+def test_extra_keys_are_str_or_bytes_only(extra):
+    # [[5]] hashed bytes(5), five zero bytes, and extra=5 was a bare TypeError.
+    with pytest.raises(IndexValidationError, match="extra"):
+        page_keys(NS, TOKENS, extra)
+    assert page_keys(NS, TOKENS[:PAGE], [[b"ab", bytearray(b"c"), "d"]]) == page_keys(NS, TOKENS[:PAGE], [[b"ab", b"c", "d"]])
+
+
+@pytest.mark.parametrize("field, value", [("layer_range", 5), ("layer_range", (True, True)), ("layer_range", (0, 1, 2)),
+                                          ("layer_range", "0:4"), ("tp", "2"), ("tp", (True, False)), ("tp", (2, 1, 0)),
+                                          ("tp", (2.0, 1))])
+def test_namespace_pairs_are_two_ints(field, value):
+    # 5 and "2" were bare TypeError / ValueError from unpacking; bools were taken as 1 / 0.
+    with pytest.raises(ConfigError, match=f"Namespace.{field}"):
+        Namespace(model="m", spec_fingerprint="f", page_size=4, **{field: value})
+
+
 @pytest.mark.parametrize("key", ["", "a\nb", "é", "x" * 513, None, b"bytes"])
 def test_check_key_refuses(key):
     with pytest.raises(PageKeyError):

@@ -234,3 +234,44 @@ def test_chunk_views_name_a_bad_component_or_layer():
                                               (0, -1, "layer -1"), (0, 3, "layer 3"), (0, 1.0, "layer 1.0")):
                 with pytest.raises(IndexValidationError, match=message):
                     pool.chunk_view(component, layer)
+
+
+# --- what the pools are built from: typed errors, never AttributeError / TypeError / RuntimeError ---
+@pytest.mark.parametrize("spec", [None, "nsa", 64])
+def test_pools_need_a_spec(spec):
+    # Was AttributeError ('NoneType' object has no attribute 'page_bytes').
+    with pytest.raises(SpecError, match="KVSpec"):
+        HostPool(spec, 2)
+    with pytest.raises(SpecError, match="KVSpec"):
+        DevicePool(spec, {})
+    with pytest.raises(SpecError, match="KVSpec"):
+        allocate_engine_like(spec, num_pages=2)
+
+
+def test_one_tensor_where_per_layer_tensors_belong_is_refused():
+    kv, idx = sglang_nsa_tensors(pages=3, layers=3)
+    # A [pages, bytes] tensor iterates as rows: 3 pages passed as 3 "layers" before.
+    with pytest.raises(SpecError, match="list of per-layer tensors"):
+        DeviceBuffer.page_indexed(idx[0])
+    with pytest.raises(SpecError, match="list of per-layer tensors"):
+        DeviceBuffer.page_indexed([1, 2, 3])
+    with pytest.raises(SpecError, match="list of per-layer tensors"):
+        DeviceBuffer.token_indexed(5, page_size=64)
+    with pytest.raises(SpecError, match="rows per page"):
+        DeviceBuffer.token_indexed(kv, page_size=0)
+    with pytest.raises(SpecError, match="DeviceBuffer"):
+        DevicePool(nsa_spec(num_layers=3), {"latent": kv, "indexer": idx})
+
+
+@pytest.mark.parametrize("num_pages", [0, -1, True, 2.0])
+def test_allocate_engine_like_counts_pages_in_ints(num_pages):
+    with pytest.raises(SpecError, match="num_pages"):
+        allocate_engine_like(nsa_spec(num_layers=2), num_pages=num_pages)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a device this machine cannot reach")
+@pytest.mark.parametrize("device", ["cuda", "tpu"])
+def test_allocate_engine_like_on_a_device_torch_cannot_reach(device):
+    # Was AssertionError ("Torch not compiled with CUDA enabled") / RuntimeError.
+    with pytest.raises(SpecError, match=device):
+        allocate_engine_like(nsa_spec(num_layers=2), num_pages=2, device=device)

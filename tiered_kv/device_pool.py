@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .errors import IndexValidationError, SpecError
-from .spec import KVSpec
+from .spec import KVSpec, check_spec
 
 
 @dataclass(frozen=True)
@@ -34,15 +34,35 @@ class DeviceBuffer:
     layers: tuple[torch.Tensor, ...]
     rows_per_page: int = 1
 
+    def __post_init__(self) -> None:
+        # One tensor where a list of per-layer tensors belongs would be taken row by row as
+        # "layers" (a [pages, bytes] tensor of 61 pages passes as 61 layers): refuse it here.
+        if isinstance(self.layers, torch.Tensor) or not all(isinstance(t, torch.Tensor) for t in self.layers):
+            got = type(self.layers).__name__ if isinstance(self.layers, torch.Tensor) else \
+                [type(t).__name__ for t in self.layers][:4]
+            raise SpecError(f"a DeviceBuffer takes a list of per-layer tensors, got {got}")
+        if isinstance(self.rows_per_page, bool) or not isinstance(self.rows_per_page, int) or self.rows_per_page < 1:
+            raise SpecError(f"rows per page (page_size of a token-indexed buffer) must be an int >= 1, got {self.rows_per_page!r}")
+
     @classmethod
     def token_indexed(cls, layers: Sequence[torch.Tensor], page_size: int) -> "DeviceBuffer":
         """Tensors ``[tokens, ...]``: ``page_size`` token rows make a page (SGLang's latent)."""
-        return cls(tuple(layers), page_size)
+        return cls(_layer_tuple(layers), page_size)
 
     @classmethod
     def page_indexed(cls, layers: Sequence[torch.Tensor]) -> "DeviceBuffer":
         """Tensors ``[pages, ...]``: one row is a page (SGLang's indexer, vLLM blocks)."""
-        return cls(tuple(layers), 1)
+        return cls(_layer_tuple(layers), 1)
+
+
+def _layer_tuple(layers: object) -> tuple:
+    """The per-layer tensors as a tuple; a single tensor stays one (``__post_init__`` refuses it)."""
+    if isinstance(layers, torch.Tensor):
+        return layers  # type: ignore[return-value]
+    try:
+        return tuple(layers)  # type: ignore[call-overload]
+    except TypeError:
+        raise SpecError(f"a DeviceBuffer takes a list of per-layer tensors, got {type(layers).__name__}") from None
 
 
 def _chunk_view(t: torch.Tensor, rows_per_page: int, what: str) -> torch.Tensor:
@@ -108,6 +128,10 @@ class DevicePool:
     """
 
     def __init__(self, spec: KVSpec, buffers: Mapping[str, DeviceBuffer], reserved_pages: Iterable[int] = ()) -> None:
+        check_spec(spec)
+        if not isinstance(buffers, Mapping) or not all(isinstance(b, DeviceBuffer) for b in buffers.values()):
+            raise SpecError("device buffers must be a mapping of component name -> DeviceBuffer "
+                            "(DeviceBuffer.token_indexed / page_indexed)")
         expected = [c.name for c in spec.components]
         if sorted(buffers) != sorted(expected):
             raise SpecError(f"device buffers {sorted(buffers)} do not match the spec's components {expected}")
@@ -157,6 +181,14 @@ def allocate_engine_like(spec: KVSpec, num_pages: int, device: str | torch.devic
     ``[pages * page_size, bytes_per_token_row]`` and the others page-indexed ``[pages, bytes]``,
     all uint8, one tensor per layer.
     """
+    check_spec(spec)
+    if isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages < 1:
+        raise SpecError(f"num_pages must be an int >= 1, got {num_pages!r}")
+    try:
+        device = torch.device(device)
+        torch.empty(0, device=device)  # a device torch cannot reach fails here, as one line
+    except (RuntimeError, TypeError, AssertionError) as exc:  # AssertionError: CUDA not compiled in
+        raise SpecError(f"device {str(device)!r} cannot hold the pool: {' '.join(str(exc).split())}") from None
     buffers: dict[str, DeviceBuffer] = {}
     for i, c in enumerate(spec.components):
         if i == 0 and c.bytes_per_layer % spec.page_size == 0:

@@ -24,7 +24,7 @@ from .host_layouts import LAYOUTS
 from .host_memory import HostMemory
 from .device_pool import chunk_of
 from .slot_allocator import SlotAllocator, check_count, slot_id
-from .spec import KVSpec
+from .spec import KVSpec, check_spec
 
 
 class HostPool:
@@ -46,6 +46,7 @@ class HostPool:
 
     def __init__(self, spec: KVSpec, num_slots: int, layout: str = "page_first", *, pin: bool | None = None,
                  numa_node: int | None = None, own_slots: bool = True) -> None:
+        check_spec(spec)
         try:
             layout_cls = LAYOUTS[layout]
         except KeyError:

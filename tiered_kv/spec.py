@@ -164,6 +164,13 @@ class KVSpec:
         )
 
 
+def check_spec(spec: object) -> KVSpec:
+    """``spec`` if it is a ``KVSpec``; SpecError otherwise (pools take a spec, not its name)."""
+    if not isinstance(spec, KVSpec):
+        raise SpecError(f"expected a KVSpec (nsa_spec(), model_spec(...)), got {type(spec).__name__}")
+    return spec
+
+
 def _layer_range(num_layers: int, layer_range: tuple[int, int] | None, page_size: int) -> tuple[int, int]:
     """Checks the arguments every factory shares (before any size is computed from them, so the
     error names the argument, not a component size derived from it) and returns the layer bounds."""

@@ -266,8 +266,15 @@ class Backend(ABC):
             raise BackendTimeoutError(f"{self.scheme}: {getattr(fn, '__name__', 'call')} took longer than {self.timeout_s}s") from exc
 
     # --- the public contract -----------------------------------------------------------------
+    def _check_open(self) -> None:
+        """BackendError once closed, for every backend alike: one that needs no thread or
+        connection for a call (``memory://``) must not go on answering after ``aclose``."""
+        if self._closed:
+            raise BackendError(f"{self.scheme} backend is closed")
+
     async def exists(self, keys: Sequence[str]) -> int:
         """Length of the leading run of ``keys`` present in the backend."""
+        self._check_open()
         keys = check_keys(keys)
         if not keys:
             return 0
@@ -282,6 +289,7 @@ class Backend(ABC):
 
     async def get_into(self, keys: Sequence[str], slots: Sequence[int]) -> list[bool]:
         """Fill ``slots`` with the records of ``keys``; True only for the verified leading run."""
+        self._check_open()
         self.pool  # noqa: B018 - NoHostPoolError on a key-only backend, before the keys are read
         keys, slots = self._check_batch(keys, slots)
         if not keys:
@@ -369,6 +377,7 @@ class Backend(ABC):
 
     async def put_from(self, keys: Sequence[str], slots: Sequence[int]) -> list[bool]:
         """Store the sealed records in ``slots`` under ``keys``; per key, False if it did not fit."""
+        self._check_open()
         self.pool  # noqa: B018 - NoHostPoolError on a key-only backend, before the keys are read
         keys, slots = self._check_batch(keys, slots)
         for k, s in zip(keys, slots):
@@ -388,6 +397,7 @@ class Backend(ABC):
         return [stored[k] for k in keys]
 
     async def delete(self, keys: Sequence[str]) -> None:
+        self._check_open()
         keys = check_keys(keys)
         if keys:
             await self._guard(self._delete(list(dict.fromkeys(keys))))

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from tiered_kv import HostPool, mha_spec, mla_spec, nsa_spec
-from tiered_kv.errors import ForeignSlotError, IndexValidationError, PageKeyError, PoolError, UnsealedSlotError
+from tiered_kv.errors import BackendError, ForeignSlotError, IndexValidationError, PageKeyError, PoolError, UnsealedSlotError
 
 SPEC = nsa_spec(num_layers=2)  # 100,864 B payload: small enough for CI, same shape of record
 
@@ -119,6 +119,18 @@ class BackendContract:
         assert await backend.put_from([key], [second]) == [True]
         assert await backend.get_into([key], [dst]) == [True]
         assert bytes(pool.record_view(dst)) == original
+
+    async def test_every_call_after_aclose_is_a_backend_error(self, backend, pool):
+        # memory:// went on answering after aclose (no thread or connection to notice it closed).
+        keys = new_keys(1)
+        slots = pool.allocate(1)
+        fill_and_seal(pool, slots, keys)
+        await backend.aclose()
+        for call in (lambda: backend.exists(keys), lambda: backend.get_into(keys, slots),
+                     lambda: backend.put_from(keys, slots), lambda: backend.delete(keys)):
+            with pytest.raises(BackendError, match="closed"):
+                await call()
+        await backend.aclose()  # closing twice is fine
 
     async def test_delete(self, backend, pool):
         keys = new_keys(2)

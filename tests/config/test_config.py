@@ -188,6 +188,10 @@ BAD = [
     ("metrics port", "metrics: {port: 70000}\n",
      "metrics.port: input should be less than or equal to 65535, got 70000"),
     ("L1 of no page", "l1: {size: 1KiB}\n", "l1.size: 1.00 KiB holds no page of"),
+    # Named the spec's component size under spec.kind before the spec factories checked page_size.
+    ("page size 0", "spec: {page_size: 0}\n", "spec.page_size: page_size must be an int >= 1, got 0"),
+    # Passed config check, then failed the replay with torch's own error.
+    ("L1 on no device", "l1: {device: tpu}\n", "l1.device: expected cpu, cuda or cuda:N, got 'tpu'"),
 ]
 
 

@@ -31,7 +31,7 @@ from enum import Enum
 from typing import Annotated, Any, ClassVar, Literal, get_type_hints
 from urllib.parse import parse_qsl, urlencode
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationInfo, create_model, field_validator,
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationInfo, create_model, field_validator,
                       model_validator)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -246,9 +246,20 @@ class SpecConfig(Section):
 
 
 # --- tiers -------------------------------------------------------------------------------------
+_DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?", re.ASCII)
+
+
+def _device(value: Any) -> Any:
+    # L1 lives where the transfer paths copy from: a CPU or a CUDA device. Checked here, so that
+    # ``config check`` names l1.device instead of the replay failing on it after the file passed.
+    if isinstance(value, str) and not _DEVICE.fullmatch(value):
+        raise ValueError(f"expected cpu, cuda or cuda:N, got {value!r}")
+    return value
+
+
 class L1Config(Section):
     size: Size = parse_size("64GiB")
-    device: Text | None = None  # None: "cuda" when there is one, else "cpu"
+    device: Annotated[Text, AfterValidator(_device)] | None = None  # None: "cuda" when there is one, else "cpu"
 
 
 class L2Config(Section):

@@ -109,6 +109,17 @@ def test_debug_prints_the_traceback(where):
     assert result.stderr.splitlines()[-1].startswith("tiered-kv: error: memory backend stored only 0 of 1")
 
 
+def test_a_reader_that_goes_away_is_no_internal_error():
+    # `tiered-kv config show | head -1` printed "internal error: BrokenPipeError ... (a bug)".
+    process = subprocess.Popen([sys.executable, "-m", "tiered_kv.cli", "config", "show"], cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with process:
+        process.stdout.close()  # before the command writes: its first write meets a closed pipe
+        err = process.stderr.read()
+        assert process.wait(timeout=120) == 1
+    assert err == ""
+
+
 def _register_boom(sub, common):
     # A command with a bug in it: what the CLI does with an exception that is not the library's.
     def boom(args):

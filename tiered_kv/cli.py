@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -246,6 +247,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
+    except BrokenPipeError:
+        # The reader went away (``tiered-kv replay --json | head -c 100``): nothing is wrong with
+        # the command, so no "internal error" line; stdout goes to /dev/null so that the
+        # interpreter's final flush does not raise the same error again (Python's documented way).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
     except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - the one place that turns errors into exit codes
         code = _exit_code(exc)
         if args.debug:

@@ -428,8 +428,23 @@ FOURTEENTH = [
 ]
 
 
+#: Fifteenth probe: the staging ring beside compute. Its two 32 MiB buffers let the copy engines
+#: run one unit ahead of the ring's scatter kernel, whose CTAs wait for SMs while the model's
+#: matmuls hold them: with more buffers the copy engines keep copying while a scatter waits.
+#: Every staged case changes (slots in runs of both layouts, scattered ``page_first``); the kernel
+#: alone in ramped blocks is the reference that needs no ring (0.88 / 1.03 for scattered
+#: ``page_first`` in the second probe).
+FIFTEENTH = [
+    ("auto", "auto", None, {}, None),
+    ("auto, ring 4 x 32 MiB", "auto", None, {"staging_buffers": 4}, None),
+    ("auto, ring 8 x 32 MiB", "auto", None, {"staging_buffers": 8}, None),
+    ("kernel blocks 8 ramp", "kernel", None, {}, None),
+]
+
+
 CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH, "eleventh": ELEVENTH, "twelfth": TWELFTH,
-                  "thirteenth": THIRTEENTH, "fourteenth": FOURTEENTH}
+                  "thirteenth": THIRTEENTH, "fourteenth": FOURTEENTH,
+                  "fifteenth": FIFTEENTH}
 SETS = {"fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
         "fourth": ([], [], [], FOURTH_BESIDE),
         "second": (SECOND_LOADS, SECOND_BACKUPS, SECOND_BOTH, SECOND_BESIDE),

@@ -231,3 +231,15 @@ def test_allocated_slots_lists_what_is_handed_out_and_not_pending():
         pool.free(a[2:])
         pool.reap()
         assert pool.allocated_slots() == [] and pool.pending_slots == 0 and pool.free_slots == 6
+
+
+@pytest.mark.parametrize("completion", [5, "done", object()])
+def test_a_completion_that_is_none_is_the_librarys_error_and_frees_nothing(completion):
+    # Was a bare TypeError from the completion adapter.
+    allocator = SlotAllocator(4)
+    slots = allocator.allocate(2)
+    with pytest.raises(PoolError, match="completion"):
+        allocator.free(slots, completion=completion)
+    assert allocator.allocated_slots() == slots
+    allocator.free(slots)
+    assert allocator.free_count == 4

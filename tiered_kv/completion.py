@@ -9,12 +9,18 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+from .errors import PoolError
+
 
 @runtime_checkable
 class Completion(Protocol):
     def done(self) -> bool:
         """True once everything that touches the resource has finished."""
         ...
+
+
+class NotACompletionError(PoolError, TypeError):
+    """What was passed as a completion has neither ``done()`` nor ``query()``."""
 
 
 class _Done:
@@ -64,4 +70,7 @@ def as_completion(obj: Any) -> Completion:
         return obj
     if callable(getattr(obj, "query", None)):
         return EventCompletion(obj)
-    raise TypeError(f"a completion needs done() or query(); got {type(obj).__name__}")
+    # The library's error (a PoolError: what frees a slot or page waits on it), also a TypeError
+    # as before; raised before the caller changes anything, so a bad one frees nothing.
+    raise NotACompletionError(f"a completion needs done() or query() (a future, a CUDA event, a transfer handle or None); "
+                              f"got {type(obj).__name__}")

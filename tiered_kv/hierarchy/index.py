@@ -167,9 +167,10 @@ class PageIndex:
         e = self.entries.get(key)
         if e is None or e.state != STORING:
             raise PoolError(f"page {key[:32]} has no store in progress")
+        busy = as_completion(completion)  # a bad one is refused before the page changes state
         if success:
             e.state = RESIDENT
-            e.busy = as_completion(completion)
+            e.busy = busy
             self._lru[key] = None
             return None
         slot = e.slot

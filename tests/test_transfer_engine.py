@@ -329,6 +329,35 @@ def test_load_rejects_duplicate_destination_pages_and_bad_layers():
     assert all(torch.equal(a, b) for a, b in zip(before, device.roots))
 
 
+def test_layer_indices_are_ints_only():
+    """``True`` is not layer 1 and ``1.5`` is not layer 1: load, load_layer, wait_layer and
+    layer_done refuse them, naming the value; numpy ints and 0-d int tensors are layers."""
+    import numpy as np
+
+    device, host = _pools()
+    engine = TransferEngine(device.pool, host)
+    before = [r.clone() for r in device.roots]
+    for bad in (True, 1.5, "1", None):
+        with pytest.raises(IndexValidationError, match="layer"):
+            engine.load([1], [5], layers=[bad])
+        with pytest.raises(IndexValidationError, match="layer"):
+            engine.load_layer([1], [5], bad)
+    with pytest.raises(IndexValidationError, match="layers"):
+        engine.load([1], [5], layers="01")
+    with pytest.raises(IndexValidationError, match="layers"):
+        engine.load([1], [5], layers=1)
+    assert all(torch.equal(a, b) for a, b in zip(before, device.roots))
+    handle = engine.load([1], [5], layers=[np.int64(0), torch.tensor(1)])
+    assert handle.layers == (0, 1)
+    handle.wait_layer(np.int32(1))
+    assert handle.layer_done(torch.tensor(0))
+    for bad in (True, 0.0, np.bool_(True)):
+        with pytest.raises(IndexValidationError, match="layer"):
+            handle.wait_layer(bad)
+        with pytest.raises(IndexValidationError, match="layer"):
+            handle.layer_done(bad)
+
+
 def test_pools_of_different_specs_are_rejected():
     device, _ = _pools()
     other = HostPool(nsa_spec(num_layers=3, page_size=8), 4, "page_first")

@@ -152,6 +152,7 @@ class LoadHandle:
         self._issued = issued
 
     def _check(self, layer: int) -> None:
+        layer = _layer_index(layer, "layer")
         if layer not in self.layers:
             raise IndexValidationError(f"layer {layer} is not part of this load (layers {self.layers[0]}..{self.layers[-1]})")
 
@@ -166,7 +167,7 @@ class LoadHandle:
             return
         if stream is None:
             stream = torch.cuda.current_stream(self.device)
-        stream.wait_event(self.event(layer))
+        stream.wait_event(self.event(int(layer)))
 
     def event(self, layer: int) -> torch.cuda.Event | None:
         """The CUDA event recorded once ``layer`` has landed (None on CPU)."""
@@ -181,6 +182,7 @@ class LoadHandle:
         self._check(layer)
         if self._events is None:
             return True
+        layer = int(layer)
         if self._issued is not None and not self._issued.settled((layer,)):
             return False
         return self._events[layer].query()
@@ -754,7 +756,7 @@ class TransferEngine:
         layer's copy after this call returns (docs/benchmarks.md, "Serving conditions, third round").
         """
         num_layers = self.device_pool.spec.num_layers
-        layers = list(range(num_layers)) if layers is None else [int(layer) for layer in layers]
+        layers = list(range(num_layers)) if layers is None else _layer_indices(layers)
         for layer in layers:
             if not 0 <= layer < num_layers:
                 raise IndexValidationError(f"layer {layer} outside 0..{num_layers - 1}")
@@ -966,6 +968,26 @@ class TransferEngine:
                 num_ctas=self._staging_ctas or DEFAULT_CTAS_ON_DEVICE,
             )
         return copier
+
+
+def _layer_index(value, what: str) -> int:
+    """A layer index as an int: Python and numpy integers and 0-d integer tensors; bools (``True``
+    is not layer 1) and floats (``1.5`` is not layer 1) are refused, naming the value."""
+    import numbers
+
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.dtype.is_floating_point \
+            and value.dtype != torch.bool and not value.dtype.is_complex:
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise IndexValidationError(f"{what}: {repr(value)[:40]} is not a layer index (an int), but {type(value).__name__}")
+    return int(value)
+
+
+def _layer_indices(layers) -> list[int]:
+    """``load``'s ``layers`` as ints (``_layer_index`` each): any iterable but a string."""
+    if isinstance(layers, (str, bytes, bytearray)) or not hasattr(layers, "__iter__"):
+        raise IndexValidationError(f"layers: expected a sequence of ints, got {type(layers).__name__}")
+    return [_layer_index(layer, "layers") for layer in layers]
 
 
 def _head_split(split: LoadSplit) -> LoadSplit:

@@ -46,6 +46,7 @@ choose a path.
 
 from __future__ import annotations
 
+import numbers
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -973,8 +974,6 @@ class TransferEngine:
 def _layer_index(value, what: str) -> int:
     """A layer index as an int: Python and numpy integers and 0-d integer tensors; bools (``True``
     is not layer 1) and floats (``1.5`` is not layer 1) are refused, naming the value."""
-    import numbers
-
     if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.dtype.is_floating_point \
             and value.dtype != torch.bool and not value.dtype.is_complex:
         return int(value)

@@ -7,7 +7,9 @@ model's first matmul could start (``start_delay_ms``), 5-8% of a 61-layer load, 
 ``TransferEngine.load`` up to the head's first launch (validation, path choice, split, the head's
 upload, the launch call itself), with a CUDA event recorded right before and after that launch on
 the head's stream. Then, on the same ids, the floor: one layer's UVA kernel alone with its table
-and ids already on the device, and a contiguous copy-engine copy of one layer's bytes.
+and ids already on the device, and a contiguous copy-engine copy of one layer's bytes. Each load
+runs twice: right after ``torch.cuda.synchronize()`` (as the beside-compute group starts it) and
+from a caller that polled the device and kept busy for 2 ms (``caller: busy``).
 
     python3 benchmarks/first_layer_probe.py [--reps 10] [--out docs/benchmarks/first_layer_probe.json]
 """
@@ -76,8 +78,20 @@ def instrument() -> None:
     _wrap(uva_copy, "launch_uva", "launch returned", first_launch=True)
 
 
-def one_load(engine, slots, pages) -> dict:
+def _spin_until_idle(busy_ms: float = 2.0) -> None:
+    """Wait for the device by polling, then keep the thread busy a little longer: a caller that
+    was running (as a serving engine's scheduler is) instead of one woken from a synchronize."""
+    while not torch.cuda.current_stream().query():
+        pass
+    end = time.perf_counter() + busy_ms / 1e3
+    while time.perf_counter() < end:
+        pass
+
+
+def one_load(engine, slots, pages, warm: bool = False) -> dict:
     torch.cuda.synchronize()
+    if warm:
+        _spin_until_idle()
     STAMPS.marks, STAMPS.before, STAMPS.after = {}, None, None
     start = torch.cuda.Event(enable_timing=True)
     start.record()
@@ -168,14 +182,16 @@ def main() -> int:
         for kind in ("runs", "scattered"):
             for i in range(3):
                 engine.load(slot_sets[kind][i % 4], page_sets[i % 4]).synchronize()
-            reps = [one_load(engine, slot_sets[kind][i % 4], page_sets[i % 4]) for i in range(args.reps)]
-            row = {"layout": layout, "slots": kind, "path": engine._choose(None, te.validate(
-                device_pool, host, page_sets[0], slot_sets[kind][0], to_host=False), to_host=False)}
-            for key in reps[0]:
-                row[key] = statistics.median(r[key] for r in reps if key in r)
-            rows.append(row)
-            print(layout, kind, " ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()
-                                         if k not in ("layout", "slots")), flush=True)
+            for warm in (False, True):
+                reps = [one_load(engine, slot_sets[kind][i % 4], page_sets[i % 4], warm) for i in range(args.reps)]
+                row = {"layout": layout, "slots": kind, "caller": "busy" if warm else "after synchronize",
+                       "path": engine._choose(None, te.validate(device_pool, host, page_sets[0], slot_sets[kind][0],
+                                                                to_host=False), to_host=False)}
+                for key in reps[0]:
+                    row[key] = statistics.median(r[key] for r in reps if key in r)
+                rows.append(row)
+                print(layout, kind, " ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                                             for k, v in row.items() if k not in ("layout", "slots")), flush=True)
     # The floor: layer 0 of 512 pages by the UVA kernel, everything already on the device.
     floor = {}
     for layout, host in hosts.items():

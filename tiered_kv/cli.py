@@ -246,7 +246,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        return args.func(args)
+        code = args.func(args)
+        # Output to a pipe is block-buffered: a reader that went away shows at this flush, inside
+        # the handler below, instead of in the interpreter's final flush (exit 120 and a message).
+        sys.stdout.flush()
+        return code
     except BrokenPipeError:
         # The reader went away (``tiered-kv replay --json | head -c 100``): nothing is wrong with
         # the command, so no "internal error" line; stdout goes to /dev/null so that the

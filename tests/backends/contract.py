@@ -120,8 +120,15 @@ class BackendContract:
         assert await backend.get_into([key], [dst]) == [True]
         assert bytes(pool.record_view(dst)) == original
 
-    async def test_every_call_after_aclose_is_a_backend_error(self, backend, pool):
+    @pytest.fixture
+    def closable(self, backend):
+        """A backend this test may close: ``backend`` where each test gets its own; a subclass
+        whose ``backend`` serves the whole class gives a fresh one here."""
+        return backend
+
+    async def test_every_call_after_aclose_is_a_backend_error(self, closable, pool):
         # memory:// went on answering after aclose (no thread or connection to notice it closed).
+        backend = closable
         keys = new_keys(1)
         slots = pool.allocate(1)
         fill_and_seal(pool, slots, keys)
@@ -131,6 +138,7 @@ class BackendContract:
             with pytest.raises(BackendError, match="closed"):
                 await call()
         await backend.aclose()  # closing twice is fine
+        pool.free(slots)
 
     async def test_delete(self, backend, pool):
         keys = new_keys(2)

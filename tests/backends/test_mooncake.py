@@ -93,6 +93,13 @@ class TestMooncakeContract(BackendContract):
     def same_medium(self, master):
         return lambda pool: open_backend(master.url(contribute_segment=False, timeout_s=10), pool)
 
+    @pytest.fixture
+    async def closable(self, master, pool):
+        # Not the class's backend: the close test must leave that one open for the tests after it.
+        backend = open_backend(master.url(global_segment_bytes="16MiB", timeout_s=10), pool)
+        yield backend
+        await backend.aclose()
+
 
 async def test_capabilities(master):
     with HostPool(SPEC, 2) as pool:

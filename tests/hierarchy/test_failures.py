@@ -174,3 +174,41 @@ def test_backend_killed_during_a_run_and_back():
             assert stats.pages_written > written  # the tier takes writes again
         finally:
             s.close()
+
+
+@pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")
+@pytest.mark.parametrize("write", ["write_through", "write_back"])
+def test_l2_keeps_taking_new_pages_while_l3_is_down(write):
+    """Backups waiting for a dead L3 must not pin L2: during the outage new prompts are still
+    stored on L2 (none skipped for lack of room) and served from it when they come again.
+    (Before: every L2 slot ended up held by a page whose put waited for the tier, 66 of 90
+    stores were skipped and the prompts seen last got no L2 hit until the server returned.)"""
+    from tiered_kv.hierarchy import Policies
+
+    with RedisServer() as server:
+        s = make_stack(server.url, host_slots=24, l1_pages=10, policies=Policies(write=write),
+                       limits=ControllerLimits(retry_base_s=0.02, retry_max_s=0.2))
+        try:
+            for i, keys in enumerate(keys_of(t) for t in prompts(71, [4] * 4)):
+                s.serve(("up", i), keys)
+            s.settle()
+            server.kill()
+            fresh = [keys_of(t) for t in prompts(72, [3] * 30)]
+            for i, keys in enumerate(fresh):
+                s.serve(("down", i), keys, timeout_s=10)
+            assert s.controller.degraded
+            assert s.manager.stats.stores_skipped == 0
+            again = sum(s.serve(("again", i), keys)[1].l2_pages for i, keys in enumerate(fresh[-4:]))
+            assert again > 0
+            server.start()
+            deadline = time.monotonic() + 10
+            while s.controller.degraded:
+                assert time.monotonic() < deadline, "the tier never came back"
+                time.sleep(0.01)
+            written = s.controller.stats.pages_written
+            for i, keys in enumerate(keys_of(t) for t in prompts(73, [4] * 3)):
+                s.serve(("back", i), keys)
+            s.settle()
+            assert s.controller.stats.pages_written > written
+        finally:
+            s.close()

@@ -296,6 +296,8 @@ class L3Controller:
                     future.cancel()
                     if job.kind == READ:
                         self.stats.reads_cancelled += 1
+                    else:
+                        self.stats.writes_refused += 1  # dropped before it ran
                     return True
         return False
 

@@ -419,17 +419,38 @@ class CacheManager:
         """Up to ``count`` free slots, evicting unlocked L2 pages least recently used first."""
         if count <= 0:
             return []
-        copy_down = self._wants_l3 if self.policies.write is WritePolicy.WRITE_BACK else None
+        # A degraded L3 takes no copy-down: the page would stay pinned on L2 for the whole outage.
+        degraded = self.l3 is not None and self.l3.degraded
+        copy_down = self._wants_l3 if self.policies.write is WritePolicy.WRITE_BACK and not degraded else None
         protected = [k for k in dict.fromkeys(protect) if self.index.is_resident(k)]
         self.index.lock(protected)  # the request's own L2 hit must not make room for its prefetch
         try:
             eviction = self.index.evict(count, copy_down_allowed=copy_down)
+            freed = eviction.freed
+            if degraded and free_slot_count(self.allocator) < count and self._give_up_queued_puts():
+                # Backups waiting for a dead tier pin their pages; L2 serving goes first.
+                freed += self.index.evict(count).freed
         finally:
             self.index.unlock(protected)
-        self.stats.l2_evictions += eviction.freed
+        self.stats.l2_evictions += freed
         self._put_l3(eviction.copy_down)
         free = free_slot_count(self.allocator)
         return self.allocator.allocate(min(count, free)) if free else []
+
+    def _give_up_queued_puts(self) -> bool:
+        """While L3 is degraded: drop the L3 puts still waiting in the controller's queue (they
+        would wait there for the tier's return) so their pages may leave L2; True if any did.
+        Their pages read as not on L3; a later hit or store puts them again."""
+        still, dropped = [], False
+        for keys, future in self._puts:
+            if not future.done() and self.l3 is not None and self.l3.cancel(future):
+                self.stats.l3_puts_failed += len(keys)
+                self.index.finish_l3_put(keys, [False] * len(keys))
+                dropped = True
+            else:
+                still.append((keys, future))
+        self._puts = still
+        return dropped
 
     # --- progress ----------------------------------------------------------------------------
     def poll(self) -> None:

@@ -298,3 +298,39 @@ def test_bad_policies_are_config_errors(kw, match):
         Policies(**kw)
     with pytest.raises(ConfigError, match="max_s"):
         PrefetchTimeout(max_s=-1)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"slots": None}, "slots must be a HostPool or a SlotAllocator"),
+    ({"policies": "write_back"}, "policies must be a Policies"),
+    ({"agree": 3}, "agree must be a callable"),
+    ({"max_prefetch_slots": 1.5}, "max_prefetch_slots must be an int"),
+    ({"max_prefetch_slots": True}, "max_prefetch_slots must be an int"),
+])
+def test_bad_manager_arguments_are_config_errors(kw, match):
+    args = {"slots": SlotAllocator(8), "page_size": PAGE, **kw}
+    with pytest.raises(ConfigError, match=match):
+        CacheManager(args.pop("slots"), **args)
+
+
+@pytest.mark.parametrize("kw, match", [({"record_bytes": 0}, "record_bytes"), ({"record_bytes": 1.5}, "record_bytes"),
+                                       ({"record_bytes": 8, "limits": {"read_workers": 1}}, "limits must be")])
+def test_bad_controller_arguments_are_config_errors(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        L3Controller(lambda: open_backend("memory://", None), **kw)
+
+
+def test_start_prefetch_refuses_what_is_no_match_and_holds_nothing():
+    alloc = SlotAllocator(8)
+    mgr = CacheManager(alloc, page_size=PAGE)
+    keys = KEYS[:4]
+    for bad in (None, "4 pages", 4):
+        with pytest.raises(ConfigError, match="match must be the Match"):
+            mgr.start_prefetch("r", keys, bad)
+    from tiered_kv.hierarchy import Match
+
+    with pytest.raises(ConfigError, match="covers 6 pages but 4 keys"):
+        mgr.start_prefetch("r", keys, Match(2, 2, 2, PAGE))
+    assert mgr.start_prefetch("r", keys, Match(0, 0, 0, PAGE)) == 0  # the request id was not taken
+    mgr.close()
+    assert alloc.free_count == alloc.num_slots

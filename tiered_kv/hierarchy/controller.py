@@ -123,6 +123,10 @@ class L3Controller:
     def __init__(self, open_backend: Callable[[], Any] | Any, *, record_bytes: int,
                  limits: ControllerLimits = ControllerLimits(), name: str = "l3",
                  probe_key: str = "tiered-kv-health-probe") -> None:
+        if isinstance(record_bytes, bool) or not isinstance(record_bytes, int) or record_bytes <= 0:
+            raise ConfigError(f"record_bytes must be an int > 0, got {record_bytes!r}")
+        if not isinstance(limits, ControllerLimits):
+            raise ConfigError(f"limits must be a ControllerLimits, got {type(limits).__name__}")
         self.limits = limits
         self.name = name
         self.record_bytes = record_bytes

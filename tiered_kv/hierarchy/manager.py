@@ -146,6 +146,15 @@ class CacheManager:
                  max_prefetch_slots: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
             raise ConfigError(f"page_size must be an int > 0, got {page_size!r}")
+        if not all(hasattr(slots, name) for name in ("num_slots", "allocate", "free", "reap")):
+            raise ConfigError(f"slots must be a HostPool or a SlotAllocator, got {type(slots).__name__}")
+        if not isinstance(policies, Policies):
+            raise ConfigError(f"policies must be a Policies, got {type(policies).__name__}")
+        if agree is not None and not callable(agree):
+            raise ConfigError(f"agree must be a callable agree(hit_pages) -> int, got {type(agree).__name__}")
+        if max_prefetch_slots is not None and (isinstance(max_prefetch_slots, bool)
+                                               or not isinstance(max_prefetch_slots, int)):
+            raise ConfigError(f"max_prefetch_slots must be an int, got {max_prefetch_slots!r}")
         self.allocator = slots
         self.num_slots: int = slots.num_slots
         self.page_size = page_size
@@ -216,6 +225,10 @@ class CacheManager:
         if request_id in self._prefetches:
             raise PoolError(f"request {request_id!r} already has a prefetch")
         keys = check_keys(keys)
+        if not isinstance(match, Match):
+            raise ConfigError(f"start_prefetch: match must be the Match lookup returned, got {type(match).__name__}")
+        if match.pages > len(keys):
+            raise ConfigError(f"start_prefetch: the match covers {match.pages} pages but {len(keys)} keys were given")
         start = match.l1_pages
         l2_keys = keys[start:start + match.l2_pages]
         # Pages may have left L2 since the lookup (another request's allocation): keep the run.

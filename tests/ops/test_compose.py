@@ -116,3 +116,39 @@ def test_ports_are_loopback_and_agree_with_configs_and_dev_stack(compose):
     targets = {t for job in prom["scrape_configs"] for group in job["static_configs"] for t in group["targets"]}
     assert {f"replay:{redis.metrics.port}", f"replay-mooncake:{mooncake.metrics.port}"} <= targets
     assert compose["services"]["replay"]["environment"]["TIERED_KV_METRICS__HOST"] == "0.0.0.0"
+
+
+def _dockerfiles(compose: dict) -> list[Path]:
+    out = []
+    for svc in compose["services"].values():
+        build = svc.get("build")
+        if isinstance(build, dict):
+            out.append(REPO / build.get("context", ".") / build.get("dockerfile", "Dockerfile"))
+        elif isinstance(build, str):
+            out.append(REPO / build / "Dockerfile")
+    return sorted(set(out))
+
+
+def test_commands_copied_onto_the_path_are_made_executable(compose):
+    """A health check runs ``tiered-kv-healthcheck`` by name; COPY keeps the build context's mode,
+    and the script is 0644 in the repository, so the image must chmod what it puts on the PATH.
+    (Before: the segment holder's and the replays' health checks failed 'permission denied' and
+    replay-mooncake, which waits for a healthy segment holder, never started.)"""
+    checked = 0
+    for dockerfile in _dockerfiles(compose):
+        text = dockerfile.read_text()
+        for line in text.splitlines():
+            parts = line.split()
+            if not parts or parts[0].upper() != "COPY":
+                continue
+            flags = [p for p in parts[1:] if p.startswith("--")]
+            target = [p for p in parts[1:] if not p.startswith("--")][-1]
+            if not target.startswith(("/usr/local/bin/", "/usr/bin/")):
+                continue
+            checked += 1
+            chmod = any(re.fullmatch(r"--chmod=0?[1357][0-7]{2}", f) for f in flags)
+            assert chmod or re.search(rf"RUN\s+chmod\s+\S*\s*{re.escape(target)}", text), \
+                f"{dockerfile.relative_to(REPO)}: {target} is copied but never made executable"
+    assert checked, "no command is copied onto the PATH any more: update this test"
+    used = {" ".join(svc["healthcheck"]["test"]) for svc in compose["services"].values()}
+    assert any("tiered-kv-healthcheck" in u for u in used)

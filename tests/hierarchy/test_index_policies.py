@@ -334,3 +334,18 @@ def test_start_prefetch_refuses_what_is_no_match_and_holds_nothing():
     assert mgr.start_prefetch("r", keys, Match(0, 0, 0, PAGE)) == 0  # the request id was not taken
     mgr.close()
     assert alloc.free_count == alloc.num_slots
+
+
+def test_l1_cache_refuses_an_unknown_request_as_a_pool_error():
+    """``run`` / ``start`` of a request that never looked up: PoolError naming it (run was a bare
+    KeyError), and the cache goes on serving."""
+    from .conftest import make_stack
+
+    s = make_stack(None, host_slots=8, l1_pages=4)
+    try:
+        for call in (s.l1.run, s.l1.start):
+            with pytest.raises(PoolError, match="unknown request 'nobody'"):
+                call("nobody")
+        s.serve("r", KEYS[:2])
+    finally:
+        s.close()

@@ -127,7 +127,8 @@ class L1PrefixCache:
 
     def run(self, request_id: Any) -> Served:
         """Schedule the request: load its L2 / L3 hit into L1, compute the rest, store per policy."""
-        req = self._requests.pop(request_id)
+        req = self._request(request_id)
+        del self._requests[request_id]
         keys, l1 = req.keys, req.l1_pages
         match = req.match or Match(l1, 0, 0, self.manager.page_size)
         try:

@@ -349,3 +349,27 @@ def test_l1_cache_refuses_an_unknown_request_as_a_pool_error():
         s.serve("r", KEYS[:2])
     finally:
         s.close()
+
+
+def test_agree_timeouts_of_any_kind_mean_no_hit_and_a_bad_answer_is_named():
+    """A process group's own timeout (a builtin TimeoutError, as socket or gloo waits raise) is no
+    hit, like AgreeTimeout (it escaped the lookup before); an answer that is no int is a
+    ConfigError naming agree (int(None) was a bare TypeError, 2.7 was taken as 2)."""
+    def timed_out(n):
+        raise TimeoutError("all_reduce timed out")
+
+    c = Cache(Policies(), agree=timed_out)
+    try:
+        c.store(c.mgr.on_l1_inserted(KEYS[:4]))
+        m = lookup(c.mgr, "a", KEYS[:4])
+        assert (m.l2_pages, m.l3_pages) == (0, 0) and c.mgr.stats.agree_timeouts == 1
+    finally:
+        c.close()
+    for bad in (None, "3", 2.7, True):
+        c = Cache(Policies(), agree=lambda n, bad=bad: bad)
+        try:
+            c.store(c.mgr.on_l1_inserted(KEYS[:4]))
+            with pytest.raises(ConfigError, match="agree"):
+                lookup(c.mgr, "a", KEYS[:4])
+        finally:
+            c.close()

@@ -34,6 +34,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import math
+import numbers
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -209,9 +210,11 @@ class CacheManager:
         if self.agree is not None:
             try:
                 agreed = self.agree(l2 + l3)
-            except AgreeTimeout:
+            except TimeoutError:  # AgreeTimeout, or a process group's own timeout: no hit, no hang
                 self.stats.agree_timeouts += 1
                 agreed = 0
+            if isinstance(agreed, bool) or not isinstance(agreed, numbers.Integral):
+                raise ConfigError(f"agree(hit_pages) must return an int, got {agreed!r}")
             agreed = max(0, min(int(agreed), l2 + l3))
             l2, l3 = min(l2, agreed), max(0, agreed - l2)
         self.stats.l2_hit_pages += l2

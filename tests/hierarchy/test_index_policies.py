@@ -373,3 +373,23 @@ def test_agree_timeouts_of_any_kind_mean_no_hit_and_a_bad_answer_is_named():
                 lookup(c.mgr, "a", KEYS[:4])
         finally:
             c.close()
+
+
+def test_hits_served_from_l2_count_for_l3_admission():
+    """A page the engine reloads from L2 was hit: under write_through with an admission rule it
+    goes to L3 once it reached the hits, as after L1 hits. (Before: only on_l1_hit admitted, so
+    with l3_admission_hits=1, as examples/configs/local-ssd.yaml has it, pages that left L1 and
+    were hit from L2 again and again never reached L3 and were lost with their L2 eviction.)"""
+    c = Cache(Policies(l3_admission_hits=2))
+    try:
+        c.store(c.mgr.on_l1_inserted(KEYS[:2]))
+        for expected in ([False, False], [True, True]):
+            plan = c.mgr.prepare_load(KEYS[:2])
+            c.mgr.complete_load(plan)
+            assert c.on_l3(KEYS[:2]) == expected
+        assert c.l3.stats.pages_written == 2
+        plan = c.mgr.prepare_load(KEYS[:2])  # admitted and on L3 already: no second put
+        c.mgr.complete_load(plan)
+        assert c.mgr.wait_idle(10) and c.l3.stats.pages_written == 2 and c.l3.stats.writes_started == 1
+    finally:
+        c.close()

@@ -341,7 +341,12 @@ class CacheManager:
         self.index.touch(run)
         self.index.record_hits(run)
         self.stats.load_pages += len(run)
-        return LoadPlan(run, self.index.slots_of(run))
+        plan = LoadPlan(run, self.index.slots_of(run))
+        if self.policies.l3_on_seal:
+            # A hit from L2 counts for L3 admission as an L1 hit does: pages it admits go down now
+            # (the put only reads the slot, beside the load).
+            self._put_l3([k for k in run if self._wants_l3(self.index.entry(k))])
+        return plan
 
     def complete_load(self, plan: LoadPlan, completion: object = None) -> None:
         """The worker's load was issued: unlock; the slots are reused only once ``completion``."""

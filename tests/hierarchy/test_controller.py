@@ -122,3 +122,42 @@ def test_degraded_tier_answers_reads_at_once_and_recovers():
 def test_bad_limits_are_config_errors(kw):
     with pytest.raises(ConfigError, match=next(iter(kw))):
         ControllerLimits(**kw)
+
+
+def test_an_orphaned_prefetch_counts_against_the_prefetch_slot_limit_until_its_reads_return():
+    """A prefetch whose request ran while its reads were still running keeps its slots until they
+    return; those slots are prefetch slots all that time, so max_prefetch_slots still bounds what
+    prefetches hold. (Before: the count dropped at once and the next prefetch took the whole
+    budget again: 8 slots held by prefetches under a limit of 4.)"""
+    from tiered_kv.hierarchy import CacheManager
+    from tiered_kv.slot_allocator import SlotAllocator
+
+    backend = GatedBackend()
+    ctl = L3Controller(backend, record_bytes=1, limits=ControllerLimits(read_workers=2, write_workers=1))
+    alloc = SlotAllocator(16)
+    mgr = CacheManager(alloc, page_size=16, l3=ctl, max_prefetch_slots=4)
+    try:
+        def decided(rid, keys):
+            deadline = time.monotonic() + 10
+            while (m := mgr.lookup(rid, keys)) is None:
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
+            return m
+
+        a, b = KEYS[:4], KEYS[4:8]
+        assert mgr.start_prefetch("a", a, decided("a", a)) == 4
+        while not backend.order:  # a's read is running (held at the gate)
+            time.sleep(0.001)
+        assert len(mgr.prepare_load(a, "a")) == 0  # a runs first: its prefetch is orphaned
+        assert mgr.stats.prefetches_timed_out == 1
+        assert mgr.start_prefetch("b", b, decided("b", b)) == 0  # the 4 slots are still a's
+        assert alloc.num_slots - alloc.free_count == 4
+        ctl._loop.call_soon_threadsafe(backend.gate.set)
+        assert mgr.wait_idle(10)
+        mgr.abort("b")
+        assert mgr.start_prefetch("b", b, decided("b2", b)) == 4  # a's reads returned: budget back
+    finally:
+        if backend.gate is not None:
+            ctl._loop.call_soon_threadsafe(backend.gate.set)
+        mgr.close()
+    assert alloc.free_count == alloc.num_slots and ctl.pending_tasks() == 0

@@ -287,17 +287,19 @@ class CacheManager:
         self.index.unlock(p.locked)
         if p.future is None:
             return
-        self._prefetch_slots -= len(p.slots)
         if not p.future.done() and self.l3 is not None and self.l3.cancel(p.future):
             self.stats.prefetches_cancelled += 1
+            self._prefetch_slots -= len(p.slots)
             self.allocator.free(p.slots)
             return
         if not p.future.done():
-            # Its reads are running: the slots come back once they have returned.
+            # Its reads are running: the slots come back once they have returned, and count
+            # against max_prefetch_slots until then (poll).
             self.stats.prefetches_timed_out += 1
             self._orphans.append((p.slots, p.future))
             self.allocator.free(p.slots, completion=p.future)
             return
+        self._prefetch_slots -= len(p.slots)
         landed = self._landed(p.future, len(p.keys))
         self.stats.prefetches_completed += 1
         self.stats.prefetch_seconds_sum += self.clock() - p.started
@@ -488,7 +490,13 @@ class CacheManager:
                 self.index.finish_l3_put(keys, stored)
             self._puts = still
         if self._orphans:
-            self._orphans = [(s, f) for s, f in self._orphans if not f.done()]
+            still = []
+            for slots, future in self._orphans:
+                if future.done():
+                    self._prefetch_slots -= len(slots)
+                else:
+                    still.append((slots, future))
+            self._orphans = still
         self.allocator.reap()
 
     def busy(self) -> bool:

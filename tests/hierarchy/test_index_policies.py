@@ -279,11 +279,16 @@ def test_agree_takes_the_minimum_and_a_timeout_means_no_hit():
     def silent(n):
         raise AgreeTimeout("rank 1 did not answer")
 
-    c = Cache(Policies(), agree=silent)
+    m, timeouts = _agreed_lookup(silent)
+    assert (m.l2_pages, m.l3_pages) == (0, 0) and timeouts == 1
+
+
+def _agreed_lookup(agree):
+    """The match of a lookup of 4 stored pages under ``agree``, and the agree timeouts counted."""
+    c = Cache(Policies(), agree=agree)
     try:
         c.store(c.mgr.on_l1_inserted(KEYS[:4]))
-        m = lookup(c.mgr, "a", KEYS[:4])
-        assert (m.l2_pages, m.l3_pages) == (0, 0) and c.mgr.stats.agree_timeouts == 1
+        return lookup(c.mgr, "a", KEYS[:4]), c.mgr.stats.agree_timeouts
     finally:
         c.close()
 
@@ -358,21 +363,11 @@ def test_agree_timeouts_of_any_kind_mean_no_hit_and_a_bad_answer_is_named():
     def timed_out(n):
         raise TimeoutError("all_reduce timed out")
 
-    c = Cache(Policies(), agree=timed_out)
-    try:
-        c.store(c.mgr.on_l1_inserted(KEYS[:4]))
-        m = lookup(c.mgr, "a", KEYS[:4])
-        assert (m.l2_pages, m.l3_pages) == (0, 0) and c.mgr.stats.agree_timeouts == 1
-    finally:
-        c.close()
+    m, timeouts = _agreed_lookup(timed_out)
+    assert (m.l2_pages, m.l3_pages) == (0, 0) and timeouts == 1
     for bad in (None, "3", 2.7, True):
-        c = Cache(Policies(), agree=lambda n, bad=bad: bad)
-        try:
-            c.store(c.mgr.on_l1_inserted(KEYS[:4]))
-            with pytest.raises(ConfigError, match="agree"):
-                lookup(c.mgr, "a", KEYS[:4])
-        finally:
-            c.close()
+        with pytest.raises(ConfigError, match="agree"):
+            _agreed_lookup(lambda n, bad=bad: bad)
 
 
 def test_hits_served_from_l2_count_for_l3_admission():

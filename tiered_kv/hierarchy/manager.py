@@ -275,6 +275,28 @@ class CacheManager:
             return True
         return not math.isinf(p.wait_s) and self.clock() - p.started >= p.wait_s
 
+    def pending_l3(self, request_id: Any) -> concurrent.futures.Future | None:
+        """The L3 work the request waits on now (its lookup's answer, else its prefetch's reads),
+        None if nothing: what an asyncio caller awaits (``AsyncCacheManager``). Never cancel it:
+        ``abort`` drops it."""
+        lookup = self._lookups.get(request_id)
+        if lookup is not None and not lookup[1].done():
+            return lookup[1]
+        p = self._prefetches.get(request_id)
+        if p is not None and p.future is not None and not p.future.done():
+            return p.future
+        return None
+
+    def prefetch_wait_left(self, request_id: Any) -> float | None:
+        """Seconds until ``prefetch_ready`` turns True by the policy's wait alone (0: ready now;
+        None: only once the reads land, ``wait_complete``)."""
+        p = self._prefetches.get(request_id)
+        if p is None or p.future is None or p.future.done() or p.wait_s == 0.0:
+            return 0.0
+        if math.isinf(p.wait_s):
+            return None
+        return max(0.0, p.wait_s - (self.clock() - p.started))
+
     def prefetch_done(self, request_id: Any) -> bool:
         p = self._prefetches.get(request_id)
         return p is None or p.future is None or p.future.done()

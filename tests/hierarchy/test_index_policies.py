@@ -388,3 +388,17 @@ def test_hits_served_from_l2_count_for_l3_admission():
         assert c.mgr.wait_idle(10) and c.l3.stats.pages_written == 2 and c.l3.stats.writes_started == 1
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("write", list(WritePolicy))
+def test_l1_events_after_close_are_pool_errors_under_every_write_policy(write):
+    """After close the L1 events are refused as lookup is (they returned quietly under the
+    policies that store nothing for them, and on_l1_hit still counted hits and asked a closed
+    L3 for puts); abort stays a quiet no-op, so a late cleanup never fails."""
+    c = Cache(Policies(write=write, selective_hits=1))
+    c.close()
+    for call in (c.mgr.on_l1_inserted, c.mgr.on_l1_hit, c.mgr.on_l1_evicting):
+        with pytest.raises(PoolError, match="closed"):
+            call(KEYS[:2])
+    c.mgr.abort("late")
+    assert_clean(c.host, c.l3)

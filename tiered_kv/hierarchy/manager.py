@@ -419,6 +419,7 @@ class CacheManager:
     # --- L1 events from the engine -----------------------------------------------------------
     def on_l1_inserted(self, keys: Sequence[str]) -> StorePlan | None:
         """The engine inserted pages on L1 (prefill done). ``write_through`` stores them now."""
+        self._check_open()
         if self.policies.write is WritePolicy.WRITE_THROUGH:
             plan = self.prepare_store(keys)
             return plan if len(plan) else None
@@ -427,6 +428,7 @@ class CacheManager:
     def on_l1_hit(self, keys: Sequence[str]) -> StorePlan | None:
         """The engine reused pages from its L1. Counts hits; ``write_through_selective`` stores a
         page once it reached ``selective_hits``; pages now admitted go on to L3."""
+        self._check_open()
         keys = check_keys(keys)
         counts = self.index.record_hits(keys)
         late_l3 = [k for k in keys if self.index.is_resident(k) and self._wants_l3(self.index.entry(k))
@@ -445,6 +447,7 @@ class CacheManager:
     def on_l1_evicting(self, keys: Sequence[str]) -> StorePlan | None:
         """The engine is about to free these L1 pages. ``write_back`` stores them now; the engine
         frees its pages only once the worker's copy completed."""
+        self._check_open()
         plan = self.prepare_store(keys) if self.policies.write is WritePolicy.WRITE_BACK else None
         self.index.forget_unused(keys)  # their L1 hit counts go with them (unless on L2 / L3)
         return plan if plan is not None and len(plan) else None

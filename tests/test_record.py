@@ -9,7 +9,8 @@ import torch
 
 from tiered_kv import HostPool, mha_spec, mla_spec, nsa_spec
 from tiered_kv import record
-from tiered_kv.errors import CorruptRecordError, ForeignRecordError, PageKeyError, RecordError, TruncatedRecordError
+from tiered_kv.errors import (CorruptRecordError, ForeignRecordError, NotARecordError, PageKeyError, RecordError,
+                              TruncatedRecordError)
 from tiered_kv.spec import Component, KVSpec
 
 PRESETS = {
@@ -85,6 +86,20 @@ def test_truncated_records():
         for length in (0, 10, 4095, 4096, len(good) - 1):
             with pytest.raises(TruncatedRecordError):
                 record.verify(good[:length], fingerprint=TINY.fingerprint, key="k", payload_len=24)
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_what_is_no_buffer_is_a_record_error_and_the_slot_stays(layout):
+    """decode_record("str") was a bare TypeError from memoryview: now NotARecordError (a
+    RecordError, so a caller that counts bad records as misses counts it too), slot untouched."""
+    with HostPool(TINY, 2, layout) as pool:
+        before = pool.encode_record(1, "k")
+        for bad in ("a str", None, 5, [1, 2, 3]):
+            with pytest.raises(NotARecordError, match=type(bad).__name__):
+                pool.decode_record(1, bad, "k")
+            with pytest.raises(RecordError):
+                record.verify(bad, fingerprint=TINY.fingerprint, key="k", payload_len=24)
+        assert pool.encode_record(1, "k") == before
 
 
 def test_foreign_fingerprint_and_key():

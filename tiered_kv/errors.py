@@ -15,7 +15,8 @@
     ├── RecordError              a stored page record failed verification: callers treat it as a miss
     │   ├── TruncatedRecordError
     │   ├── CorruptRecordError   bad magic, header or payload checksum
-    │   └── ForeignRecordError   intact, but another spec fingerprint, key or size: left in place
+    │   ├── ForeignRecordError   intact, but another spec fingerprint, key or size: left in place
+    │   └── NotARecordError      no bytes-like buffer at all (also a TypeError)
     └── BackendError             an L3 backend failed (not a miss)
         ├── BackendUnavailableError   cannot reach the server / medium
         └── BackendTimeoutError
@@ -91,6 +92,10 @@ class TruncatedRecordError(RecordError):
 
 class CorruptRecordError(RecordError):
     """Bad magic, unknown version, or a header / payload checksum mismatch."""
+
+
+class NotARecordError(RecordError, TypeError):
+    """What was passed as a record is no contiguous bytes-like buffer (a str, None, an int)."""
 
 
 class ForeignRecordError(RecordError):

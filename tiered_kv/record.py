@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from .errors import CorruptRecordError, ForeignRecordError, RecordError, TruncatedRecordError
+from .errors import CorruptRecordError, ForeignRecordError, NotARecordError, RecordError, TruncatedRecordError
 from .keys import MAX_KEY_BYTES, check_key
 from .spec import FORMAT_VERSION
 
@@ -89,9 +89,18 @@ def encode(payload, *, fingerprint: str, key: str) -> bytearray:
     return out
 
 
+def _bytes_of(record) -> memoryview:
+    """``record`` as a flat byte view; NotARecordError for what is no contiguous buffer."""
+    try:
+        return memoryview(record).cast("B")
+    except TypeError:
+        raise NotARecordError(f"a record is a contiguous bytes-like buffer (bytes, bytearray, memoryview, uint8 "
+                              f"array), got {type(record).__name__}") from None
+
+
 def read_header(record) -> RecordHeader:
     """Parse and check the header block (magic, header checksum, version); no payload check."""
-    view = memoryview(record).cast("B")
+    view = _bytes_of(record)
     if view.nbytes < HEADER_BYTES:
         raise TruncatedRecordError(f"record is {view.nbytes} bytes, shorter than its {HEADER_BYTES}-byte header")
     magic, version, algo, key_len, reserved, fp, payload_len, checksum = _FIXED.unpack_from(view, 0)
@@ -115,7 +124,7 @@ def verify(record, *, fingerprint: str, key: str, payload_len: int) -> memoryvie
     """
     header = read_header(record)
     check_owner(header, fingerprint=fingerprint, key=key, payload_len=payload_len)
-    view = memoryview(record).cast("B")
+    view = _bytes_of(record)
     if view.nbytes < HEADER_BYTES + payload_len:
         raise TruncatedRecordError(f"record is {view.nbytes} bytes, header says {HEADER_BYTES + payload_len}")
     payload = view[HEADER_BYTES:HEADER_BYTES + payload_len]

@@ -402,3 +402,20 @@ def test_l1_events_after_close_are_pool_errors_under_every_write_policy(write):
             call(KEYS[:2])
     c.mgr.abort("late")
     assert_clean(c.host, c.l3)
+
+
+def test_l1_pages_takes_numpy_ints_and_refuses_bools_floats_and_out_of_range():
+    """An engine's page counts are often numpy ints: they count (a ConfigError before); bools,
+    floats and counts outside 0..len(keys) are ConfigErrors naming l1_pages."""
+    import numpy as np
+
+    c = Cache(Policies())
+    try:
+        c.store(c.mgr.on_l1_inserted(KEYS[:4]))
+        m = lookup(c.mgr, "a", KEYS[:4], np.int64(1))
+        assert (m.l1_pages, m.l2_pages) == (1, 3) and type(m.l1_pages) is int
+        for bad in (True, np.bool_(False), 1.0, -1, 5, "1"):
+            with pytest.raises(ConfigError, match="l1_pages"):
+                c.mgr.lookup("b", KEYS[:4], bad)
+    finally:
+        c.close()

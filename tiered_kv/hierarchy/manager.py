@@ -180,8 +180,10 @@ class CacheManager:
         """Hit lengths beyond the engine's ``l1_pages``; None while L3's answer is pending."""
         self._check_open()
         keys = check_keys(keys)
-        if isinstance(l1_pages, bool) or not isinstance(l1_pages, int) or not 0 <= l1_pages <= len(keys):
+        # numpy ints count (an engine's page counts often are); bools and floats do not.
+        if isinstance(l1_pages, bool) or not isinstance(l1_pages, numbers.Integral) or not 0 <= l1_pages <= len(keys):
             raise ConfigError(f"l1_pages must be an int in 0..{len(keys)}, got {l1_pages!r}")
+        l1_pages = int(l1_pages)
         self.poll()
         l2 = self.index.l2_run(keys, l1_pages)
         rest = tuple(keys[l1_pages + l2:])

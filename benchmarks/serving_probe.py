@@ -363,22 +363,22 @@ TWELFTH = [
 ]
 
 
-def _scattered_from_policy(dense_host_rows: bool, **fields):
-    """Loads of several layers from scattered slots of one layout take the policy's split with
-    ``fields`` changed (``layer_first``'s entry changes beside a backup too: the thirteenth set
-    skips ``both``)."""
+def _entry_changed(table: str, key, **fields):
+    """A change for ``PolicyVariant``: the policy's own ``table[key]`` split with ``fields`` changed."""
     import tiered_kv.transfer_policy as tp
 
-    return _entry_takes("SCATTERED_LOADS", dense_host_rows, replace(tp.SCATTERED_LOADS[dense_host_rows], **fields))
+    return _entry_takes(table, key, replace(getattr(tp, table)[key], **fields))
+
+
+def _scattered_from_policy(dense_host_rows: bool, **fields):
+    """Loads of several layers from scattered slots of one layout (``layer_first``'s entry changes
+    beside a backup too: the thirteenth set skips ``both``)."""
+    return _entry_changed("SCATTERED_LOADS", dense_host_rows, **fields)
 
 
 def _runs_from_policy(dense_host_rows: bool, **fields):
-    """Loads of several layers from slots in runs of one layout take the policy's split with
-    ``fields`` changed."""
-    import tiered_kv.transfer_policy as tp
-
-    key = (dense_host_rows, True)
-    return _entry_takes("MIXED_LOADS", key, replace(tp.MIXED_LOADS[key], **fields))
+    """Loads of several layers from slots in runs of one layout."""
+    return _entry_changed("MIXED_LOADS", (dense_host_rows, True), **fields)
 
 
 T2 = TransferOptions(issue_threads=2)

@@ -17,13 +17,13 @@ Not thread-safe by itself: the host pool (or the controller's loop) owns it. Nee
 from __future__ import annotations
 
 import bisect
-import sys
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from .completion import AllOf, Completion, as_completion
 from .errors import DoubleFreeError, ForeignSlotError, PoolError, PoolExhaustedError
+from .integers import as_int, integer_dtype, is_tensor
 
 MAX_SLOTS = 2**32  # 16 TiB of host memory at the smallest (4 KiB) slot: more is a unit mix-up
 
@@ -35,39 +35,24 @@ def check_count(value: object, what: str, *, minimum: int, maximum: int = MAX_SL
     return int(value)
 
 
-def _torch_tensor(value: object) -> bool:
-    torch = sys.modules.get("torch")  # a tensor can only exist once torch is imported
-    return torch is not None and isinstance(value, torch.Tensor)
-
-
 def slot_id(value: object, num_slots: int, where: str = "") -> int:
     """``value`` as a slot id in ``0..num_slots-1``: a Python or numpy integer, or a 0-d integer
     array / tensor. Raises ForeignSlotError (``where`` says which position) for anything else."""
-    if _torch_tensor(value) or isinstance(value, np.ndarray):
-        if value.ndim == 0 and _integer_dtype(value):
-            value = value.item()
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    slot = as_int(value)
+    if slot is None:
         raise ForeignSlotError(f"slot {repr(value)[:80]}{where} is not a slot id: expected an int, got {type(value).__name__}")
-    if not 0 <= value < num_slots:
+    if not 0 <= slot < num_slots:
         raise ForeignSlotError(f"slot {value!r}{where} is not a slot of this pool (0..{num_slots - 1})")
-    return int(value)
-
-
-def _integer_dtype(array: object) -> bool:
-    """True for integer numpy arrays and torch tensors (bool, float and complex are not ids)."""
-    dtype = array.dtype  # type: ignore[attr-defined]
-    if isinstance(array, np.ndarray):
-        return dtype.kind in "iu"
-    return not (dtype.is_floating_point or dtype.is_complex or dtype == sys.modules["torch"].bool)
+    return slot
 
 
 def slot_ids(slots: object, num_slots: int) -> list[int]:
     """``slots`` (an iterable of ids, or a 1-D integer numpy array / torch tensor) as a list of
     Python ints in ``0..num_slots-1``; ForeignSlotError naming the first bad position."""
-    if _torch_tensor(slots) or isinstance(slots, np.ndarray):
+    if is_tensor(slots) or isinstance(slots, np.ndarray):
         if slots.ndim != 1:  # type: ignore[attr-defined]
             raise ForeignSlotError(f"slot ids: expected a 1-D array, got shape {tuple(slots.shape)}")  # type: ignore[attr-defined]
-        if not _integer_dtype(slots):
+        if not integer_dtype(slots):
             raise ForeignSlotError(f"slot ids: expected integers, got {slots.dtype}")  # type: ignore[attr-defined]
         slots = slots.tolist()  # type: ignore[attr-defined]
     elif isinstance(slots, (str, bytes, bytearray)) or not isinstance(slots, Iterable):

@@ -276,11 +276,10 @@ def mha_spec(
     because MHA caches are sharded by heads.
     """
     start, end = _layer_range(num_layers, layer_range, page_size)
-    if isinstance(num_kv_heads, bool) or isinstance(head_dim, bool) or not isinstance(num_kv_heads, int) \
-            or not isinstance(head_dim, int) or num_kv_heads <= 0 or head_dim <= 0:
-        raise SpecError(f"num_kv_heads and head_dim must be > 0, got {num_kv_heads!r}, {head_dim!r}")
+    check_int(num_kv_heads, "num_kv_heads")
+    check_int(head_dim, "head_dim")
     check_int(tp_size, "tp_size")
-    if isinstance(tp_rank, bool) or not isinstance(tp_rank, int) or not 0 <= tp_rank < tp_size:
+    if check_int(tp_rank, "tp_rank", minimum=0) >= tp_size:
         raise SpecError(f"tp_rank must be an int in 0..{tp_size - 1}, got {tp_rank!r}")
     size = page_size * num_kv_heads * head_dim * dtype_bytes(dtype)
     layout = f"{page_size}x{num_kv_heads}x{head_dim} {dtype}"

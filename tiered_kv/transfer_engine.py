@@ -46,7 +46,6 @@ choose a path.
 
 from __future__ import annotations
 
-import numbers
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -57,6 +56,7 @@ import torch
 from .device_pool import DevicePool
 from .errors import ConfigError, IndexValidationError, PoolError, SpecMismatchError
 from .host_pool import HostPool
+from .integers import as_int
 from .kernels import copy_pages_reference
 from .transfer import IdsLike, PageCopy, backup_pairs, load_pairs, validate
 from .transfer_policy import (
@@ -152,10 +152,12 @@ class LoadHandle:
         self._events = events
         self._issued = issued
 
-    def _check(self, layer: int) -> None:
+    def _check(self, layer: int) -> int:
+        """``layer`` as an int of this load; IndexValidationError otherwise."""
         layer = _layer_index(layer, "layer")
         if layer not in self.layers:
             raise IndexValidationError(f"layer {layer} is not part of this load (layers {self.layers[0]}..{self.layers[-1]})")
+        return layer
 
     def wait_layer(self, layer: int, stream: torch.cuda.Stream | None = None) -> None:
         """Make ``stream`` (default: the current stream) wait until ``layer`` has fully landed.
@@ -163,12 +165,12 @@ class LoadHandle:
         Covers every component of the layer (NSA: latent and indexer). Never blocks the caller on
         the device (at most on a library thread's issue of that layer).
         """
-        self._check(layer)
+        layer = self._check(layer)
         if self._events is None:
             return
         if stream is None:
             stream = torch.cuda.current_stream(self.device)
-        stream.wait_event(self.event(int(layer)))
+        stream.wait_event(self.event(layer))
 
     def event(self, layer: int) -> torch.cuda.Event | None:
         """The CUDA event recorded once ``layer`` has landed (None on CPU)."""
@@ -180,10 +182,9 @@ class LoadHandle:
 
     def layer_done(self, layer: int) -> bool:
         """Whether ``layer`` has landed (non-blocking)."""
-        self._check(layer)
+        layer = self._check(layer)
         if self._events is None:
             return True
-        layer = int(layer)
         if self._issued is not None and not self._issued.settled((layer,)):
             return False
         return self._events[layer].query()
@@ -972,14 +973,11 @@ class TransferEngine:
 
 
 def _layer_index(value, what: str) -> int:
-    """A layer index as an int: Python and numpy integers and 0-d integer tensors; bools (``True``
-    is not layer 1) and floats (``1.5`` is not layer 1) are refused, naming the value."""
-    if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.dtype.is_floating_point \
-            and value.dtype != torch.bool and not value.dtype.is_complex:
-        return int(value)
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    """A layer index as an int (``integers.as_int``: bools and floats are not layers), naming the value."""
+    layer = as_int(value)
+    if layer is None:
         raise IndexValidationError(f"{what}: {repr(value)[:40]} is not a layer index (an int), but {type(value).__name__}")
-    return int(value)
+    return layer
 
 
 def _layer_indices(layers) -> list[int]:

@@ -34,13 +34,13 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import math
-import numbers
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError, PoolError, TieredKVError
+from ..integers import as_int
 from ..keys import check_keys
 from .controller import L3Controller
 from .index import Entry, PageIndex, free_slot_count
@@ -181,9 +181,10 @@ class CacheManager:
         self._check_open()
         keys = check_keys(keys)
         # numpy ints count (an engine's page counts often are); bools and floats do not.
-        if isinstance(l1_pages, bool) or not isinstance(l1_pages, numbers.Integral) or not 0 <= l1_pages <= len(keys):
+        count = as_int(l1_pages)
+        if count is None or not 0 <= count <= len(keys):
             raise ConfigError(f"l1_pages must be an int in 0..{len(keys)}, got {l1_pages!r}")
-        l1_pages = int(l1_pages)
+        l1_pages = count
         self.poll()
         l2 = self.index.l2_run(keys, l1_pages)
         rest = tuple(keys[l1_pages + l2:])
@@ -215,9 +216,10 @@ class CacheManager:
             except TimeoutError:  # AgreeTimeout, or a process group's own timeout: no hit, no hang
                 self.stats.agree_timeouts += 1
                 agreed = 0
-            if isinstance(agreed, bool) or not isinstance(agreed, numbers.Integral):
+            pages = as_int(agreed)
+            if pages is None:
                 raise ConfigError(f"agree(hit_pages) must return an int, got {agreed!r}")
-            agreed = max(0, min(int(agreed), l2 + l3))
+            agreed = max(0, min(pages, l2 + l3))
             l2, l3 = min(l2, agreed), max(0, agreed - l2)
         self.stats.l2_hit_pages += l2
         self.stats.l3_hit_pages += l3
@@ -368,10 +370,9 @@ class CacheManager:
         self.index.record_hits(run)
         self.stats.load_pages += len(run)
         plan = LoadPlan(run, self.index.slots_of(run))
-        if self.policies.l3_on_seal:
-            # A hit from L2 counts for L3 admission as an L1 hit does: pages it admits go down now
-            # (the put only reads the slot, beside the load).
-            self._put_l3([k for k in run if self._wants_l3(self.index.entry(k))])
+        # A hit from L2 counts for L3 admission as an L1 hit does (the put only reads the slot,
+        # beside the load).
+        self._admit_to_l3(run)
         return plan
 
     def complete_load(self, plan: LoadPlan, completion: object = None) -> None:
@@ -433,9 +434,7 @@ class CacheManager:
         self._check_open()
         keys = check_keys(keys)
         counts = self.index.record_hits(keys)
-        late_l3 = [k for k in keys if self.index.is_resident(k) and self._wants_l3(self.index.entry(k))
-                   and self.policies.l3_on_seal]
-        self._put_l3(late_l3)
+        self._admit_to_l3(keys)
         if self.policies.write is WritePolicy.WRITE_THROUGH_SELECTIVE:
             hot = [k for k, n in zip(keys, counts) if n >= self.policies.selective_hits]
             plan = self.prepare_store(hot)
@@ -458,6 +457,12 @@ class CacheManager:
     def _wants_l3(self, entry: Entry | None) -> bool:
         return (entry is not None and self.l3 is not None and not entry.on_l3 and not entry.l3_put_in_flight
                 and self.policies.admitted_to_l3(entry.hits))
+
+    def _admit_to_l3(self, keys: Sequence[str]) -> None:
+        """Put the resident pages among ``keys`` that a hit just admitted to L3 (policies that
+        put sealed pages down)."""
+        if self.policies.l3_on_seal:
+            self._put_l3([k for k in keys if self.index.is_resident(k) and self._wants_l3(self.index.entry(k))])
 
     def _put_l3(self, keys: list[str]) -> None:
         if not keys or self.l3 is None:

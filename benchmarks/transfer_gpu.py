@@ -584,6 +584,30 @@ def matmul_rows_for(per_matmul_ms: float, x: torch.Tensor, weight: torch.Tensor,
     return m
 
 
+def compute_timeline(starts: list[float], ends: list[float]) -> dict:
+    """The model stream's matmuls (start and end of each, ms from the start event): when the
+    last ended, their own time, when the first started, the idle time between them and how
+    many layers it waited on. A gap over 20 us counts as a wait: back-to-back matmuls on one
+    stream start within a few microseconds of the previous end."""
+    gaps = [max(0.0, s - e) for s, e in zip(starts[1:], ends[:-1])]
+    return {"compute_end": ends[-1], "busy": sum(e - s for s, e in zip(starts, ends)), "start_delay": starts[0],
+            "stall": sum(gaps), "late_layers": sum(g > 0.02 for g in gaps)}
+
+
+def beside_metrics(load_ms: float, compute: dict, both: dict) -> dict:
+    """The issue's beside-compute numbers from the load alone (``load_ms``), the compute alone
+    and both at once (``compute_timeline`` rows, ``both`` with its ``load_ms``): ``hidden_fraction``
+    = (load + compute - both) / load, ``compute_slowdown`` = the matmuls' own time beside the load
+    / alone, and where the added time went."""
+    compute_ms = compute["compute_end"]
+    both_ms = max(both["load_ms"], both["compute_end"])
+    return {"load_ms": load_ms, "compute_ms": compute_ms, "both_ms": both_ms, "compute_per_load": compute_ms / load_ms,
+            "hidden_fraction": (load_ms + compute_ms - both_ms) / load_ms,
+            "compute_slowdown": both["busy"] / compute["busy"],
+            "start_delay_ms": both["start_delay"] - compute["start_delay"], "stall_ms": both["stall"],
+            "busy_extra_ms": both["busy"] - compute["busy"], "late_layers": both["late_layers"]}
+
+
 def beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps: int = 3,
                    kinds: tuple[str, ...] = ("runs", "scattered"), **fields) -> None:
     """A 61-layer load consumed layer by layer by the model's stream: per layer ``wait_layer``,
@@ -638,13 +662,8 @@ def beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps: int = 3,
                "first_layer_ms": start.elapsed_time(handle.event(handle.layers[0])) if handle is not None else 0.0,
                "issue_ms": issue_ms if handle is not None else 0.0}
         if marks:
-            starts = [start.elapsed_time(e0) for e0, _ in marks]
-            ends = [start.elapsed_time(e1) for _, e1 in marks]
-            gaps = [max(0.0, s - e) for s, e in zip(starts[1:], ends[:-1])]
-            # A gap over 20 us counts as a layer the model waited on: back-to-back matmuls on one
-            # stream start within a few microseconds of the previous end.
-            out.update(compute_end=ends[-1], busy=sum(e - s for s, e in zip(starts, ends)), start_delay=starts[0],
-                       stall=sum(gaps), late_layers=sum(g > 0.02 for g in gaps))
+            out.update(compute_timeline([start.elapsed_time(e0) for e0, _ in marks],
+                                        [start.elapsed_time(e1) for _, e1 in marks]))
         return out
 
     def median_of(engine, slots_kind, options, m) -> dict:
@@ -662,16 +681,9 @@ def beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps: int = 3,
                         m = rows_for(factor * load_ms / num_layers)
                         compute = median_of(None, slots_kind, options, m)
                         both = median_of(engine, slots_kind, options, m)
-                        compute_ms = compute["compute_end"]
-                        both_ms = max(both["load_ms"], both["compute_end"])
                         row = {"name": f"beside {factor}x {name} {layout} {slots_kind}", "group": "beside_compute",
                                "path": name, "layout": layout, "slots": slots_kind, "factor": factor, "rows": m,
-                               "load_ms": load_ms, "compute_ms": compute_ms, "both_ms": both_ms,
-                               "compute_per_load": compute_ms / load_ms,
-                               "hidden_fraction": (load_ms + compute_ms - both_ms) / load_ms,
-                               "compute_slowdown": both["busy"] / compute["busy"],
-                               "start_delay_ms": both["start_delay"] - compute["start_delay"], "stall_ms": both["stall"],
-                               "busy_extra_ms": both["busy"] - compute["busy"], "late_layers": both["late_layers"],
+                               **beside_metrics(load_ms, compute, both),
                                "first_layer_ms": both["first_layer_ms"], "first_layer_alone_ms": alone["first_layer_ms"],
                                "issue_ms": both["issue_ms"], "issue_alone_ms": alone["issue_ms"], **fields}
                         b.results.append(row)

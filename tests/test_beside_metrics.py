@@ -1,0 +1,46 @@
+"""The beside-compute group's arithmetic (benchmarks/transfer_gpu.py), on hand-made timelines: the
+numbers issue 13 names (``hidden_fraction``, ``compute_slowdown``) and where the added time went.
+The group itself needs a GPU; this is the part that decides met or not met."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import transfer_gpu as tg  # noqa: E402
+
+
+def test_a_model_that_never_waits_hides_the_whole_load_but_its_start():
+    # Alone: 4 matmuls of 10 ms back to back from t=1. Beside a 30 ms load: layer 0 lands at 3 ms,
+    # then the matmuls run back to back (each 10 ms, unslowed).
+    compute = tg.compute_timeline([1, 11, 21, 31], [11, 21, 31, 41])
+    both = dict(tg.compute_timeline([3, 13, 23, 33], [13, 23, 33, 43]), load_ms=30.0)
+    row = tg.beside_metrics(30.0, compute, both)
+    assert row["both_ms"] == 43 and row["compute_ms"] == 41
+    assert row["hidden_fraction"] == pytest.approx((30 + 41 - 43) / 30)
+    assert row["compute_slowdown"] == pytest.approx(1.0)
+    assert row["start_delay_ms"] == 2 and row["stall_ms"] == 0 and row["late_layers"] == 0
+
+
+def test_waits_between_layers_and_slower_matmuls_show_in_their_own_fields():
+    compute = tg.compute_timeline([0, 10, 20], [10, 20, 30])
+    # Layer 1 lands late (a 5 ms gap), and each matmul takes 11 ms beside the load's kernels.
+    both = dict(tg.compute_timeline([0, 16, 27], [11, 27, 38]), load_ms=20.0)
+    row = tg.beside_metrics(20.0, compute, both)
+    assert row["stall_ms"] == 5 and row["late_layers"] == 1
+    assert row["busy_extra_ms"] == pytest.approx(3.0)
+    assert row["compute_slowdown"] == pytest.approx(33 / 30)
+    assert row["hidden_fraction"] == pytest.approx((20 + 30 - 38) / 20)
+
+
+def test_a_load_that_ends_after_the_compute_sets_both_ms():
+    compute = tg.compute_timeline([0], [5])
+    both = dict(tg.compute_timeline([0], [5]), load_ms=40.0)
+    row = tg.beside_metrics(40.0, compute, both)
+    assert row["both_ms"] == 40 and row["hidden_fraction"] == pytest.approx(5 / 40)
+    # Gaps of 20 us or less are back-to-back matmuls, not waits.
+    assert tg.compute_timeline([0, 1.01], [1, 2])["late_layers"] == 0

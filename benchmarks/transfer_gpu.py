@@ -687,7 +687,7 @@ def beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps: int = 3,
                                "first_layer_ms": both["first_layer_ms"], "first_layer_alone_ms": alone["first_layer_ms"],
                                "issue_ms": both["issue_ms"], "issue_alone_ms": alone["issue_ms"], **fields}
                         b.results.append(row)
-                        print(f"{row['name']:60s} load {load_ms:6.2f} compute {compute_ms:6.2f} both {both_ms:6.2f} ms "
+                        print(f"{row['name']:60s} load {load_ms:6.2f} compute {row['compute_ms']:6.2f} both {row['both_ms']:6.2f} ms "
                               f"hidden {row['hidden_fraction']:5.2f} slowdown {row['compute_slowdown']:5.3f} | "
                               f"start {row['start_delay_ms']:5.2f} stall {row['stall_ms']:5.2f} "
                               f"({row['late_layers']} late) busy+ {row['busy_extra_ms']:5.2f} "

@@ -35,7 +35,7 @@ from tiered_kv import HostPool, allocate_engine_like, nsa_spec
 from tiered_kv.kernels import copy_pages_reference, copy_pages_uva, plan_uva_copy
 from tiered_kv.kernels.uva_copy import DEFAULT_CTAS_ON_DEVICE
 from tiered_kv.transfer import backup_pairs, load_pairs
-from tiered_kv.transfer_engine import LoadSplit, TransferEngine, TransferOptions
+from tiered_kv.transfer_engine import BackupHandle, LoadSplit, TransferEngine, TransferOptions
 
 SLEEP_CYCLES = 80_000_000  # ~40 ms at 1.98 GHz: longer than any path's issue time (load + backup: ~20 ms)
 
@@ -50,10 +50,13 @@ def fill_random(tensor: torch.Tensor) -> None:
 
 
 def _end_events(item) -> list[torch.cuda.Event]:
-    """The end events of one item of ``issue``'s list: an event, or a load handle (every layer's
-    event: layers issued by several library threads land on several streams; fetching them waits
-    for the threads to record them, outside the caller's issue time)."""
-    return [item.event(layer) for layer in item.layers] if hasattr(item, "layers") else [item]
+    """The end events of one item of ``issue``'s list: an event, a load handle (every layer's
+    event: layers issued by several library threads land on several streams) or a backup handle
+    (its event, which library threads may record); fetching them waits for the threads to record
+    them, outside the caller's issue time."""
+    if hasattr(item, "layers"):
+        return [item.event(layer) for layer in item.layers]
+    return [item.event] if isinstance(item, BackupHandle) else [item]
 
 
 def measure(issue, reps: int, warmup: int = 2) -> dict:
@@ -363,7 +366,7 @@ def main() -> int:
     page_sets, slot_sets = id_sets(args, sets)
 
     def backup(engine, slots_kind, options=None):
-        return lambda i: [engine.backup(page_sets[i % sets], slot_sets[slots_kind][i % sets], options=options).event]
+        return lambda i: [engine.backup(page_sets[i % sets], slot_sets[slots_kind][i % sets], options=options)]
 
     def load(engine, slots_kind, layers=None, options=None):
         def issue(i):
@@ -524,7 +527,7 @@ def concurrent_section(b, args, engines, hosts, page_sets, slot_sets, sets, tran
             k = i % sets
             bh = be.backup(*beside[slots_kind][k])
             lh = le.load(slot_sets[slots_kind][k], page_sets[k], options=options)
-            return [bh.event, lh]
+            return [bh, lh]
         return issue
 
     spec = b.spec

@@ -20,6 +20,7 @@ from tiered_kv import ConfigError, HostPool, IndexValidationError, SpecMismatchE
 from tiered_kv.transfer import PageCopy, backup_pairs, load_pairs  # noqa: E402
 from tiered_kv.transfer_engine import (  # noqa: E402
     COPY_PATHS,
+    BackupHandle,
     MIXED_LOADS_BESIDE_BACKUP,
     PATHS,
     SINGLE_LAYER_WITHOUT_BATCH,
@@ -598,7 +599,7 @@ def test_mixed_loads_leave_the_link_to_copy_engines_while_a_backup_runs():
     assert engine._load_split(1) == LoadSplit(by="components", ce_path="batch")
     engine._has_batch = False  # a CUDA runtime before 12.8: the staged split of before
     assert engine._load_split(1) == SINGLE_LAYER_WITHOUT_BATCH[False] and 0 < engine._ce_fraction(1) < 1
-    engine._last_backup = _Running()
+    engine._last_backup = BackupHandle(_Running(), None, "mixed")  # a backup still copying
     # Beside a backup: copy engines only, page_first rows in blocks of layers.
     assert engine._load_split(3) == MIXED_LOADS_BESIDE_BACKUP[False]
     assert engine._load_split(3).ce_fraction == 1.0 and engine._load_split(3).layers_per_copy > 1

@@ -13,7 +13,7 @@ Rules this module keeps:
   copy-engine and UVA streams, and one stream per library issue thread; backups: kernel and
   copy-engine streams), never on the default stream, from the caller's thread or from a library
   issue thread (``TransferOptions.issue_threads``: loads whose issue costs more CPU than their
-  copies take). Each transfer first waits for the work already enqueued on the caller's current
+  copies take; ``backup_issue_threads``: a backup's copy-engine rows, on threads of their own). Each transfer first waits for the work already enqueued on the caller's current
   stream (the pages it reads or overwrites may still be in use there); an issue thread's stream
   waits on an event the caller's thread recorded there first. ``wait_layer`` of a layer that a
   library thread has not issued yet waits on the CPU until it has (never on the device).
@@ -71,6 +71,7 @@ from .transfer_policy import (
     SINGLE_LAYER_WITHOUT_BATCH,
     LoadSplit,
     TransferOptions,
+    backup_issue_threads,
     choose_backup_split,
     choose_path,
     choose_split,
@@ -129,6 +130,11 @@ class _Issued:
                                 or (layer is not None and layer in self._layers))
             if self.error is not None:
                 raise self.error
+
+    def busy(self) -> bool:
+        """Whether a job is still issuing (never raises: a failed job counts as finished)."""
+        with self._cond:
+            return self.error is None and self._pending > 0
 
     def settled(self, layers: Sequence[int] = ()) -> bool:
         """Whether every job finished, or every one of ``layers`` was issued (a job may still be
@@ -209,27 +215,48 @@ class LoadHandle:
 
 
 class BackupHandle:
-    """A backup in flight: one event after the last byte reached host memory (None on CPU)."""
+    """A backup in flight: one event after the last byte reached host memory (None on CPU).
 
-    def __init__(self, event: torch.cuda.Event | None, copy: PageCopy, path: str) -> None:
+    A backup whose copy-engine rows library threads issue (``TransferOptions.backup_issue_threads``)
+    gets its event from the last of them; until then ``done()`` is False, and ``event`` /
+    ``synchronize()`` wait on the CPU for the issue (never on the device for it) and re-raise a
+    thread's error.
+    """
+
+    def __init__(self, event: torch.cuda.Event | None, copy: PageCopy, path: str, issued: _Issued | None = None) -> None:
         self._event = event
         self.copy = copy
         self.path = path
+        self._issued = issued
 
     def done(self) -> bool:
         """Whether the backup completed (non-blocking); pass the handle as a pool completion."""
+        if self._issued is not None and not self._issued.settled():
+            return False
         return self._event is None or self._event.query()
 
     query = done
 
+    def in_flight(self) -> bool:
+        """Whether the backup is still issuing or copying (never raises: what a path choice asks)."""
+        if self._issued is not None and self._issued.busy():
+            return True
+        if self._issued is not None and self._issued.error is not None:
+            return False
+        return self._event is not None and not self._event.query()
+
     @property
     def event(self) -> torch.cuda.Event | None:
+        """The event recorded after the backup's last copy (waits for library threads' issue)."""
+        if self._issued is not None:
+            self._issued.wait()
         return self._event
 
     def synchronize(self) -> None:
         """Block the calling thread until the backup completed (tests, benchmarks)."""
-        if self._event is not None:
-            self._event.synchronize()
+        event = self.event
+        if event is not None:
+            event.synchronize()
 
 
 class _IssueThreads:
@@ -282,12 +309,16 @@ class _IssueThreads:
 @dataclass
 class _Backup:
     """One backup call: what a path's ``backup`` needs. ``done_on``: the stream whose work the
-    completion event follows (the path sets it; None on CPU)."""
+    completion event follows (the path sets it; None on CPU). ``threads``: library threads that
+    issue its copy-engine rows (``copy_rows``), 0 for the caller's thread."""
 
     engine: "TransferEngine"
     copy: PageCopy
     options: TransferOptions
     done_on: torch.cuda.Stream | None = None
+    threads: int = 0
+    issued: _Issued | None = None  # set when ``copy_rows`` handed rows to library threads
+    event: torch.cuda.Event | None = None  # recorded by the last library thread
 
     @property
     def pairs(self):
@@ -295,6 +326,65 @@ class _Backup:
 
     def stream(self, name: str) -> torch.cuda.Stream | None:
         return getattr(self.engine, name) if self.engine.on_gpu else None
+
+    def copy_rows(self, device_pages: torch.Tensor, host_slots: torch.Tensor, stream: torch.cuda.Stream | None) -> None:
+        """The copy-engine rows of ``device_pages`` -> ``host_slots`` (every pair): one memcpy
+        batch on ``stream`` from this thread, or with ``threads`` one per library thread, each
+        for a byte-balanced run of the pairs (``byte_shares``), planned and issued there. On CPU
+        the shares run here, one after the other (the same split)."""
+        from .kernels.batch_copy import plan_copy_list, run_copy_list
+
+        engine, flags = self.engine, self.options.batch_flags
+        if not len(host_slots):
+            return
+        shares = byte_shares(self.pairs, self.threads) if self.threads else [self.pairs]
+        if not engine.on_gpu or len(shares) == 1:
+            for share in shares:
+                run_copy_list(plan_copy_list(share, device_pages, host_slots), stream=stream, on_gpu=engine.on_gpu,
+                              flags=flags)
+            return
+        issuer = engine._issue_threads(len(shares), backups=True)
+        fork = torch.cuda.Event()
+        fork.record(stream)
+        before = [torch.cuda.Event()]
+        before[0].record(self.done_on)  # whatever the path put on its own stream first (a kernel half)
+        joins = [torch.cuda.Event() for _ in shares]
+        final = self.event = torch.cuda.Event(enable_timing=engine._timing)
+        self.issued = _Issued()
+        left, lock = [len(shares)], threading.Lock()
+
+        def run_share(k: int, share) -> None:
+            own = issuer.streams[k]
+            own.wait_event(fork)
+            run_copy_list(plan_copy_list(share, device_pages, host_slots), stream=own, on_gpu=True, flags=flags)
+            joins[k].record(own)
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                # Every other share recorded its join before it counted down.
+                for joined in joins + before:
+                    own.wait_event(joined)
+                final.record(own)
+
+        for k, share in enumerate(shares):
+            issuer.submit(k, lambda k=k, share=share: run_share(k, share), self.issued)
+
+
+def byte_shares(pairs: Sequence, parts: int) -> list[list]:
+    """``pairs`` (in order) cut into at most ``parts`` runs of about equal bytes per row, none
+    empty: each library thread's share of a backup (adjacent layers stay together)."""
+    widths = [src.shape[1] for src, _ in pairs]
+    total = sum(widths)
+    parts = max(1, min(parts, len(pairs)))
+    shares: list[list] = [[] for _ in range(parts)]
+    done = 0
+    for pair, width in zip(pairs, widths):
+        # The share whose byte range this pair's middle falls in.
+        k = min(parts - 1, (2 * done + width) * parts // (2 * total)) if total else 0
+        shares[k].append(pair)
+        done += width
+    return [share for share in shares if share]
 
 
 @dataclass
@@ -546,11 +636,8 @@ class BatchPath(CopyPath):
     takes_head = True
 
     def backup(self, job: _Backup) -> None:
-        from .kernels.batch_copy import plan_copy_list, run_copy_list
-
         job.done_on = job.stream("backup_stream")
-        copies = plan_copy_list(job.pairs, job.copy.device_pages, job.copy.host_slots)
-        run_copy_list(copies, stream=job.done_on, on_gpu=job.engine.on_gpu, flags=job.options.batch_flags)
+        job.copy_rows(job.copy.device_pages, job.copy.host_slots, job.done_on)
 
     def load(self, job: _Load) -> None:
         from .kernels.batch_copy import plan_copy_list, run_copy_list
@@ -604,19 +691,15 @@ class MixedPath(StagedPath):
             return
         fraction = split.ce_fraction
         ctas = job.options.num_ctas if job.options.num_ctas is not None else split.kernel_ctas
-        from .kernels.batch_copy import plan_copy_list, run_copy_list
-
         # Both halves in host-slot order, so the copy engines' share keeps whatever runs exist.
         (kernel_slots, kernel_pages), (ce_slots, ce_pages) = engine._split(job.copy, "mixed", fraction)
         kernel_stream, copy_stream = job.stream("backup_stream"), job.stream("backup_copy_stream")
         if len(kernel_slots):
             with torch.cuda.stream(kernel_stream) if kernel_stream is not None else _nothing():
                 engine._uva(engine._plan("backup", job.pairs), kernel_pages, kernel_slots, ctas)
-        if len(ce_slots):
-            copies = plan_copy_list(job.pairs, ce_pages, ce_slots)
-            run_copy_list(copies, stream=copy_stream, on_gpu=engine.on_gpu, flags=job.options.batch_flags)
         job.done_on = kernel_stream
-        if kernel_stream is not None:
+        job.copy_rows(ce_pages, ce_slots, copy_stream)
+        if kernel_stream is not None and job.issued is None:
             # The completion follows both halves: the kernel's stream waits for the batch.
             kernel_stream.wait_stream(copy_stream)
 
@@ -679,7 +762,7 @@ class TransferEngine:
         self._timing = timing
         #: Stream priority of loads: torch maps a number below the device's range to its highest.
         self._load_priority = LOAD_STREAM_PRIORITY if high_priority_loads else 0
-        self._last_backup: torch.cuda.Event | None = None
+        self._last_backup: BackupHandle | None = None
         self._word: int | None = None
         self._copiers: dict[str, object] = {}
         self._backup_pairs = backup_pairs(device_pool, host_pool)
@@ -688,6 +771,7 @@ class TransferEngine:
         self._dense_host_rows = all(h.stride(0) == h.shape[1] for pairs in self._load_pairs for h, _ in pairs)
         self._plans: dict[object, object] = {}
         self._issuer: _IssueThreads | None = None
+        self._backup_issuer: _IssueThreads | None = None
         # Loads issued by library threads and by the caller share plans and the staging ring.
         self._lock = threading.RLock()
         from .kernels.batch_copy import available as batch_available
@@ -728,7 +812,8 @@ class TransferEngine:
         """
         copy = validate(self.device_pool, self.host_pool, device_pages, host_slots, to_host=True, token_indices=token_indices)
         name = self._choose(path, copy, to_host=True)
-        job = _Backup(self, copy, options or self.options)
+        options = options or self.options
+        job = _Backup(self, copy, options, threads=backup_issue_threads(name, options))
         if not self.on_gpu:
             if len(copy):
                 COPY_PATHS[name].backup(job)
@@ -740,10 +825,14 @@ class TransferEngine:
             job.done_on = self.backup_stream
             if len(copy):
                 COPY_PATHS[name].backup(job)
-            event = torch.cuda.Event(enable_timing=self._timing)
-            event.record(job.done_on)
-            self._last_backup = event
-        return BackupHandle(event, copy, name)
+            if job.issued is not None:
+                handle = BackupHandle(job.event, copy, name, job.issued)
+            else:
+                event = torch.cuda.Event(enable_timing=self._timing)
+                event.record(job.done_on)
+                handle = BackupHandle(event, copy, name)
+            self._last_backup = handle
+        return handle
 
     def load(self, host_slots: IdsLike, device_pages: IdsLike, *, layers: Sequence[int] | None = None,
              path: str | None = None, token_indices: bool = False, options: TransferOptions | None = None) -> LoadHandle:
@@ -814,9 +903,11 @@ class TransferEngine:
 
     def close(self) -> None:
         """Stop the library issue threads (if any were started); the engine stays usable."""
-        if self._issuer is not None:
-            self._issuer.close()
-            self._issuer = None
+        for name in ("_issuer", "_backup_issuer"):
+            issuer = getattr(self, name)
+            if issuer is not None:
+                issuer.close()
+                setattr(self, name, None)
 
     def _load_on_threads(self, job: _Load, name: str, threads: int, ready: torch.cuda.Event) -> None:
         """Hand ``job`` to ``threads`` library threads, their streams ordered after ``ready`` (an
@@ -844,19 +935,26 @@ class TransferEngine:
                 COPY_PATHS["batch"].load(share)
             issuer.submit(k, run_share, job.issued)
 
-    def _issue_threads(self, count: int) -> _IssueThreads:
+    def _issue_threads(self, count: int, backups: bool = False) -> _IssueThreads:
+        """The library threads of loads (or of ``backups``: their own, so a load never queues
+        behind a backup's issue), at least ``count`` of them."""
         if count > MAX_ISSUE_THREADS:
             raise ConfigError(f"at most {MAX_ISSUE_THREADS} issue threads, asked for {count}")
-        if self._issuer is None or len(self._issuer) < count:
-            self.close()
-            self._issuer = _IssueThreads(self.device, count, self._load_priority)
-        return self._issuer
+        name = "_backup_issuer" if backups else "_issuer"
+        issuer = getattr(self, name)
+        if issuer is None or len(issuer) < count:
+            if issuer is not None:
+                issuer.close()
+            # Backups keep the default stream priority; loads get the engine's.
+            issuer = _IssueThreads(self.device, count, 0 if backups else self._load_priority)
+            setattr(self, name, issuer)
+        return issuer
 
     def _load_split(self, num_layers: int, options: TransferOptions | None = None,
                     copy: PageCopy | None = None) -> LoadSplit:
         """How a ``mixed`` load of ``num_layers`` layers is split now (``choose_split``); ``copy``
         only for loads whose path ``auto`` chose (their slots may count as scattered)."""
-        backup_running = self._last_backup is not None and not self._last_backup.query()
+        backup_running = self._last_backup is not None and self._last_backup.in_flight()
         scattered = copy is not None and copy.scattered
         return choose_split(dense_host_rows=self._dense_host_rows, num_layers=num_layers, backup_in_flight=backup_running,
                             scattered=scattered, has_batch=self._has_batch, options=options or self.options)
@@ -1016,5 +1114,5 @@ def _blocks(num_layers: int, split: LoadSplit, *, kernel: bool = False, offset: 
     return blocks
 
 
-__all__ = ["COPY_PATHS", "MIXED_LOADS", "MIXED_LOADS_BESIDE_BACKUP", "PATHS", "SINGLE_LAYER_WITHOUT_BATCH", "BackupHandle",
+__all__ = ["COPY_PATHS", "byte_shares", "MIXED_LOADS", "MIXED_LOADS_BESIDE_BACKUP", "PATHS", "SINGLE_LAYER_WITHOUT_BATCH", "BackupHandle",
            "CopyPath", "LoadHandle", "LoadSplit", "TransferEngine", "TransferOptions", "choose_path"]

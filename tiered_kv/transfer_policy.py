@@ -222,6 +222,12 @@ class TransferOptions:
     num_ctas: CTA budget of the UVA kernel launches (None: measured per direction).
     issue_threads: library threads that issue a GPU load (0: the caller's thread; None:
         ``ISSUE_THREADS`` for ``batch`` loads of several layers, else the caller's).
+    backup_issue_threads: library threads that issue the copy-engine rows of a GPU backup
+        (``batch``, and the copy-engine share of ``mixed``; 0: the caller's thread; None:
+        ``backup_issue_threads``'s policy). A backup's pairs are dealt to them in byte-balanced
+        runs of adjacent layers, each thread plans and issues its own memcpy batch on its own
+        stream, and the last one to finish joins them into the handle's event. Backups have
+        their own threads, so a load never queues behind a backup's issue.
     pitched_batch: the staging ring's copy-engine copies of scattered host slots go out as
         pitched ops in one ``cudaMemcpy3DBatchAsync`` per unit, a slot's rows of a unit's
         ``layer_first`` layers folded into one op (``kernels.staged_copy``; CUDA 12.8+, else
@@ -238,6 +244,7 @@ class TransferOptions:
     num_ctas: int | None = None
     issue_threads: int | None = None
     pitched_batch: bool = False
+    backup_issue_threads: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("ce_fraction", "backup_ce_fraction"):
@@ -246,8 +253,11 @@ class TransferOptions:
                 raise ConfigError(f"TransferOptions.{name} must be in [0, 1]: {self}")
         if self.num_ctas is not None and self.num_ctas < 1:
             raise ConfigError(f"TransferOptions.num_ctas must be positive: {self}")
-        if self.issue_threads is not None and not 0 <= self.issue_threads <= MAX_ISSUE_THREADS:
-            raise ConfigError(f"TransferOptions.issue_threads must be in 0..{MAX_ISSUE_THREADS}: {self}")
+        for name in ("issue_threads", "backup_issue_threads"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or not 0 <= value <= MAX_ISSUE_THREADS):
+                raise ConfigError(f"TransferOptions.{name} must be an int in 0..{MAX_ISSUE_THREADS}: {self}")
         if not isinstance(self.pitched_batch, bool):
             raise ConfigError(f"TransferOptions.pitched_batch must be True or False: {self}")
 
@@ -362,7 +372,20 @@ def issue_threads(path: str, num_layers: int, options: TransferOptions) -> int:
     return ISSUE_THREADS_BY_PATH.get(path, 0) if num_layers > 1 else 0
 
 
-__all__ = ["AUTO_PATHS", "DIRECT_MIN_MEAN_RUN", "ISSUE_THREADS", "ISSUE_THREADS_BY_PATH", "KERNEL_LOADS", "LOAD_STREAM_PRIORITY", "MAX_COPY_STREAMS", "MAX_ISSUE_THREADS", "MIXED_LOADS",
+#: Library threads that issue a GPU backup's copy-engine rows by path, when the options say nothing
+#: (every other path: the caller's thread).
+BACKUP_ISSUE_THREADS_BY_PATH: dict[str, int] = {}
+
+
+def backup_issue_threads(path: str, options: TransferOptions) -> int:
+    """Library threads that issue a GPU backup's copy-engine rows (0: the caller's thread), see
+    ``BACKUP_ISSUE_THREADS_BY_PATH``."""
+    if options.backup_issue_threads is not None:
+        return options.backup_issue_threads
+    return BACKUP_ISSUE_THREADS_BY_PATH.get(path, 0)
+
+
+__all__ = ["BACKUP_ISSUE_THREADS_BY_PATH", "backup_issue_threads", "AUTO_PATHS", "DIRECT_MIN_MEAN_RUN", "ISSUE_THREADS", "ISSUE_THREADS_BY_PATH", "KERNEL_LOADS", "LOAD_STREAM_PRIORITY", "MAX_COPY_STREAMS", "MAX_ISSUE_THREADS", "MIXED_LOADS",
            "MIXED_BACKUPS", "MIXED_LOADS_BESIDE_BACKUP", "PATHS", "SCATTERED_LOADS", "SCATTERED_LOADS_BESIDE_BACKUP",
            "SCATTERED_LOADS_WITHOUT_BATCH", "SINGLE_LAYER_WITHOUT_BATCH", "STAGED_MIN_MEAN_RUN",
            "BackupSplit", "LoadSplit", "TransferOptions", "choose_backup_split", "choose_path", "choose_split", "is_scattered", "issue_threads", "mean_host_run"]

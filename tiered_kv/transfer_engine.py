@@ -62,6 +62,7 @@ from .transfer import IdsLike, PageCopy, backup_pairs, load_pairs, validate
 from .transfer_policy import (
     KERNEL_LOADS,
     BackupSplit,
+    CALLER_HEAD_BLOCKS,
     LOAD_STREAM_PRIORITY,
     MAX_COPY_STREAMS,
     MAX_ISSUE_THREADS,
@@ -604,9 +605,21 @@ class KernelPath(CopyPath):
                             job.options.num_ctas)
 
     def load(self, job: _Load) -> None:
+        self.start_load(job, None)()
+
+    def start_load(self, job: _Load, blocks: int | None) -> Callable[[], None]:
+        """Upload the load's tables and ids and launch its first ``blocks`` blocks of layers (None:
+        all) now; returns the launches of the rest, for a library thread to make."""
         job.kernel_half((job.copy.host_slots, job.copy.device_pages), None, job.load_stream)
-        for index in range(len(job.layers)):
+        last_of = job.uva.last_of if job.uva is not None else [len(job.layers) - 1]
+        now = len(job.layers) if blocks is None or blocks >= len(last_of) else last_of[blocks - 1] + 1
+        for index in range(now):
             job.finish_layer(index)
+
+        def rest() -> None:
+            for index in range(now, len(job.layers)):
+                job.finish_layer(index)
+        return rest
 
 
 class DirectPath(CopyPath):
@@ -878,18 +891,26 @@ class TransferEngine:
         with torch.cuda.device(self.device):
             caller = torch.cuda.current_stream(self.device)
             ready_on = caller
+            rest_of_head = None
             if head_job is not None:
                 # On its own stream the head waits neither for a library thread still issuing an
                 # earlier load on the load streams nor for the engine's lock, and none of the load
                 # streams is made to wait from this thread while a thread uses them.
                 self.load_head_stream.wait_stream(caller)
-                COPY_PATHS["kernel"].load(head_job)
+                head_path = COPY_PATHS["kernel"]
+                if threads and name != "batch":
+                    # The caller launches the head's first block and returns; a library thread
+                    # launches the rest of the head while another plans the body.
+                    rest_of_head = head_path.start_load(head_job, CALLER_HEAD_BLOCKS)
+                else:
+                    head_path.load(head_job)
                 # The rest starts copying once the head has landed: layers reach PCIe in order.
                 ready_on = self.load_head_stream
             if threads:
                 ready = torch.cuda.Event()
-                ready.record(ready_on)
-                self._load_on_threads(job, name, threads, ready)
+                if rest_of_head is None:
+                    ready.record(ready_on)
+                self._load_on_threads(job, name, threads, ready, rest_of_head)
                 return LoadHandle(self.device, layers, events, copy, name, issued)
             for stream in (self.load_stream, self.load_copy_stream, self.load_uva_stream):
                 stream.wait_stream(ready_on)
@@ -909,23 +930,43 @@ class TransferEngine:
                 issuer.close()
                 setattr(self, name, None)
 
-    def _load_on_threads(self, job: _Load, name: str, threads: int, ready: torch.cuda.Event) -> None:
+    def _load_on_threads(self, job: _Load, name: str, threads: int, ready: torch.cuda.Event,
+                         rest_of_head: Callable[[], None] | None = None) -> None:
         """Hand ``job`` to ``threads`` library threads, their streams ordered after ``ready`` (an
-        event on the caller's stream, or on the head's stream after a head the caller issued).
+        event on the caller's stream, or on the head's stream after a head).
 
         ``batch`` loads deal their layers round-robin over the threads (each thread's stream is
         that layer's ``load_stream``); any other path runs whole on the first thread, on the
-        engine's streams.
+        engine's streams. ``rest_of_head`` (the head's launches after the caller's first block)
+        runs on the thread after those, which records ``ready`` on the head's stream once it
+        launched them: the body's thread waits for that on the CPU before its streams wait on
+        ``ready`` (a wait on an event not yet recorded would wait on nothing), so the body's
+        copies still reach PCIe after the head's.
         """
-        issuer = self._issue_threads(threads)
         if name != "batch":
+            issuer = self._issue_threads(threads + (rest_of_head is not None))
+            head_issued = None
+            if rest_of_head is not None:
+                head_issued = threading.Event()
+
+                def run_head() -> None:
+                    try:
+                        rest_of_head()
+                        ready.record(self.load_head_stream)
+                    finally:
+                        head_issued.set()
+                issuer.submit(threads, run_head, job.issued)
+
             def run_whole() -> None:
+                if head_issued is not None:
+                    head_issued.wait()
                 with self._lock:
                     for stream in (self.load_stream, self.load_copy_stream, self.load_uva_stream):
                         stream.wait_event(ready)
                     COPY_PATHS[name].load(job)
             issuer.submit(0, run_whole, job.issued)
             return
+        issuer = self._issue_threads(threads)
         for k in range(threads):
             indices = list(range(k, len(job.layers), threads))
 

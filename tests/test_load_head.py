@@ -1,0 +1,60 @@
+"""A load's head split between the caller and a library thread (``KernelPath.start_load``).
+
+When the body of a load goes to a library thread, the caller launches only the head's first
+``CALLER_HEAD_BLOCKS`` blocks and returns; the launches of the rest of the head are handed to a
+second library thread. On CPU the kernel copies at once, so the split is visible in the bytes:
+after ``start_load`` only the first blocks' layers have landed, after the returned ``rest`` the
+whole head, and never a layer outside it.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tiered_kv import nsa_spec  # noqa: E402
+from tiered_kv.transfer import validate  # noqa: E402
+from tiered_kv.transfer_engine import COPY_PATHS, TransferEngine, TransferOptions, _blocks, _head_split, _Load  # noqa: E402
+from tiered_kv.transfer_policy import CALLER_HEAD_BLOCKS, HEAD, LoadSplit  # noqa: E402
+
+from .kernels.pools import make_device_pool, make_host_pool, random_fill, random_ids  # noqa: E402
+
+
+def _landed(device, host, slots, pages, layer: int) -> bool:
+    return all(torch.equal(device.pool.chunk_view(ci, layer)[pages], host.chunk_view(ci, layer)[slots])
+               for ci in range(len(host.spec.components)))
+
+
+@pytest.mark.parametrize("blocks", [None, 1, 2, 3, 50])
+@pytest.mark.parametrize("split", [LoadSplit(**HEAD), LoadSplit(head_layers=4, ramp=True)])
+def test_start_load_launches_the_first_blocks_and_rest_the_others(blocks, split):
+    spec = nsa_spec(num_layers=9, page_size=4)
+    device, host = make_device_pool(spec, 20, "cpu"), make_host_pool(spec, 16, "page_first")
+    engine = TransferEngine(device.pool, host)
+    slots, pages = random_ids(7, 0, 16), random_ids(7, 1, 20)
+    copy = validate(device.pool, host, pages, slots, to_host=False)
+    head = split.head_layers
+    head_split = _head_split(split)
+    random_fill(device.roots)
+    job = _Load(engine, list(range(head)), copy, head_split, TransferOptions())
+    rest = COPY_PATHS["kernel"].start_load(job, blocks)
+    block_list = _blocks(head, head_split, kernel=True)
+    now = head if blocks is None else sum(len(b) for b in block_list[:blocks])
+    assert [_landed(device, host, slots, pages, layer) for layer in range(spec.num_layers)] == \
+        [layer < now for layer in range(spec.num_layers)]
+    rest()
+    assert [_landed(device, host, slots, pages, layer) for layer in range(spec.num_layers)] == \
+        [layer < head for layer in range(spec.num_layers)]
+    rest()  # launching the rest again copies the same bytes again: nothing else changes
+    assert not _landed(device, host, slots, pages, head)
+
+
+def test_the_caller_launches_one_layer_of_auto_s_head():
+    """With ``HEAD`` (blocks 1, 1, 1, 1, 1, 2, 1) the caller's share is layer 0 alone: the layer
+    a model waits on first, launched before the call returns."""
+    blocks = _blocks(HEAD["head_layers"], _head_split(LoadSplit(**HEAD)), kernel=True)
+    assert sum(len(b) for b in blocks[:CALLER_HEAD_BLOCKS]) == 1 and len(blocks) > CALLER_HEAD_BLOCKS

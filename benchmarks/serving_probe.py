@@ -474,9 +474,21 @@ SEVENTEENTH_BOTH = [("auto + auto", "auto", None, "auto", None),
                      TransferOptions(backup_ce_fraction=0.5, backup_issue_threads=4))]
 
 
+#: Eighteenth probe: the head handed over (``CALLER_HEAD_BLOCKS``, new). A model waiting on layer
+#: 0 starts only once ``load`` returned, and with the whole head on the caller's thread that was
+#: after layer 0 had landed (``page_first`` runs: return at 2.15 ms, layer 0 at 2.02). Now the
+#: caller launches the head's first block and a library thread the rest; the whole head on the
+#: caller (as before) and two blocks on it run beside it in the same run.
+EIGHTEENTH = [
+    ("auto", "auto", None, {}, None),
+    ("auto, whole head on the caller", "auto", TransferOptions(caller_head_blocks=64), {}, None),
+    ("auto, 2 head blocks on the caller", "auto", TransferOptions(caller_head_blocks=2), {}, None),
+]
+
+
 CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH, "eleventh": ELEVENTH, "twelfth": TWELFTH,
                   "thirteenth": THIRTEENTH, "fourteenth": FOURTEENTH,
-                  "fifteenth": FIFTEENTH, "sixteenth": SIXTEENTH}
+                  "fifteenth": FIFTEENTH, "sixteenth": SIXTEENTH, "eighteenth": EIGHTEENTH}
 SETS = {"fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
         "fourth": ([], [], [], FOURTH_BESIDE),
         "second": (SECOND_LOADS, SECOND_BACKUPS, SECOND_BOTH, SECOND_BESIDE),

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
+
+if not torch.cuda.is_available():  # kernels through Triton's interpreter on CPU-only machines
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 from tiered_kv import nsa_spec  # noqa: E402
 from tiered_kv.transfer import validate  # noqa: E402
@@ -46,6 +48,9 @@ def test_start_load_launches_the_first_blocks_and_rest_the_others(blocks, split)
     now = head if blocks is None else sum(len(b) for b in block_list[:blocks])
     assert [_landed(device, host, slots, pages, layer) for layer in range(spec.num_layers)] == \
         [layer < now for layer in range(spec.num_layers)]
+    assert (rest is None) == (now == head)  # nothing left for a thread: nothing handed over
+    if rest is None:
+        return
     rest()
     assert [_landed(device, host, slots, pages, layer) for layer in range(spec.num_layers)] == \
         [layer < head for layer in range(spec.num_layers)]
@@ -58,3 +63,11 @@ def test_the_caller_launches_one_layer_of_auto_s_head():
     a model waits on first, launched before the call returns."""
     blocks = _blocks(HEAD["head_layers"], _head_split(LoadSplit(**HEAD)), kernel=True)
     assert sum(len(b) for b in blocks[:CALLER_HEAD_BLOCKS]) == 1 and len(blocks) > CALLER_HEAD_BLOCKS
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5])
+def test_caller_head_blocks_is_a_positive_int(bad):
+    from tiered_kv import ConfigError
+
+    with pytest.raises(ConfigError, match="caller_head_blocks"):
+        TransferOptions(caller_head_blocks=bad)

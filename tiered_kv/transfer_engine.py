@@ -605,16 +605,18 @@ class KernelPath(CopyPath):
                             job.options.num_ctas)
 
     def load(self, job: _Load) -> None:
-        self.start_load(job, None)()
+        self.start_load(job, None)
 
-    def start_load(self, job: _Load, blocks: int | None) -> Callable[[], None]:
+    def start_load(self, job: _Load, blocks: int | None) -> Callable[[], None] | None:
         """Upload the load's tables and ids and launch its first ``blocks`` blocks of layers (None:
-        all) now; returns the launches of the rest, for a library thread to make."""
+        all) now; returns the launches of the rest, for a library thread to make (None: none left)."""
         job.kernel_half((job.copy.host_slots, job.copy.device_pages), None, job.load_stream)
         last_of = job.uva.last_of if job.uva is not None else [len(job.layers) - 1]
         now = len(job.layers) if blocks is None or blocks >= len(last_of) else last_of[blocks - 1] + 1
         for index in range(now):
             job.finish_layer(index)
+        if now == len(job.layers):
+            return None
 
         def rest() -> None:
             for index in range(now, len(job.layers)):
@@ -901,7 +903,8 @@ class TransferEngine:
                 if threads and name != "batch":
                     # The caller launches the head's first block and returns; a library thread
                     # launches the rest of the head while another plans the body.
-                    rest_of_head = head_path.start_load(head_job, CALLER_HEAD_BLOCKS)
+                    blocks = options.caller_head_blocks or CALLER_HEAD_BLOCKS
+                    rest_of_head = head_path.start_load(head_job, blocks)
                 else:
                     head_path.load(head_job)
                 # The rest starts copying once the head has landed: layers reach PCIe in order.

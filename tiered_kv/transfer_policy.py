@@ -235,6 +235,9 @@ class TransferOptions:
         runs of adjacent layers, each thread plans and issues its own memcpy batch on its own
         stream, and the last one to finish joins them into the handle's event. Backups have
         their own threads, so a load never queues behind a backup's issue.
+    caller_head_blocks: blocks of a load's head that the caller's thread launches when the rest
+        of the load goes to library threads (None: ``CALLER_HEAD_BLOCKS``; as many as the head
+        has: the whole head, as before the hand-off).
     pitched_batch: the staging ring's copy-engine copies of scattered host slots go out as
         pitched ops in one ``cudaMemcpy3DBatchAsync`` per unit, a slot's rows of a unit's
         ``layer_first`` layers folded into one op (``kernels.staged_copy``; CUDA 12.8+, else
@@ -252,6 +255,7 @@ class TransferOptions:
     issue_threads: int | None = None
     pitched_batch: bool = False
     backup_issue_threads: int | None = None
+    caller_head_blocks: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("ce_fraction", "backup_ce_fraction"):
@@ -265,6 +269,9 @@ class TransferOptions:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or not 0 <= value <= MAX_ISSUE_THREADS):
                 raise ConfigError(f"TransferOptions.{name} must be an int in 0..{MAX_ISSUE_THREADS}: {self}")
+        blocks = self.caller_head_blocks
+        if blocks is not None and (isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1):
+            raise ConfigError(f"TransferOptions.caller_head_blocks must be a positive int: {self}")
         if not isinstance(self.pitched_batch, bool):
             raise ConfigError(f"TransferOptions.pitched_batch must be True or False: {self}")
 

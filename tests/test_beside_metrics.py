@@ -44,3 +44,36 @@ def test_a_load_that_ends_after_the_compute_sets_both_ms():
     assert row["both_ms"] == 40 and row["hidden_fraction"] == pytest.approx(5 / 40)
     # Gaps of 20 us or less are back-to-back matmuls, not waits.
     assert tg.compute_timeline([0, 1.01], [1, 2])["late_layers"] == 0
+
+
+def test_rescaled_rows_scale_by_the_ratio_in_multiples_of_128_within_the_cap():
+    assert tg.rescaled_rows(12800, 40.0, 50.0, 32768) == 10240
+    assert tg.rescaled_rows(12800, 50.0, 40.0, 32768) == 16000
+    assert tg.rescaled_rows(30000, 60.0, 30.0, 32768) == 32768  # capped
+    assert tg.rescaled_rows(256, 1.0, 100.0, 32768) == 128  # at least one tile
+    assert tg.rescaled_rows(1000, 1.0, 1.0, 32768) % 128 == 0
+
+
+def test_calibration_corrects_a_guess_that_overshoots_until_within_tolerance():
+    # A compute whose time per row is 1.2x what the single-matmul guess assumed, plus a fixed 1 ms.
+    tries = []
+
+    def measure(m):
+        tries.append(m)
+        return {"compute_end": 1.0 + m * 40.0 / 10000 * 1.2}
+
+    m, compute = tg.calibrated_rows(10000, 40.0, measure, 32768)
+    assert abs(compute["compute_end"] / 40.0 - 1) <= tg.CALIBRATION_TOLERANCE
+    assert m < 10000 and len(tries) > 1 and tries[0] == 10000
+    # Already within tolerance: one measurement, rows unchanged.
+    tries.clear()
+    m, compute = tg.calibrated_rows(8192, 1.0 + 8192 * 40.0 / 10000 * 1.2, measure, 32768)
+    assert m == 8192 and tries == [8192]
+
+
+def test_calibration_at_the_cap_returns_the_closest_try():
+    def measure(m):
+        return {"compute_end": m / 1000.0}  # 32.768 ms at the cap, 40 asked
+
+    m, compute = tg.calibrated_rows(20000, 40.0, measure, 32768)
+    assert m == 32768 and compute["compute_end"] == 32.768

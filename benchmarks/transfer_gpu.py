@@ -334,6 +334,8 @@ def main() -> int:
     parser.add_argument("--no-sweeps", action="store_true",
                         help="skip the CTA, tile, ce_fraction and staging sweeps (ceilings, paths and load + backup only)")
     parser.add_argument("--beside-reps", type=int, default=3, help="repetitions of each beside-compute measurement")
+    parser.add_argument("--beside-paths", default="",
+                        help="comma-separated names of the beside-compute loads to run (default: all of BESIDE)")
     parser.add_argument("--compare", choices=("splits", "blocks", "batch", "single", "both", "ctas"),
                         help="only these candidate load splits (or the batch path) against `auto` (see _candidates)")
     args = parser.parse_args()
@@ -428,6 +430,13 @@ def main() -> int:
         """Load + backup at once, beside compute, then the summary (the last sections of every run)."""
         concurrent_section(b, args, engines, hosts, page_sets, slot_sets, sets, transfer_bytes, page_bytes, h2d, d2h, ceiling)
         save(b, args, ceiling, layer_h2d, naive)
+        global BESIDE
+        wanted = set(filter(None, args.beside_paths.split(",")))
+        unknown = wanted - {name for name, _, _ in BESIDE}
+        if unknown:
+            raise SystemExit(f"--beside-paths: no such beside-compute load: {', '.join(sorted(unknown))}")
+        if wanted:
+            BESIDE = [entry for entry in BESIDE if entry[0] in wanted]
         beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps=args.beside_reps)
         save(b, args, ceiling, layer_h2d, naive, done=True)
         summarize(b.results, ceiling, layer_h2d["gbps"], naive)

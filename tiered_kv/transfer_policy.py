@@ -123,10 +123,14 @@ class LoadSplit:
 HEAD = {"head_layers": 8, "ramp": True, "ramp_step": 5}
 #: Blocks of a head (its first layer with ``HEAD``) that the caller's thread launches when the rest
 #: of the load goes to a library thread; a second library thread launches the rest of the head
-#: while the first plans the body. The call then returns about 1 ms sooner (the head's other six
-#: launches, 0.1-0.2 ms each when one load runs alone), and a model waiting on layer 0 can only
-#: start once ``load`` has returned: beside the matmuls at 1.25x the first matmul started at the
-#: call's return (2.15 ms, layer 0 landed at 2.02; H200, tenth session, ``page_first`` runs).
+#: while the first plans the body. A model waiting on layer 0 can only start once ``load`` has
+#: returned, and with the whole head on the caller that was after layer 0 had landed (tenth
+#: session, ``page_first`` runs: return at 2.15 ms, layer 0 at 2.02). Measured on the H200
+#: (eleventh session, ``serving_probe.py --set eighteenth``, two runs, docs/benchmarks.md "Serving
+#: conditions, seventh round"): the call returns 0.2-0.9 ms sooner (1.30-1.41 ms for a 61-layer
+#: load against 1.63-2.31 idle), the idle loads are the same, and the share hidden beside the
+#: matmuls at 1.25x is the same within the spread (0.826 on average over 8 cells against 0.825
+#: with the whole head on the caller, 0.823 with 2 blocks).
 CALLER_HEAD_BLOCKS = 1
 MIXED_LOADS = {
     (True, True): LoadSplit(1.0, **HEAD),
@@ -387,7 +391,12 @@ def issue_threads(path: str, num_layers: int, options: TransferOptions) -> int:
 
 
 #: Library threads that issue a GPU backup's copy-engine rows by path, when the options say nothing
-#: (every other path: the caller's thread).
+#: (every other path: the caller's thread). Empty: measured on the H200 (eleventh session,
+#: ``serving_probe.py --set seventeenth``), a batch backup of 512 scattered slots issues in
+#: 0.6-0.7 ms of the caller instead of 79-81 ms from 2-8 threads, but the copy engines write
+#: scattered rows at 38 (``page_first``) / 46 (``layer_first``) GB/s however many threads issue,
+#: against 52.7-52.9 for ``auto``'s kernel-mostly split; and beside a load on the copy engines both
+#: directions fell to 28-42 GB/s in total at about 3 us of CPU per row.
 BACKUP_ISSUE_THREADS_BY_PATH: dict[str, int] = {}
 
 

@@ -71,3 +71,78 @@ def test_caller_head_blocks_is_a_positive_int(bad):
 
     with pytest.raises(ConfigError, match="caller_head_blocks"):
         TransferOptions(caller_head_blocks=bad)
+
+
+class _FakeEvent:
+    """A CUDA event stand-in: the streams it was recorded on, in order."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.records: list = []
+
+    def record(self, stream=None) -> None:
+        self.records.append(stream)
+
+    def query(self) -> bool:
+        return True
+
+
+class _FakeStream:
+    """A CUDA stream stand-in: each wait remembers how many records of the event it binds to
+    (0: a wait on an event never recorded, which waits on nothing)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.waited: list = []
+
+    def wait_event(self, event) -> None:
+        self.waited.append((event, len(event.records)))
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+
+class _Nothing:
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _threads_without_cuda(monkeypatch):
+    """A CPU engine whose library threads run with stand-in streams and events (the thread and
+    event logic of ``_load_on_threads``, no device), and a body path that records its jobs."""
+    import types
+
+    for name, fake in (("Stream", _FakeStream), ("Event", _FakeEvent), ("device", _Nothing), ("stream", _Nothing)):
+        monkeypatch.setattr(torch.cuda, name, fake)
+    spec = nsa_spec(num_layers=9, page_size=4)
+    engine = TransferEngine(make_device_pool(spec, 20, "cpu").pool, make_host_pool(spec, 16, "page_first"))
+    streams = [_FakeStream() for _ in range(4)]
+    engine.load_stream, engine.load_copy_stream, engine.load_uva_stream, engine.load_head_stream = streams
+    bodies: list = []
+    monkeypatch.setitem(COPY_PATHS, "mixed", types.SimpleNamespace(load=bodies.append))
+    return engine, streams[:3], bodies
+
+
+def test_a_handed_over_head_fits_beside_the_most_issue_threads(monkeypatch):
+    """``issue_threads=MAX_ISSUE_THREADS`` is a valid option: a non-batch body runs on one thread,
+    so the head's rest needs no thread beyond the limit."""
+    import types
+
+    from tiered_kv.transfer_engine import _Issued
+    from tiered_kv.transfer_policy import MAX_ISSUE_THREADS
+
+    engine, load_streams, bodies = _threads_without_cuda(monkeypatch)
+    job, ready, head = types.SimpleNamespace(issued=_Issued()), _FakeEvent(), []
+    try:
+        engine._load_on_threads(job, "mixed", MAX_ISSUE_THREADS, ready, lambda: head.append(True))
+        job.issued.wait()
+    finally:
+        engine.close()
+    assert head == [True] and bodies == [job]
+    assert ready.records == [engine.load_head_stream]
+    assert all(s.waited == [(ready, 1)] for s in load_streams)  # after the head's record
+

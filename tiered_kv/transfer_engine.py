@@ -941,13 +941,14 @@ class TransferEngine:
         ``batch`` loads deal their layers round-robin over the threads (each thread's stream is
         that layer's ``load_stream``); any other path runs whole on the first thread, on the
         engine's streams. ``rest_of_head`` (the head's launches after the caller's first block)
-        runs on the thread after those, which records ``ready`` on the head's stream once it
+        runs on the second thread, which records ``ready`` on the head's stream once it
         launched them: the body's thread waits for that on the CPU before its streams wait on
         ``ready`` (a wait on an event not yet recorded would wait on nothing), so the body's
         copies still reach PCIe after the head's.
         """
         if name != "batch":
-            issuer = self._issue_threads(threads + (rest_of_head is not None))
+            # The body runs on thread 0 alone: the head's rest on thread 1 stays within the limit.
+            issuer = self._issue_threads(max(threads, 2) if rest_of_head is not None else threads)
             head_issued = None
             if rest_of_head is not None:
                 head_issued = threading.Event()
@@ -958,7 +959,7 @@ class TransferEngine:
                         ready.record(self.load_head_stream)
                     finally:
                         head_issued.set()
-                issuer.submit(threads, run_head, job.issued)
+                issuer.submit(1, run_head, job.issued)
 
             def run_whole() -> None:
                 if head_issued is not None:

@@ -146,3 +146,24 @@ def test_a_handed_over_head_fits_beside_the_most_issue_threads(monkeypatch):
     assert ready.records == [engine.load_head_stream]
     assert all(s.waited == [(ready, 1)] for s in load_streams)  # after the head's record
 
+
+def test_a_failed_head_hand_over_issues_no_body_unordered(monkeypatch):
+    """When the rest of the head fails, ``ready`` is never recorded: the body must not run with
+    its streams waiting on nothing (unordered after the caller's stream and the head)."""
+    import types
+
+    from tiered_kv.transfer_engine import _Issued
+
+    engine, load_streams, bodies = _threads_without_cuda(monkeypatch)
+    job, ready = types.SimpleNamespace(issued=_Issued()), _FakeEvent()
+
+    def broken_head() -> None:
+        raise RuntimeError("uva launch failed")
+    try:
+        engine._load_on_threads(job, "mixed", 1, ready, broken_head)
+        with pytest.raises(RuntimeError, match="uva launch failed"):
+            job.issued.wait()
+    finally:
+        engine.close()  # joins the threads: both jobs returned
+    assert ready.records == [] and bodies == []
+    assert all((ready, 0) not in s.waited for s in load_streams)

@@ -952,11 +952,15 @@ class TransferEngine:
             head_issued = None
             if rest_of_head is not None:
                 head_issued = threading.Event()
+                head_error: list[BaseException] = []
 
                 def run_head() -> None:
                     try:
                         rest_of_head()
                         ready.record(self.load_head_stream)
+                    except BaseException as exc:
+                        head_error.append(exc)
+                        raise
                     finally:
                         head_issued.set()
                 issuer.submit(1, run_head, job.issued)
@@ -964,6 +968,8 @@ class TransferEngine:
             def run_whole() -> None:
                 if head_issued is not None:
                     head_issued.wait()
+                    if head_error:  # ``ready`` unrecorded: a wait on it would order nothing
+                        raise head_error[0]  # the body is not issued; the handle re-raises the head's error
                 with self._lock:
                     for stream in (self.load_stream, self.load_copy_stream, self.load_uva_stream):
                         stream.wait_event(ready)

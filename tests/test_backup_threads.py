@@ -163,3 +163,70 @@ def test_gpu_a_load_beside_a_threaded_backup_sees_it_in_flight():
     assert engine._load_split(8) == MIXED_LOADS[(True, True)]
     engine.close()
     host.close()
+
+
+class _FakeCudaEvent:
+    """A CUDA event stand-in: the streams it was recorded on, in order."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.records: list = []
+
+    def record(self, stream=None) -> None:
+        self.records.append(stream)
+
+    def query(self) -> bool:
+        return True
+
+
+class _FakeStream:
+    """A CUDA stream stand-in: each wait remembers how many records of the event it binds to."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.waited: list = []
+
+    def wait_event(self, event) -> None:
+        self.waited.append((event, len(event.records)))
+
+
+class _Nothing:
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_copy_rows_go_to_library_threads_and_join_into_the_event(monkeypatch, threads):
+    """With ``backup_issue_threads=1`` the rows are issued from a library thread too (0 is the
+    caller's thread); the last thread's stream waits on every share's join and on the path's own
+    stream before it records the handle's event. Stand-in streams and events, no device."""
+    import tiered_kv.kernels.batch_copy as batch_copy
+    from tiered_kv.transfer import validate
+    from tiered_kv.transfer_engine import _Backup
+
+    for name, fake in (("Stream", _FakeStream), ("Event", _FakeCudaEvent), ("device", _Nothing), ("stream", _Nothing)):
+        monkeypatch.setattr(torch.cuda, name, fake)
+    issued_from = []
+    monkeypatch.setattr(batch_copy, "run_copy_list",
+                        lambda copies, *, stream=None, on_gpu, flags=0: issued_from.append((threading.current_thread(), stream)))
+    device, host, engine = _engine("layer_first", "batch", backup_issue_threads=threads)
+    monkeypatch.setattr(engine, "on_gpu", True)
+    copy = validate(device.pool, host, random_ids(6, 1, 24), torch.randperm(20)[:6], to_host=True)
+    path_stream = _FakeStream()
+    job = _Backup(engine, copy, engine.options, done_on=path_stream, threads=threads)
+    try:
+        job.copy_rows(copy.device_pages, copy.host_slots, path_stream)
+        assert job.issued is not None
+        job.issued.wait()
+    finally:
+        engine.close()
+    assert len(issued_from) == threads
+    assert all(thread is not threading.current_thread() for thread, _ in issued_from)
+    assert len(job.event.records) == 1
+    last = job.event.records[0]
+    joins = [event for event, _ in last.waited]
+    assert all(count == 1 for _, count in last.waited) and len(joins) == threads + 2  # fork, joins, path's stream

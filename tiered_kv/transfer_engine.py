@@ -339,7 +339,7 @@ class _Backup:
         if not len(host_slots):
             return
         shares = byte_shares(self.pairs, self.threads) if self.threads else [self.pairs]
-        if not engine.on_gpu or len(shares) == 1:
+        if not engine.on_gpu or not self.threads:
             for share in shares:
                 run_copy_list(plan_copy_list(share, device_pages, host_slots), stream=stream, on_gpu=engine.on_gpu,
                               flags=flags)

@@ -230,3 +230,13 @@ def test_copy_rows_go_to_library_threads_and_join_into_the_event(monkeypatch, th
     last = job.event.records[0]
     joins = [event for event, _ in last.waited]
     assert all(count == 1 for _, count in last.waited) and len(joins) == threads + 2  # fork, joins, path's stream
+
+
+def test_thread_counts_take_numpy_ints_and_keep_python_ints():
+    import numpy as np
+
+    options = TransferOptions(issue_threads=np.int64(2), backup_issue_threads=np.int32(3), caller_head_blocks=np.int64(1))
+    assert (options.issue_threads, options.backup_issue_threads, options.caller_head_blocks) == (2, 3, 1)
+    assert all(type(v) is int for v in (options.issue_threads, options.backup_issue_threads, options.caller_head_blocks))
+    with pytest.raises(ConfigError, match="issue_threads"):
+        TransferOptions(issue_threads=np.float64(2.0))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .errors import ConfigError
+from .integers import as_int
 
 PATHS = ("auto", "kernel", "direct", "batch", "staged", "mixed", "torch")
 
@@ -268,14 +269,18 @@ class TransferOptions:
                 raise ConfigError(f"TransferOptions.{name} must be in [0, 1]: {self}")
         if self.num_ctas is not None and self.num_ctas < 1:
             raise ConfigError(f"TransferOptions.num_ctas must be positive: {self}")
-        for name in ("issue_threads", "backup_issue_threads"):
+        # Counts are ints (numpy ints and 0-d integer tensors too, as everywhere: ``as_int``), never
+        # bools or floats; kept as Python ints.
+        for name, low, high in (("issue_threads", 0, MAX_ISSUE_THREADS), ("backup_issue_threads", 0, MAX_ISSUE_THREADS),
+                                ("caller_head_blocks", 1, None)):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or not 0 <= value <= MAX_ISSUE_THREADS):
-                raise ConfigError(f"TransferOptions.{name} must be an int in 0..{MAX_ISSUE_THREADS}: {self}")
-        blocks = self.caller_head_blocks
-        if blocks is not None and (isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1):
-            raise ConfigError(f"TransferOptions.caller_head_blocks must be a positive int: {self}")
+            if value is None:
+                continue
+            count = as_int(value)
+            if count is None or count < low or (high is not None and count > high):
+                span = f"in {low}..{high}" if high is not None else f">= {low}"
+                raise ConfigError(f"TransferOptions.{name} must be an int {span}: {self}")
+            object.__setattr__(self, name, count)
         if not isinstance(self.pitched_batch, bool):
             raise ConfigError(f"TransferOptions.pitched_batch must be True or False: {self}")
 

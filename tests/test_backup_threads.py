@@ -23,6 +23,7 @@ from tiered_kv.transfer import backup_pairs, load_pairs  # noqa: E402
 from tiered_kv.transfer_engine import BackupHandle, TransferEngine, TransferOptions, _Issued, byte_shares  # noqa: E402
 from tiered_kv.transfer_policy import BACKUP_ISSUE_THREADS_BY_PATH, MIXED_LOADS, MIXED_LOADS_BESIDE_BACKUP, MAX_ISSUE_THREADS, backup_issue_threads  # noqa: E402
 
+from .fake_cuda import FakeStream, patch_cuda  # noqa: E402
 from .kernels.pools import check_copy, make_device_pool, make_host_pool, random_ids  # noqa: E402
 
 GPU = torch.cuda.is_available()
@@ -165,40 +166,6 @@ def test_gpu_a_load_beside_a_threaded_backup_sees_it_in_flight():
     host.close()
 
 
-class _FakeCudaEvent:
-    """A CUDA event stand-in: the streams it was recorded on, in order."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        self.records: list = []
-
-    def record(self, stream=None) -> None:
-        self.records.append(stream)
-
-    def query(self) -> bool:
-        return True
-
-
-class _FakeStream:
-    """A CUDA stream stand-in: each wait remembers how many records of the event it binds to."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        self.waited: list = []
-
-    def wait_event(self, event) -> None:
-        self.waited.append((event, len(event.records)))
-
-
-class _Nothing:
-    def __init__(self, *args, **kwargs) -> None:
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 @pytest.mark.parametrize("threads", [1, 3])
 def test_copy_rows_go_to_library_threads_and_join_into_the_event(monkeypatch, threads):
     """With ``backup_issue_threads=1`` the rows are issued from a library thread too (0 is the
@@ -208,15 +175,14 @@ def test_copy_rows_go_to_library_threads_and_join_into_the_event(monkeypatch, th
     from tiered_kv.transfer import validate
     from tiered_kv.transfer_engine import _Backup
 
-    for name, fake in (("Stream", _FakeStream), ("Event", _FakeCudaEvent), ("device", _Nothing), ("stream", _Nothing)):
-        monkeypatch.setattr(torch.cuda, name, fake)
+    patch_cuda(monkeypatch)
     issued_from = []
     monkeypatch.setattr(batch_copy, "run_copy_list",
                         lambda copies, *, stream=None, on_gpu, flags=0: issued_from.append((threading.current_thread(), stream)))
     device, host, engine = _engine("layer_first", "batch", backup_issue_threads=threads)
     monkeypatch.setattr(engine, "on_gpu", True)
     copy = validate(device.pool, host, random_ids(6, 1, 24), torch.randperm(20)[:6], to_host=True)
-    path_stream = _FakeStream()
+    path_stream = FakeStream()
     job = _Backup(engine, copy, engine.options, done_on=path_stream, threads=threads)
     try:
         job.copy_rows(copy.device_pages, copy.host_slots, path_stream)

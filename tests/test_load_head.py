@@ -23,6 +23,7 @@ from tiered_kv.transfer import validate  # noqa: E402
 from tiered_kv.transfer_engine import COPY_PATHS, TransferEngine, TransferOptions, _blocks, _head_split, _Load  # noqa: E402
 from tiered_kv.transfer_policy import CALLER_HEAD_BLOCKS, HEAD, LoadSplit  # noqa: E402
 
+from .fake_cuda import FakeEvent, FakeStream, patch_cuda  # noqa: E402
 from .kernels.pools import make_device_pool, make_host_pool, random_fill, random_ids  # noqa: E402
 
 
@@ -73,54 +74,15 @@ def test_caller_head_blocks_is_a_positive_int(bad):
         TransferOptions(caller_head_blocks=bad)
 
 
-class _FakeEvent:
-    """A CUDA event stand-in: the streams it was recorded on, in order."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        self.records: list = []
-
-    def record(self, stream=None) -> None:
-        self.records.append(stream)
-
-    def query(self) -> bool:
-        return True
-
-
-class _FakeStream:
-    """A CUDA stream stand-in: each wait remembers how many records of the event it binds to
-    (0: a wait on an event never recorded, which waits on nothing)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        self.waited: list = []
-
-    def wait_event(self, event) -> None:
-        self.waited.append((event, len(event.records)))
-
-    def wait_stream(self, stream) -> None:
-        pass
-
-
-class _Nothing:
-    def __init__(self, *args, **kwargs) -> None:
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 def _threads_without_cuda(monkeypatch):
     """A CPU engine whose library threads run with stand-in streams and events (the thread and
     event logic of ``_load_on_threads``, no device), and a body path that records its jobs."""
     import types
 
-    for name, fake in (("Stream", _FakeStream), ("Event", _FakeEvent), ("device", _Nothing), ("stream", _Nothing)):
-        monkeypatch.setattr(torch.cuda, name, fake)
+    patch_cuda(monkeypatch)
     spec = nsa_spec(num_layers=9, page_size=4)
     engine = TransferEngine(make_device_pool(spec, 20, "cpu").pool, make_host_pool(spec, 16, "page_first"))
-    streams = [_FakeStream() for _ in range(4)]
+    streams = [FakeStream() for _ in range(4)]
     engine.load_stream, engine.load_copy_stream, engine.load_uva_stream, engine.load_head_stream = streams
     bodies: list = []
     monkeypatch.setitem(COPY_PATHS, "mixed", types.SimpleNamespace(load=bodies.append))
@@ -136,7 +98,7 @@ def test_a_handed_over_head_fits_beside_the_most_issue_threads(monkeypatch):
     from tiered_kv.transfer_policy import MAX_ISSUE_THREADS
 
     engine, load_streams, bodies = _threads_without_cuda(monkeypatch)
-    job, ready, head = types.SimpleNamespace(issued=_Issued()), _FakeEvent(), []
+    job, ready, head = types.SimpleNamespace(issued=_Issued()), FakeEvent(), []
     try:
         engine._load_on_threads(job, "mixed", MAX_ISSUE_THREADS, ready, lambda: head.append(True))
         job.issued.wait()
@@ -155,7 +117,7 @@ def test_a_failed_head_hand_over_issues_no_body_unordered(monkeypatch):
     from tiered_kv.transfer_engine import _Issued
 
     engine, load_streams, bodies = _threads_without_cuda(monkeypatch)
-    job, ready = types.SimpleNamespace(issued=_Issued()), _FakeEvent()
+    job, ready = types.SimpleNamespace(issued=_Issued()), FakeEvent()
 
     def broken_head() -> None:
         raise RuntimeError("uva launch failed")

@@ -632,7 +632,27 @@ def compute_timeline(starts: list[float], ends: list[float]) -> dict:
     stream start within a few microseconds of the previous end."""
     gaps = [max(0.0, s - e) for s, e in zip(starts[1:], ends[:-1])]
     return {"compute_end": ends[-1], "busy": sum(e - s for s, e in zip(starts, ends)), "start_delay": starts[0],
-            "stall": sum(gaps), "late_layers": sum(g > 0.02 for g in gaps)}
+            "stall": sum(gaps), "late_layers": sum(g > LATE_GAP_MS for g in gaps), "gaps": gaps}
+
+
+#: A gap between two matmuls longer than this (ms) is a wait on the load.
+LATE_GAP_MS = 0.02
+
+
+def median_rows(rows: list[dict]) -> dict:
+    """The median of each key over ``rows``; list values (per-layer gaps) element by element."""
+    out = {}
+    for key, first in rows[0].items():
+        if isinstance(first, list):
+            out[key] = [statistics.median(r[key][i] for r in rows) for i in range(len(first))]
+        else:
+            out[key] = statistics.median(r[key] for r in rows)
+    return out
+
+
+def late_layers_at(gaps: list[float]) -> dict[int, float]:
+    """The layers the model waited on (their gap before them over ``LATE_GAP_MS``) and how long (ms)."""
+    return {i + 1: round(g, 3) for i, g in enumerate(gaps) if g > LATE_GAP_MS}
 
 
 def beside_metrics(load_ms: float, compute: dict, both: dict) -> dict:
@@ -708,8 +728,7 @@ def beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps: int = 3,
         return out
 
     def median_of(engine, slots_kind, options, m) -> dict:
-        out = [run(engine, slots_kind, i, options, m) for i in range(reps + 1)][1:]
-        return {key: statistics.median(r[key] for r in out) for key in out[0]}
+        return median_rows([run(engine, slots_kind, i, options, m) for i in range(reps + 1)][1:])
 
     for layout in hosts:
         for name, path, options in BESIDE:
@@ -726,13 +745,16 @@ def beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps: int = 3,
                                "path": name, "layout": layout, "slots": slots_kind, "factor": factor, "rows": m,
                                **beside_metrics(load_ms, compute, both),
                                "first_layer_ms": both["first_layer_ms"], "first_layer_alone_ms": alone["first_layer_ms"],
-                               "issue_ms": both["issue_ms"], "issue_alone_ms": alone["issue_ms"], **fields}
+                               "issue_ms": both["issue_ms"], "issue_alone_ms": alone["issue_ms"],
+                               # Which layers the model waited on (median gap per layer over the reps).
+                               "late_at": late_layers_at(both["gaps"]), **fields}
                         b.results.append(row)
                         print(f"{row['name']:60s} load {load_ms:6.2f} compute {row['compute_ms']:6.2f} both {row['both_ms']:6.2f} ms "
                               f"hidden {row['hidden_fraction']:5.2f} slowdown {row['compute_slowdown']:5.3f} | "
                               f"start {row['start_delay_ms']:5.2f} stall {row['stall_ms']:5.2f} "
                               f"({row['late_layers']} late) busy+ {row['busy_extra_ms']:5.2f} "
-                              f"layer0 {row['first_layer_ms']:5.2f} issue {row['issue_ms']:5.2f}", flush=True)
+                              f"layer0 {row['first_layer_ms']:5.2f} issue {row['issue_ms']:5.2f} | late at {row['late_at']}",
+                              flush=True)
                 except Exception as exc:  # a failed variant is reported, the others still run
                     print(f"beside {name} {layout} {slots_kind}: FAILED {exc!r}", flush=True)
 

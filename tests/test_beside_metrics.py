@@ -77,3 +77,15 @@ def test_calibration_at_the_cap_returns_the_closest_try():
 
     m, compute = tg.calibrated_rows(20000, 40.0, measure, 32768)
     assert m == 32768 and compute["compute_end"] == 32.768
+
+
+def test_median_rows_take_lists_element_by_element():
+    rows = [{"a": 1.0, "gaps": [0.0, 5.0]}, {"a": 3.0, "gaps": [1.0, 1.0]}, {"a": 2.0, "gaps": [9.0, 2.0]}]
+    assert tg.median_rows(rows) == {"a": 2.0, "gaps": [1.0, 2.0]}
+
+
+def test_late_layers_at_names_the_layers_the_model_waited_on():
+    # Layer 1 started right after layer 0 ended, layer 2 waited 0.5 ms, layer 3 waited 10 us.
+    timeline = tg.compute_timeline([0, 1.0, 2.5, 3.51], [1.0, 2.0, 3.5, 4.5])
+    assert tg.late_layers_at(timeline["gaps"]) == {2: 0.5}
+    assert timeline["late_layers"] == 1

@@ -129,3 +129,28 @@ def test_a_failed_head_hand_over_issues_no_body_unordered(monkeypatch):
         engine.close()  # joins the threads: both jobs returned
     assert ready.records == [] and bodies == []
     assert all((ready, 0) not in s.waited for s in load_streams)
+
+
+def test_loads_take_the_head_streams_in_turn_and_record_ready_on_their_own(monkeypatch):
+    """A handed-over head's rest is launched after its call returned; the next load's caller makes
+    its head stream wait on the caller's stream, so it takes the other head stream, and each load's
+    ready event is recorded on its own head stream."""
+    import types
+
+    from tiered_kv.transfer_engine import HEAD_STREAMS, _Issued
+
+    engine, load_streams, bodies = _threads_without_cuda(monkeypatch)
+    engine._head_streams, engine._head_turn = [FakeStream() for _ in range(HEAD_STREAMS)], 0
+    turns = [engine._next_head_stream() for _ in range(2 * HEAD_STREAMS)]
+    assert turns == engine._head_streams * 2 and len(set(map(id, turns[:HEAD_STREAMS]))) == HEAD_STREAMS
+    jobs = [types.SimpleNamespace(issued=_Issued()) for _ in range(2)]
+    readies = [FakeEvent() for _ in range(2)]
+    try:
+        for job, ready, stream in zip(jobs, readies, engine._head_streams):
+            engine._load_on_threads(job, "mixed", 1, ready, lambda: None, stream)
+        for job in jobs:
+            job.issued.wait()
+    finally:
+        engine.close()
+    assert [ready.records for ready in readies] == [[engine._head_streams[0]], [engine._head_streams[1]]]
+    assert bodies == jobs

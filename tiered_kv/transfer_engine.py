@@ -804,7 +804,13 @@ class TransferEngine:
                 self.backup_stream = torch.cuda.Stream(self.device)
                 self.backup_copy_stream = torch.cuda.Stream(self.device)
                 self.load_uva_stream = torch.cuda.Stream(self.device, priority=high)  # the kernel half of ``mixed`` loads
-                self.load_head_stream = torch.cuda.Stream(self.device, priority=high)  # heads (``LoadSplit.head_layers``)
+                # Heads (``LoadSplit.head_layers``), one stream per load in turn: a handed-over head's
+                # rest is launched by a library thread after its call returned, and the next load's
+                # caller makes its head stream wait on the caller's stream (compute queued since),
+                # which must not hold back an earlier load's layers still to be launched.
+                self._head_streams = [torch.cuda.Stream(self.device, priority=high) for _ in range(HEAD_STREAMS)]
+                self._head_turn = 0
+                self.load_head_stream = self._head_streams[0]
                 # More copy streams for staged loads split over several copy engines.
                 self._load_copy_extra = [torch.cuda.Stream(self.device, priority=high) for _ in range(MAX_COPY_STREAMS - 1)]
                 # Join events of ``mixed`` loads, re-recorded per layer (a wait binds to the record
@@ -876,8 +882,9 @@ class TransferEngine:
         head = min(split.head_layers, len(layers) - 1) if len(copy) and COPY_PATHS[name].takes_head else 0
         job = _Load(self, layers[head:], copy, replace(split, head_layers=0), options, first_index=head)
         # The head has a stream of its own (see below).
+        head_stream = self._next_head_stream() if self.on_gpu and head else None
         head_job = _Load(self, layers[:head], copy, _head_split(split), options,
-                         load_stream=self.load_head_stream if self.on_gpu else None) if head else None
+                         load_stream=head_stream) if head else None
         if not self.on_gpu:
             if head_job is not None:
                 COPY_PATHS["kernel"].load(head_job)
@@ -898,7 +905,7 @@ class TransferEngine:
                 # On its own stream the head waits neither for a library thread still issuing an
                 # earlier load on the load streams nor for the engine's lock, and none of the load
                 # streams is made to wait from this thread while a thread uses them.
-                self.load_head_stream.wait_stream(caller)
+                head_stream.wait_stream(caller)
                 head_path = COPY_PATHS["kernel"]
                 if threads and name != "batch":
                     # The caller launches the head's first block and returns; a library thread
@@ -908,12 +915,12 @@ class TransferEngine:
                 else:
                     head_path.load(head_job)
                 # The rest starts copying once the head has landed: layers reach PCIe in order.
-                ready_on = self.load_head_stream
+                ready_on = head_stream
             if threads:
                 ready = torch.cuda.Event()
                 if rest_of_head is None:
                     ready.record(ready_on)
-                self._load_on_threads(job, name, threads, ready, rest_of_head)
+                self._load_on_threads(job, name, threads, ready, rest_of_head, head_stream)
                 return LoadHandle(self.device, layers, events, copy, name, issued)
             for stream in (self.load_stream, self.load_copy_stream, self.load_uva_stream):
                 stream.wait_stream(ready_on)
@@ -934,7 +941,8 @@ class TransferEngine:
                 setattr(self, name, None)
 
     def _load_on_threads(self, job: _Load, name: str, threads: int, ready: torch.cuda.Event,
-                         rest_of_head: Callable[[], None] | None = None) -> None:
+                         rest_of_head: Callable[[], None] | None = None,
+                         head_stream: torch.cuda.Stream | None = None) -> None:
         """Hand ``job`` to ``threads`` library threads, their streams ordered after ``ready`` (an
         event on the caller's stream, or on the head's stream after a head).
 
@@ -957,7 +965,7 @@ class TransferEngine:
                 def run_head() -> None:
                     try:
                         rest_of_head()
-                        ready.record(self.load_head_stream)
+                        ready.record(head_stream if head_stream is not None else self.load_head_stream)
                     except BaseException as exc:
                         head_error.append(exc)
                         raise
@@ -985,6 +993,12 @@ class TransferEngine:
                 share = replace(job, layers=[job.layers[i] for i in indices], load_stream=stream)
                 COPY_PATHS["batch"].load(share)
             issuer.submit(k, run_share, job.issued)
+
+    def _next_head_stream(self) -> torch.cuda.Stream:
+        """The head stream of the next load (``HEAD_STREAMS`` in turn)."""
+        stream = self._head_streams[self._head_turn]
+        self._head_turn = (self._head_turn + 1) % len(self._head_streams)
+        return stream
 
     def _issue_threads(self, count: int, backups: bool = False) -> _IssueThreads:
         """The library threads of loads (or of ``backups``: their own, so a load never queues
@@ -1119,6 +1133,12 @@ class TransferEngine:
                 num_ctas=self._staging_ctas or DEFAULT_CTAS_ON_DEVICE,
             )
         return copier
+
+
+#: Head streams a GPU engine takes in turn (``_next_head_stream``): two, so that the next load's
+#: stream wait never lands before the previous load's handed-over launches (a head's rest is
+#: launched within about a millisecond of its call).
+HEAD_STREAMS = 2
 
 
 def _layer_index(value, what: str) -> int:

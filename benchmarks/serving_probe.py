@@ -486,9 +486,24 @@ EIGHTEENTH = [
 ]
 
 
+#: Nineteenth probe (not run yet: built in the eleventh session after its device time ran out). A
+#: scattered ``page_first`` load alone is bound by the one thread that issues its copy-engine rows
+#: (stall 10-11 ms beside the matmuls at 1.25x); with ``issue_halves`` 2 the copy-engine pages go
+#: in two halves, each through its own staging ring and copy stream, issued by two threads and
+#: joined per block. Same split otherwise; ``auto`` beside it in the same run. Run with
+#: ``--skip both --beside-reps 12``; the beside rows' ``late_at`` says which layers still wait.
+NINETEENTH = [
+    ("auto", "auto", None, {}, None),
+    ("auto, pf scattered in two issued halves", "auto", None, {}, _scattered_from_policy(False, issue_halves=2)),
+    ("auto, pf scattered in two issued halves, head 8 step 5", "auto", None, {},
+     _scattered_from_policy(False, issue_halves=2, **tp_HEAD)),
+]
+
+
 CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH, "eleventh": ELEVENTH, "twelfth": TWELFTH,
                   "thirteenth": THIRTEENTH, "fourteenth": FOURTEENTH,
-                  "fifteenth": FIFTEENTH, "sixteenth": SIXTEENTH, "eighteenth": EIGHTEENTH}
+                  "fifteenth": FIFTEENTH, "sixteenth": SIXTEENTH, "eighteenth": EIGHTEENTH,
+                  "nineteenth": NINETEENTH}
 SETS = {"fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
         "fourth": ([], [], [], FOURTH_BESIDE),
         "second": (SECOND_LOADS, SECOND_BACKUPS, SECOND_BOTH, SECOND_BESIDE),

@@ -98,7 +98,7 @@ def test_a_handed_over_head_fits_beside_the_most_issue_threads(monkeypatch):
     from tiered_kv.transfer_policy import MAX_ISSUE_THREADS
 
     engine, load_streams, bodies = _threads_without_cuda(monkeypatch)
-    job, ready, head = types.SimpleNamespace(issued=_Issued()), FakeEvent(), []
+    job, ready, head = types.SimpleNamespace(issued=_Issued(), split=LoadSplit()), FakeEvent(), []
     try:
         engine._load_on_threads(job, "mixed", MAX_ISSUE_THREADS, ready, lambda: head.append(True))
         job.issued.wait()
@@ -117,7 +117,7 @@ def test_a_failed_head_hand_over_issues_no_body_unordered(monkeypatch):
     from tiered_kv.transfer_engine import _Issued
 
     engine, load_streams, bodies = _threads_without_cuda(monkeypatch)
-    job, ready = types.SimpleNamespace(issued=_Issued()), FakeEvent()
+    job, ready = types.SimpleNamespace(issued=_Issued(), split=LoadSplit()), FakeEvent()
 
     def broken_head() -> None:
         raise RuntimeError("uva launch failed")
@@ -143,7 +143,7 @@ def test_loads_take_the_head_streams_in_turn_and_record_ready_on_their_own(monke
     engine._head_streams, engine._head_turn = [FakeStream() for _ in range(HEAD_STREAMS)], 0
     turns = [engine._next_head_stream() for _ in range(2 * HEAD_STREAMS)]
     assert turns == engine._head_streams * 2 and len(set(map(id, turns[:HEAD_STREAMS]))) == HEAD_STREAMS
-    jobs = [types.SimpleNamespace(issued=_Issued()) for _ in range(2)]
+    jobs = [types.SimpleNamespace(issued=_Issued(), split=LoadSplit()) for _ in range(2)]
     readies = [FakeEvent() for _ in range(2)]
     try:
         for job, ready, stream in zip(jobs, readies, engine._head_streams):
@@ -154,3 +154,93 @@ def test_loads_take_the_head_streams_in_turn_and_record_ready_on_their_own(monke
         engine.close()
     assert [ready.records for ready in readies] == [[engine._head_streams[0]], [engine._head_streams[1]]]
     assert bodies == jobs
+
+
+# --- the second half of a staged load on its own thread (``LoadSplit.issue_halves``) ----------------
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("path,split", [
+    ("staged", LoadSplit(1.0, layers_per_copy=2, issue_halves=2)),
+    ("mixed", LoadSplit(0.6, layers_per_copy=4, ramp=True, kernel_blocks=4, issue_halves=2)),
+    ("mixed", LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, head_layers=4, issue_halves=2)),
+])
+@pytest.mark.parametrize("pages", [1, 2, 7])
+def test_a_load_in_two_halves_lands_every_layer_and_nothing_else(layout, path, split, pages):
+    from .kernels.pools import check_copy
+    from tiered_kv.transfer import load_pairs
+
+    spec = nsa_spec(num_layers=9, page_size=4)
+    device, host = make_device_pool(spec, 20, "cpu"), make_host_pool(spec, 16, layout)
+    engine = TransferEngine(device.pool, host, path=path, options=TransferOptions(load_split=split))
+    slots, pages_ = torch.randperm(16)[:pages], random_ids(pages, 1, 20)
+    pairs = [pair for layer in range(9) for pair in load_pairs(host, device.pool, layer)]
+    check_copy(pairs, slots, pages_, device.roots, lambda: engine.load(slots, pages_))
+    layers = [7, 1, 4]
+    pairs = [pair for layer in layers for pair in load_pairs(host, device.pool, layer)]
+    check_copy(pairs, slots, pages_, device.roots, lambda: engine.load(slots, pages_, layers=layers))
+
+
+@pytest.mark.parametrize("bad", [0, 3, True])
+def test_issue_halves_is_one_or_two(bad):
+    from tiered_kv import ConfigError
+
+    with pytest.raises(ConfigError, match="issue_halves"):
+        LoadSplit(issue_halves=bad)
+
+
+def _half_without_cuda(monkeypatch, fail: bool = False):
+    """A load job whose second half runs on a library thread with stand-in streams and events, its
+    ring's copies replaced by a recorder that reports each group done (or fails)."""
+    import threading
+
+    patch_cuda(monkeypatch)
+    spec = nsa_spec(num_layers=9, page_size=4)
+    device, host = make_device_pool(spec, 20, "cpu"), make_host_pool(spec, 16, "page_first")
+    engine = TransferEngine(device.pool, host)
+    monkeypatch.setattr(engine, "on_gpu", True)
+    engine._half_streams = (FakeStream(), FakeStream())
+    engine._issue_threads(3)
+    calls = []
+
+    def groups_done(groups, host_ids, device_ids, *, copy_stream=None, kernel_stream=None, on_group_done=None, **_):
+        calls.append((threading.current_thread(), len(groups), kernel_stream, copy_stream, len(host_ids)))
+        if fail:
+            raise RuntimeError("cudaMemcpyBatchAsync failed")
+        for g in range(len(groups)):
+            on_group_done(g)
+    monkeypatch.setattr(engine.staging_copier("load_half"), "to_device_groups", groups_done)
+    copy = validate(device.pool, host, random_ids(6, 1, 20), random_ids(6, 0, 16), to_host=False)
+    job = _Load(engine, list(range(9)), copy, LoadSplit(issue_halves=2), TransferOptions(), load_stream=FakeStream())
+    groups = [[pair] for pair in [engine._load_pairs[layer][0] for layer in range(5)]]
+    return engine, job, groups, calls, (copy.host_slots[3:], copy.device_pages[3:])
+
+
+def test_the_other_half_runs_on_its_thread_and_joins_each_group_after_it_landed(monkeypatch):
+    import threading
+
+    engine, job, groups, calls, ids = _half_without_cuda(monkeypatch)
+    try:
+        join = job._other_half(groups, [(0, 1), (1, 5)], ids)
+        for g in range(5):
+            join(g)
+    finally:
+        engine.close()
+    # Two calls into the second ring (the first block, then the rest), from a library thread, on
+    # the half's own streams, with the half's 3 pages.
+    assert [(n, k, c, m) for _, n, k, c, m in calls] == [(1, engine._half_streams[0], [engine._half_streams[1]], 3),
+                                                         (4, engine._half_streams[0], [engine._half_streams[1]], 3)]
+    assert all(thread is not threading.current_thread() for thread, *_ in calls)
+    # The load's stream waits on each group's landing once it was recorded (never on nothing), in order.
+    assert len(job.load_stream.waited) == 5 and all(count == 1 for _, count in job.load_stream.waited)
+    assert len({id(event) for event, _ in job.load_stream.waited}) == 5
+
+
+def test_a_failed_other_half_fails_the_join(monkeypatch):
+    engine, job, groups, calls, ids = _half_without_cuda(monkeypatch, fail=True)
+    try:
+        join = job._other_half(groups, [(0, 1), (1, 5)], ids)
+        with pytest.raises(RuntimeError, match="cudaMemcpyBatchAsync"):
+            join(0)
+    finally:
+        engine.close()
+    assert job.load_stream.waited == []  # nothing joined that never landed

@@ -493,8 +493,15 @@ class _Load:
             copy_streams = [None] * split.copy_streams
         copier = engine.staging_copier("load")
         parts = [(0, 1), (1, len(groups))] if len(groups) > 1 else [(0, len(groups))]
+        join_half = None
+        if split.issue_halves > 1 and len(ce_ids[0]) > 1:
+            half = len(ce_ids[0]) // 2
+            join_half = self._other_half(groups, parts, (ce_ids[0][half:], ce_ids[1][half:]))
+            ce_ids = (ce_ids[0][:half], ce_ids[1][:half])
         for first, last in parts:
             def finish_block(b: int, first=first) -> None:
+                if join_half is not None:
+                    join_half(first + b)  # the block's other half, issued by the other thread
                 for index in blocks[first + b]:
                     self.finish_layer(index)
 
@@ -503,6 +510,49 @@ class _Load:
                 groups[first:last], *ce_ids, copy_stream=copy_streams, kernel_stream=self.load_stream,
                 on_group_done=finish_block, unit_rows=split.unit_rows, num_ctas=split.staging_ctas,
                 pitched=self.options.pitched_batch)
+
+    def _other_half(self, groups, parts, ids) -> Callable[[int], None]:
+        """The second half of ``staged_half``'s pages (``LoadSplit.issue_halves``): the same groups
+        through the second staging ring, planned and issued by library issue thread 2 on streams
+        of its own, each group's landing recorded on an event. Returns ``join(g)``: the caller's
+        ``load_stream`` waits for group g of this half (after waiting on the CPU until the thread
+        has issued it; re-raises its error). On CPU this half runs here and now."""
+        engine, split = self.engine, self.split
+        copier = engine.staging_copier("load_half")
+        if not engine.on_gpu:
+            for first, last in parts:
+                copier.to_device_groups(groups[first:last], *ids, unit_rows=split.unit_rows, num_ctas=split.staging_ctas,
+                                        pitched=self.options.pitched_batch)
+            return lambda g: None
+        kernel_stream, copy_stream = engine._half_streams
+        for stream in engine._half_streams:
+            stream.wait_stream(self.load_stream)  # ordered as this half's streams are (the head, the caller)
+        landed = [torch.cuda.Event() for _ in groups]
+        progress = _Issued()
+        progress.add_jobs(1)
+
+        def run() -> None:
+            try:
+                for first, last in parts:
+                    def done(b: int, first=first) -> None:
+                        landed[first + b].record(kernel_stream)
+                        progress.layer(first + b)
+                    copier.to_device_groups(groups[first:last], *ids, copy_stream=[copy_stream], kernel_stream=kernel_stream,
+                                            on_group_done=done, unit_rows=split.unit_rows, num_ctas=split.staging_ctas,
+                                            pitched=self.options.pitched_batch)
+            except BaseException as exc:
+                progress.job_done(exc)
+                raise
+            progress.job_done()
+
+        # ``load`` sized the threads for this half before the job started (a thread job must not
+        # grow the set it runs on).
+        engine._issuer.submit(HALF_THREAD, run, self.issued if self.issued is not None else _Issued())
+
+        def join(g: int) -> None:
+            progress.wait(g)
+            self.load_stream.wait_event(landed[g])
+        return join
 
     def batched_half(self, ce_ids, ce_components) -> None:
         """Per layer, one memcpy batch straight into the pages on ``load_stream`` (split over
@@ -813,6 +863,10 @@ class TransferEngine:
                 self.load_head_stream = self._head_streams[0]
                 # More copy streams for staged loads split over several copy engines.
                 self._load_copy_extra = [torch.cuda.Stream(self.device, priority=high) for _ in range(MAX_COPY_STREAMS - 1)]
+                # The second half of a staged load issued by its own thread (``LoadSplit.issue_halves``):
+                # its scatter kernel's stream and its copy stream.
+                self._half_streams = (torch.cuda.Stream(self.device, priority=high),
+                                      torch.cuda.Stream(self.device, priority=high))
                 # Join events of ``mixed`` loads, re-recorded per layer (a wait binds to the record
                 # before it, so reuse across layers is safe).
                 self._uva_done = [torch.cuda.Event() for _ in range(4)]
@@ -892,6 +946,8 @@ class TransferEngine:
                 COPY_PATHS[name].load(job)
             return LoadHandle(self.device, layers, None, copy, name)
         threads = min(issue_threads(name, len(job.layers), options), len(job.layers)) if len(copy) else 0
+        if len(copy) and job.split.issue_halves > 1 and name in ("staged", "mixed"):
+            self._issue_threads(HALF_THREAD + 1)  # here, never from inside a thread job (see ``_other_half``)
         # Every layer's event lands here as it is issued (``finish_layer``), from the head and the rest.
         events: dict[int, torch.cuda.Event] = {}
         issued = _Issued() if threads else None
@@ -956,7 +1012,8 @@ class TransferEngine:
         """
         if name != "batch":
             # The body runs on thread 0 alone: the head's rest on thread 1 stays within the limit.
-            issuer = self._issue_threads(max(threads, 2) if rest_of_head is not None else threads)
+            need = max(threads, 2) if rest_of_head is not None else threads
+            issuer = self._issue_threads(max(need, HALF_THREAD + 1) if job.split.issue_halves > 1 else need)
             head_issued = None
             if rest_of_head is not None:
                 head_issued = threading.Event()
@@ -1134,6 +1191,10 @@ class TransferEngine:
             )
         return copier
 
+
+#: The library issue thread that issues the second half of a staged load (``LoadSplit.issue_halves``):
+#: thread 0 issues the body, thread 1 the rest of a handed-over head.
+HALF_THREAD = 2
 
 #: Head streams a GPU engine takes in turn (``_next_head_stream``): two, so that the next load's
 #: stream wait never lands before the previous load's handed-over launches (a head's rest is

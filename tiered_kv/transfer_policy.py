@@ -69,6 +69,12 @@ class LoadSplit:
         default, 4096): a larger tile keeps more host reads in flight per CTA, so fewer CTAs (SMs
         taken from the model) reach the same rate. Warps follow the tile (8 up to 8192 words, 16
         above).
+    issue_halves: 2 splits a staged copy-engine half into two halves of its pages (in host-slot
+        order), each planned and issued by its own thread through its own staging ring and copy
+        stream, joined per block of layers: a scattered ``page_first`` load alone is bound by the
+        one thread that issues its rows (36-42 ms against 30 back to back, tenth session). The
+        second half's thread is a library issue thread (the third); on CPU both run in turn.
+        Not measured on a GPU yet, so no table sets it.
     """
 
     ce_fraction: float = 1.0
@@ -84,6 +90,7 @@ class LoadSplit:
     head_layers: int = 0
     kernel_ctas: int | None = None
     kernel_tile: int | None = None
+    issue_halves: int = 1
 
     def __post_init__(self) -> None:
         if self.kernel_tile is not None and (self.kernel_tile < 256 or self.kernel_tile & (self.kernel_tile - 1)):
@@ -94,6 +101,8 @@ class LoadSplit:
             raise ConfigError(f"LoadSplit.ramp_step applies to a ramp: set ramp=True as well: {self}")
         if self.by not in ("pages", "components") or not 0.0 <= self.ce_fraction <= 1.0:
             raise ConfigError(f"LoadSplit needs by 'pages' or 'components' and 0 <= ce_fraction <= 1: {self}")
+        if self.issue_halves not in (1, 2) or isinstance(self.issue_halves, bool):
+            raise ConfigError(f"LoadSplit.issue_halves must be 1 or 2: {self}")
         if self.ce_path not in ("staged", "batch"):
             raise ConfigError(f"LoadSplit.ce_path must be 'staged' or 'batch': {self}")
         rows_ok = self.unit_rows is None or self.unit_rows >= 1

@@ -1,10 +1,14 @@
-"""A load's head split between the caller and a library thread (``KernelPath.start_load``).
+"""What a load hands to library threads: the rest of its head, and the second half of a staged copy.
 
-When the body of a load goes to a library thread, the caller launches only the head's first
-``CALLER_HEAD_BLOCKS`` blocks and returns; the launches of the rest of the head are handed to a
-second library thread. On CPU the kernel copies at once, so the split is visible in the bytes:
-after ``start_load`` only the first blocks' layers have landed, after the returned ``rest`` the
-whole head, and never a layer outside it.
+The head (``KernelPath.start_load``): when the body of a load goes to a library thread, the caller
+launches only the head's first ``CALLER_HEAD_BLOCKS`` blocks and returns; the launches of the rest
+of the head are handed to a second library thread. On CPU the kernel copies at once, so the split
+is visible in the bytes: after ``start_load`` only the first blocks' layers have landed, after the
+returned ``rest`` the whole head, and never a layer outside it.
+
+The halves (``LoadSplit.issue_halves``): the second half of a staged copy's pages goes through its
+own staging ring, issued by a third library thread and joined per block. On CPU both halves run in
+turn (the bytes); with stand-in streams and events the join order and a failed half.
 """
 
 from __future__ import annotations

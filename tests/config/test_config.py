@@ -192,6 +192,14 @@ BAD = [
     ("page size 0", "spec: {page_size: 0}\n", "spec.page_size: page_size must be an int >= 1, got 0"),
     # Passed config check, then failed the replay with torch's own error.
     ("L1 on no device", "l1: {device: tpu}\n", "l1.device: expected cpu, cuda or cuda:N, got 'tpu'"),
+    # Named spec.kind, not the key at fault.
+    ("explicit spec of 0 layers", "spec: {kind: nsa, layers: 0}\n", "spec.layers: num_layers must be an int >= 1, got 0"),
+    ("MHA head_dim out of range", "spec: {kind: mha, layers: 2, head_dim: -1}\n",
+     "spec.head_dim: head_dim must be an int >= 1, got -1"),
+    # 0 KV heads / head_dim 0 were read as "not given" (8 heads, 128 dims) and passed.
+    ("MHA of 0 KV heads", "spec: {kind: mha, layers: 2, num_kv_heads: 0}\n",
+     "spec.num_kv_heads: num_kv_heads must be an int >= 1, got 0"),
+    ("MHA head_dim 0", "spec: {kind: mha, layers: 2, head_dim: 0}\n", "spec.head_dim: head_dim must be an int >= 1, got 0"),
 ]
 
 

@@ -215,7 +215,10 @@ class SpecConfig(Section):
         try:
             self.build()
         except SpecError as exc:
-            key = "layer_range" if "layer_range" in str(exc) else "page_size" if "page_size" in str(exc) else "kind"
+            text = str(exc)
+            key = next((k for word, k in (("layer_range", "layer_range"), ("page_size", "page_size"),
+                                          ("num_layers", "layers"), ("num_kv_heads", "num_kv_heads"),
+                                          ("head_dim", "head_dim")) if word in text), "kind")
             raise Problem(key, str(exc)) from None
         return self
 
@@ -239,7 +242,8 @@ class SpecConfig(Section):
         factories = {
             "nsa": lambda: nsa_spec(layers, self.page_size, latent, layer_range=self.layer_range),
             "mla": lambda: mla_spec(layers, self.page_size, latent, layer_range=self.layer_range),
-            "mha": lambda: mha_spec(layers, self.page_size, self.num_kv_heads or 8, self.head_dim or 128,
+            "mha": lambda: mha_spec(layers, self.page_size, 8 if self.num_kv_heads is None else self.num_kv_heads,
+                                    128 if self.head_dim is None else self.head_dim,
                                     layer_range=self.layer_range),
         }
         return factories[self.kind]()  # type: ignore[index]

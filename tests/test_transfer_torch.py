@@ -181,3 +181,19 @@ def test_fast_id_check_agrees_with_the_torch_check(limit):
                     with pytest.raises(IndexValidationError):
                         _check_ids(ids, limit, "ids", unique=unique, reserved=res)
     assert seen[True] > 20 and seen[False] > 20
+
+
+@pytest.mark.parametrize("page_size", [0, -1, True, 2.0, "64", None])
+def test_token_indices_with_a_bad_page_size_are_refused_naming_it(page_size):
+    # page_size was used unchecked: 0 leaked ZeroDivisionError, -1 a RuntimeError, 2.0 a TypeError,
+    # and True was taken as a page size of 1.
+    with pytest.raises(IndexValidationError, match="page size"):
+        pages_from_token_indices([0, 1], page_size)
+
+
+def test_negative_token_indices_are_refused_naming_the_index():
+    # [-2, -1] passed as page -1 (its first index -2 is a multiple of 2).
+    with pytest.raises(IndexValidationError, match="index 0 .*value -2"):
+        pages_from_token_indices([-2, -1], 2)
+    with pytest.raises(IndexValidationError, match="index 2 .*value -4"):
+        pages_from_token_indices(torch.tensor([4, 5, -4, -3]), 2)

@@ -76,7 +76,14 @@ def pages_from_token_indices(token_indices: IdsLike, page_size: int) -> torch.Te
 
     Raises IndexValidationError naming the first index that breaks a rule.
     """
+    if isinstance(page_size, (bool, np.bool_)) or not isinstance(page_size, (int, np.integer)) or page_size < 1:
+        raise IndexValidationError(f"token indices: the page size must be an int >= 1, got {page_size!r}")
+    page_size = int(page_size)
     tokens = _as_cpu_ids(token_indices, "token indices")
+    negative = torch.nonzero(tokens < 0).flatten()
+    if negative.numel():
+        i = int(negative[0])
+        raise IndexValidationError(f"token indices: index {i} (value {int(tokens[i])}) is negative")
     if tokens.numel() % page_size:
         raise IndexValidationError(f"token indices: {tokens.numel()} indices is not a whole number of pages of {page_size}")
     if tokens.numel() == 0:

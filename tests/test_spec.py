@@ -140,3 +140,31 @@ def test_kvspec_fields_are_ints(kwargs):
         KVSpec(**{**fields, **kwargs})
     with pytest.raises(SpecError, match="bytes_per_layer"):
         Component("a", True)
+
+
+@pytest.mark.parametrize("component_index", [2, -1, True, 1.0])
+def test_chunk_offset_refuses_a_component_index_outside_the_spec(component_index):
+    # 2 leaked IndexError; -1 silently gave the offset of the last component.
+    spec = nsa_spec(num_layers=3, page_size=64)
+    with pytest.raises(SpecError, match="component index"):
+        spec.chunk_offset(component_index, 0)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(kv_lora_rank=100), "kv_lora_rank"),  # fp8 latent: one fp32 scale per 128 nope values
+    (dict(kv_lora_rank=200), "kv_lora_rank"),
+    (dict(index_head_dim=100), "index_head_dim"),  # indexer: one fp32 scale per quant block
+    (dict(index_head_dim=192, quant_block=128), "index_head_dim"),
+])
+def test_nsa_dims_that_do_not_fill_whole_quant_blocks_are_refused(kwargs, field):
+    # kv_lora_rank=100 gave a latent with 0 scales, index_head_dim=100 an indexer with 0 scales.
+    with pytest.raises(SpecError, match=field):
+        nsa_spec(num_layers=2, **kwargs)
+    if field == "kv_lora_rank":  # the bf16 latent has no scales: any rank is a layout
+        assert nsa_spec(num_layers=2, latent_dtype="bf16", **kwargs).page_bytes > 0
+
+
+@pytest.mark.parametrize("dtype", [["bf16"], {"bf16": 2}])
+def test_an_unhashable_dtype_is_a_spec_error(dtype):
+    with pytest.raises(SpecError, match="unknown dtype"):
+        mha_spec(4, 64, 8, 128, dtype)

@@ -48,7 +48,7 @@ def dtype_bytes(dtype: str) -> int:
     """Bytes of one element of a dtype named like ``bf16`` or ``float8_e4m3fn``."""
     try:
         return _DTYPE_BYTES[dtype]
-    except KeyError:
+    except (KeyError, TypeError):  # TypeError: an unhashable value (a list) is no dtype name either
         raise SpecError(f"unknown dtype {dtype!r}; known: {', '.join(sorted(_DTYPE_BYTES))}") from None
 
 
@@ -134,6 +134,9 @@ class KVSpec:
 
     def chunk_offset(self, component_index: int, layer: int) -> int:
         """Byte offset of (component, local layer) inside a page payload."""
+        if isinstance(component_index, bool) or not isinstance(component_index, int) \
+                or not 0 <= component_index < len(self.components):
+            raise SpecError(f"component index {component_index!r} outside 0..{len(self.components) - 1}")
         if not 0 <= layer < self.num_layers:
             raise SpecError(f"layer {layer} outside 0..{self.num_layers - 1}")
         return self._component_offsets[component_index] + layer * self.components[component_index].bytes_per_layer
@@ -211,6 +214,11 @@ def nsa_spec(
     for name, value in (("kv_lora_rank", kv_lora_rank), ("rope_dim", rope_dim), ("index_head_dim", index_head_dim),
                         ("quant_block", quant_block)):
         check_int(value, name)
+    if latent_dtype == "fp8" and kv_lora_rank % 128:
+        raise SpecError(f"kv_lora_rank must be a multiple of 128 for the fp8 latent (one fp32 scale per 128), got {kv_lora_rank}")
+    if index_head_dim % quant_block:
+        raise SpecError(f"index_head_dim {index_head_dim} must be a multiple of quant_block {quant_block} "
+                        "(one fp32 indexer scale per block)")
     if latent_dtype == "fp8":
         latent_token = kv_lora_rank + (kv_lora_rank // 128) * 4 + rope_dim * 2
         latent_layout = f"{page_size}x[{kv_lora_rank} fp8 nope|{kv_lora_rank // 128} fp32 scale|{rope_dim} bf16 rope]"

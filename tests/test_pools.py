@@ -275,3 +275,19 @@ def test_allocate_engine_like_on_a_device_torch_cannot_reach(device):
     # Was AssertionError ("Torch not compiled with CUDA enabled") / RuntimeError.
     with pytest.raises(SpecError, match=device):
         allocate_engine_like(nsa_spec(num_layers=2), num_pages=2, device=device)
+
+
+@pytest.mark.parametrize("reserved", [3, None, 2.5])
+def test_reserved_pages_that_are_no_collection_are_a_spec_error(reserved):
+    # a bare int or None leaked TypeError: 'int' object is not iterable
+    latent, indexer = sglang_nsa_tensors(4)
+    buffers = {"latent": DeviceBuffer.token_indexed(latent, 64), "indexer": DeviceBuffer.page_indexed(indexer)}
+    with pytest.raises(SpecError, match="reserved pages"):
+        DevicePool(NSA, buffers, reserved_pages=reserved)
+
+
+@pytest.mark.parametrize("layout", [["page_first"], None, 1])
+def test_a_host_layout_that_is_no_name_is_a_pool_error(layout):
+    # a list leaked TypeError: unhashable type: 'list'
+    with pytest.raises(PoolError, match="unknown host layout"):
+        HostPool(NSA, 4, layout)

@@ -93,6 +93,8 @@ def _page_ids(pages: Iterable[int], what: str) -> list[int]:
     ``int()`` would turn into page ids) are refused, naming the index."""
     if isinstance(pages, (torch.Tensor, np.ndarray)):
         pages = pages.reshape(-1).tolist() if _integer_array(pages) else [pages]
+    elif isinstance(pages, (str, bytes)) or not isinstance(pages, Iterable):
+        raise SpecError(f"{what}: expected a collection of int page ids, got {type(pages).__name__}")
     out = []
     for i, p in enumerate(pages):
         if isinstance(p, (torch.Tensor, np.ndarray)) and p.ndim == 0 and _integer_array(p):

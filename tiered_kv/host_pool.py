@@ -49,7 +49,7 @@ class HostPool:
         check_spec(spec)
         try:
             layout_cls = LAYOUTS[layout]
-        except KeyError:
+        except (KeyError, TypeError):  # TypeError: an unhashable value (a list) is no layout name
             raise PoolError(f"unknown host layout {layout!r}; choose one of {sorted(LAYOUTS)}") from None
         num_slots = check_count(num_slots, "num_slots", minimum=1)
         self.spec = spec

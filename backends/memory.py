@@ -16,10 +16,11 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
+from ..errors import ConfigError
 from ..host_pool import HostPool
 from ..sizes import MAX_SIZE
 from .base import Backend, Capabilities, OtherLength
-from .url_options import check_fields, options_from_url
+from .url_options import check_fields, options_from_url, split_url
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,10 @@ class MemoryBackend(Backend):
 
     @classmethod
     def from_url(cls, url: str, pool: HostPool | None, **options: Any) -> "MemoryBackend":
+        parts = split_url(url)
+        if parts.netloc or parts.path:
+            raise ConfigError(f"{url}: a memory:// store lives in this process; it takes no host, port or path "
+                              "(memory://?capacity_bytes=1GiB)")
         return cls(pool, options_from_url(MemoryOptions, url, options))
 
     @property

@@ -96,3 +96,12 @@ async def test_every_corrupt_record_of_a_large_batch_is_found_counted_and_delete
             assert backend.stats.corrupt == len(damaged)
             present = [await backend.contains(k) for k in keys]
             assert present == [i not in damaged for i in range(pages)]
+
+
+@pytest.mark.parametrize("url", ["memory://somehost", "memory://localhost:99999", "memory://:abc", "memory:///some/path",
+                                 "memory://host/path?capacity_bytes=1GiB"])
+def test_a_memory_url_with_a_host_or_path_is_refused(url):
+    # memory:// stores in this process: a host, port or path named nothing and was silently ignored
+    with HostPool(SPEC, 2) as pool:
+        with pytest.raises(ConfigError, match="memory://"):
+            open_backend(url, pool)

@@ -10,7 +10,7 @@ import torch
 from tiered_kv import HostPool, mha_spec, mla_spec, nsa_spec
 from tiered_kv import record
 from tiered_kv.errors import (CorruptRecordError, ForeignRecordError, NotARecordError, PageKeyError, RecordError,
-                              TruncatedRecordError)
+                              SpecError, TruncatedRecordError)
 from tiered_kv.spec import Component, KVSpec
 
 PRESETS = {
@@ -179,3 +179,16 @@ def test_other_length_that_is_no_record_is_damage(value):
     exc = record.other_length_error(value, length=len(value), expected=4096 + 24, fingerprint=TINY.fingerprint,
                                     key="k", payload_len=24)
     assert isinstance(exc, (TruncatedRecordError, CorruptRecordError)) and not isinstance(exc, ForeignRecordError)
+
+
+@pytest.mark.parametrize("fingerprint", ["ab", "zz" * 16, "ab" * 17, 5, None])
+def test_a_fingerprint_that_is_no_spec_fingerprint_is_refused_when_encoding(fingerprint):
+    # "ab" was silently padded to ab000..., "zz"*16 leaked ValueError from bytes.fromhex, 5 a TypeError
+    with pytest.raises(SpecError, match="fingerprint"):
+        record.encode(b"payload", fingerprint=fingerprint, key="k")
+
+
+@pytest.mark.parametrize("payload", ["text", None, 5])
+def test_a_payload_that_is_no_buffer_is_a_record_error_when_encoding(payload):
+    with pytest.raises(NotARecordError):
+        record.encode(payload, fingerprint=nsa_spec(num_layers=1).fingerprint, key="k")

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from .errors import CorruptRecordError, ForeignRecordError, NotARecordError, RecordError, TruncatedRecordError
+from .errors import CorruptRecordError, ForeignRecordError, NotARecordError, RecordError, SpecError, TruncatedRecordError
 from .keys import MAX_KEY_BYTES, check_key
 from .spec import FORMAT_VERSION
 
@@ -61,6 +61,18 @@ class RecordHeader:
     checksum: bytes
 
 
+def _fingerprint_bytes(fingerprint: str) -> bytes:
+    """The 16 raw bytes of a ``KVSpec.fingerprint`` (32 hex characters); SpecError for anything else,
+    which ``struct`` would pad or cut into another spec's fingerprint."""
+    try:
+        raw = bytes.fromhex(fingerprint) if isinstance(fingerprint, str) and len(fingerprint) == 32 else None
+    except ValueError:
+        raw = None
+    if raw is None:
+        raise SpecError(f"a spec fingerprint is 32 hex characters (KVSpec.fingerprint), got {repr(fingerprint)[:80]}")
+    return raw
+
+
 def write_header(header: memoryview, *, fingerprint: str, key: str, payload) -> None:
     """Fill the 4 KiB ``header`` block for ``payload`` (any contiguous buffer).
 
@@ -69,11 +81,12 @@ def write_header(header: memoryview, *, fingerprint: str, key: str, payload) -> 
     if len(header) < HEADER_BYTES:
         raise ValueError(f"header block needs {HEADER_BYTES} bytes, got {len(header)}")
     raw_key = _key_bytes(key)
-    payload_len = memoryview(payload).nbytes
+    raw_fingerprint = _fingerprint_bytes(fingerprint)
+    payload_len = _bytes_of(payload).nbytes
     header[:HEADER_BYTES] = _ZEROS
     _FIXED.pack_into(
         header, 0, MAGIC, FORMAT_VERSION, CHECKSUM_XXH3_128, len(raw_key), 0,
-        bytes.fromhex(fingerprint), payload_len, payload_checksum(payload),
+        raw_fingerprint, payload_len, payload_checksum(payload),
     )
     header[_KEY_OFFSET:_KEY_OFFSET + len(raw_key)] = raw_key
     header[_HEADER_SUM_OFFSET:HEADER_BYTES] = xxhash.xxh3_128_digest(header[:_HEADER_SUM_OFFSET])
@@ -81,10 +94,10 @@ def write_header(header: memoryview, *, fingerprint: str, key: str, payload) -> 
 
 def encode(payload, *, fingerprint: str, key: str) -> bytearray:
     """A new record (header + copy of ``payload``)."""
-    size = memoryview(payload).nbytes
-    out = bytearray(HEADER_BYTES + size)
+    data = _bytes_of(payload)
+    out = bytearray(HEADER_BYTES + data.nbytes)
     view = memoryview(out)
-    view[HEADER_BYTES:] = memoryview(payload).cast("B")
+    view[HEADER_BYTES:] = data
     write_header(view[:HEADER_BYTES], fingerprint=fingerprint, key=key, payload=view[HEADER_BYTES:])
     return out
 

@@ -236,3 +236,20 @@ def test_cli_plot(tmp_path):
     else:
         assert proc.returncode == 0, proc.stderr
         assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_l3_that_is_unreachable_is_a_failure_found_exit_1():
+    """README: exit 1 for a failure found, a backend unreachable among them. The replay ran on with
+    the tier degraded (a warning on stderr) and exited 0."""
+    from tiered_kv.hierarchy import Policies, PrefetchPolicy
+
+    from ..backends.redis_server import free_port
+
+    # No page reaches L3's write queue (admission after many hits), so the run ends at once; the
+    # lookups still ask the dead server and put the tier in its degraded state.
+    policies = Policies(prefetch=PrefetchPolicy.WAIT_COMPLETE, l3_admission_hits=1000)
+    s = checked_replay(synthetic_chat(TINY_CHAT), l3_url=f"redis://127.0.0.1:{free_port()}", policies=policies,
+                       **TINY_TIERS)
+    assert s["pages_wrong"] == 0 and s["l3_degraded_episodes"] >= 1
+    assert exit_code(s) == 1
+

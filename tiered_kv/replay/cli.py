@@ -220,8 +220,9 @@ def _serve(h: Any, address: tuple[str, int]) -> Any:
 
 
 def exit_code(summary: dict[str, Any]) -> int:
-    """1 when a loaded page was wrong (a tier returned bytes that are not the page's), else 0."""
-    return 1 if summary["pages_wrong"] else 0
+    """1 when a loaded page was wrong (a tier returned bytes that are not the page's) or the L3
+    backend failed during the run (its tier went degraded: unreachable, erroring), else 0."""
+    return 1 if summary["pages_wrong"] or summary.get("l3_degraded_episodes") else 0
 
 
 __all__ = ["add_arguments", "exit_code", "metrics_address", "add_parser", "register", "run", "settings_from_args", "workload_from_args"]

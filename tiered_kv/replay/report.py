@@ -74,6 +74,7 @@ def summarize(result: ReplayResult, **extra: Any) -> dict[str, Any]:
         "l3_pages_read": result.controller.get("pages_read", 0),
         "l3_pages_written": result.controller.get("pages_written", 0),
         "l3_writes_refused": result.controller.get("writes_refused", 0),
+        "l3_degraded_episodes": result.controller.get("degraded_episodes", 0),
         "prefill_stand_in_s": round(result.fill_s, 3),
         "verify_s": round(result.verify_s, 3),
         **extra,
@@ -109,6 +110,8 @@ def format_table(s: dict[str, Any]) -> str:
     lines.append("")
     lines.append(f"pages verified {s['pages_verified']:,}, pages wrong {s['pages_wrong']:,}"
                  + ("" if s["simulate"] else " (must be 0)"))
+    if s.get("l3_degraded_episodes"):
+        lines.append(f"L3 degraded {s['l3_degraded_episodes']:,} time(s): the backend failed during the run")
     return "\n".join(lines)
 
 

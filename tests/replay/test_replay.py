@@ -253,3 +253,14 @@ def test_an_l3_that_is_unreachable_is_a_failure_found_exit_1():
     assert s["pages_wrong"] == 0 and s["l3_degraded_episodes"] >= 1
     assert exit_code(s) == 1
 
+
+def test_host_mem_below_one_controller_batch_is_refused_as_the_config_refuses_it(capsys):
+    """``l2.size`` below one controller batch is refused by the config; ``--host-mem`` took it."""
+    from tiered_kv.plan import slot_bytes
+
+    spec = embedded_default().spec
+    code = main(["replay", "--simulate", "--quiet", "--host-mem", str(8 * slot_bytes(spec))])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "--host-mem" in err and "fewer than one controller batch" in err
+    assert len(err.strip().splitlines()) == 1

@@ -88,6 +88,10 @@ class ReplaySettings:
                 raise ConfigError(f"{flag} {given:,} B holds no page of {tier.bytes_per_page:,} B "
                                   f"({self.model}, page size {self.spec.page_size})")
             changes[name] = tier.pages
+        batch = self.limits.batch_pages
+        if host_bytes is not None and tiers[1].pages < batch:  # as the config refuses l2.size
+            raise ConfigError(f"--host-mem {host_bytes:,} B holds {tiers[1].pages} pages of {tiers[1].bytes_per_page:,} B, "
+                              f"fewer than one controller batch (controller.batch_pages = {batch})")
         return replace(self, **changes)
 
 

@@ -282,6 +282,17 @@ def test_bad_env_names_the_variable(env: dict, expected: str) -> None:
     assert "\n" not in str(info.value) and str(info.value).startswith(expected), str(info.value)
 
 
+def test_an_env_section_replacing_a_file_value_is_blamed_on_the_variable(tmp_path: Path) -> None:
+    # The variable's section replaced the file's l2.size; the error named the file.
+    path = write(tmp_path, "l2: {size: 2GiB}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={"TIERED_KV_L2__SIZE__X": "1"})
+    assert str(info.value).startswith("TIERED_KV_L2__SIZE__X: "), str(info.value)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides={"l2.size.x": 1}, env={})
+    assert str(info.value).startswith("arguments: l2.size: "), str(info.value)
+
+
 def test_precedence_file_then_env_then_explicit(tmp_path: Path) -> None:
     path = write(tmp_path, "l1: {size: 1GiB}\nl2: {size: 2GiB}\nl3: {size: 3GiB}\nmetrics: {port: 9001}\n")
     env = {"TIERED_KV_L2__SIZE": "20GiB", "TIERED_KV_L3__SIZE": "30GiB"}

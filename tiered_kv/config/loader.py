@@ -184,16 +184,23 @@ def _sources(file_data: dict, path: str | None, env_data: dict, env: Mapping[str
              explicit: dict) -> dict[str, tuple[str, str]]:
     """dotted key -> (source, origin) of the layer that set it last."""
     out: dict[str, tuple[str, str]] = {}
+
+    def put(leaf: tuple[str, ...], found: tuple[str, str]) -> None:
+        # A section set below an earlier layer's value replaced that value: it is no longer its source.
+        for i in range(1, len(leaf)):
+            out.pop(".".join(leaf[:i]), None)
+        out[".".join(leaf)] = found
+
     for leaf in _leaves(file_data):
-        out[".".join(leaf)] = (FILE, str(path))
+        put(leaf, (FILE, str(path)))
     names = {k.upper(): k for k in env}
     for leaf in _leaves(env_data):
         # The longest prefix an environment variable names: TIERED_KV_L2__SIZE, or TIERED_KV_L2 as JSON.
         var = next((names[_env_name(leaf[:i])] for i in range(len(leaf), 0, -1) if _env_name(leaf[:i]) in names),
                    _env_name(leaf))
-        out[".".join(leaf)] = (ENV, var)
+        put(leaf, (ENV, var))
     for leaf in _leaves(explicit):
-        out[".".join(leaf)] = (ARGUMENT, "arguments")
+        put(leaf, (ARGUMENT, "arguments"))
     return out
 
 

@@ -212,3 +212,28 @@ def test_l2_keeps_taking_new_pages_while_l3_is_down(write):
             assert s.controller.stats.pages_written > written
         finally:
             s.close()
+
+
+@pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")
+def test_wait_idle_does_not_wait_for_puts_to_a_degraded_tier():
+    """Puts queued for a tier that is down wait for the server (retried with backoff); the
+    replay's end and tests call ``wait_idle``, which used to sit out its whole timeout (30 s)
+    for them. It answers False (not idle) at once instead, and the puts stay queued."""
+    with RedisServer() as server:
+        s = make_stack(server.url, host_slots=24, l1_pages=10,
+                       limits=ControllerLimits(retry_base_s=0.5, retry_max_s=2.0))
+        try:
+            s.serve(("up", 0), keys_of(prompts(81, [4])[0]))
+            s.settle()
+            server.kill()
+            for i, keys in enumerate(keys_of(t) for t in prompts(82, [3] * 6)):
+                s.serve(("down", i), keys, timeout_s=10)
+            assert s.controller.degraded and s.manager._puts
+            calls = []
+            busy = s.manager.busy
+            s.manager.busy = lambda: calls.append(1) or busy()
+            assert s.manager.wait_idle(timeout_s=30) is False
+            assert len(calls) <= 2  # answered at once, not after ~30k polls of 1 ms
+            assert s.manager._puts  # nothing dropped by asking
+        finally:
+            s.close()

@@ -538,13 +538,19 @@ class CacheManager:
                     or any(p.future is not None and not p.future.done() for p in self._prefetches.values()))
 
     def wait_idle(self, timeout_s: float = 30.0, step_s: float = 0.001) -> bool:
-        """Block until no L3 work is in flight (tests, the replay's end, ``close``)."""
+        """Block until no L3 work is in flight (tests, the replay's end, ``close``); False when the
+        timeout ran out, or at once when all that is left is puts to a degraded tier (they wait
+        for the server to come back, which no caller of this should wait for)."""
         deadline = time.monotonic() + timeout_s
         while self.busy():
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or self._only_puts_to_a_degraded_tier():
                 return False
             time.sleep(step_s)
         return True
+
+    def _only_puts_to_a_degraded_tier(self) -> bool:
+        return (self.l3 is not None and self.l3.degraded and not self._lookups and not self._orphans
+                and all(p.future is None or p.future.done() for p in self._prefetches.values()))
 
     def _check_open(self) -> None:
         if self._closed:

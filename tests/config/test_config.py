@@ -399,3 +399,23 @@ def test_replay_runs_the_config_file_with_flags_winning(capsys: pytest.CaptureFi
     out = json.loads(capsys.readouterr().out)
     assert out["tier_pages"]["l1"] == settings.l1_pages and out["tier_pages"]["l3"] == settings.l3_pages
     assert out["tier_pages"]["l2"] == settings.with_sizes(host_bytes=host).l2_pages != settings.l2_pages
+
+
+def test_replay_reads_the_config_named_by_tiered_kv_config_with_its_environment(capsys: pytest.CaptureFixture,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """``$TIERED_KV_CONFIG`` names the file for ``replay`` as for ``config show`` (file < environment
+    < flags); with neither it and ``--config`` the replay runs the embedded default."""
+    from tiered_kv.replay import embedded_default
+
+    embedded = str(EXAMPLES / "embedded.yaml")
+    env = {"TIERED_KV_L2__SIZE": "6MiB"}
+    expected = replay_settings(embedded, env=env)
+    assert expected.l2_pages != embedded_default().l2_pages  # the run below can tell them apart
+    monkeypatch.setenv("TIERED_KV_CONFIG", embedded)
+    monkeypatch.setenv("TIERED_KV_L2__SIZE", "6MiB")
+    assert main(["replay", "--simulate", "--clients", "2", "--rounds", "2", "--json", "--quiet"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tier_pages"]["l2"] == expected.l2_pages and out["tier_pages"]["l1"] == expected.l1_pages
+    monkeypatch.delenv("TIERED_KV_CONFIG")
+    assert main(["replay", "--simulate", "--clients", "2", "--rounds", "2", "--json", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out)["tier_pages"]["l2"] == embedded_default().l2_pages

@@ -7,7 +7,8 @@
                      [--no-verify] [--json] [--plot FILE.png] [--quiet]
                      [--metrics-port N [--metrics-host ADDR] [--hold-s S]]
 
-With no config and no sizing flags it runs the embedded default (``replay.setup``). ``--model``
+With no config (``--config``, else ``$TIERED_KV_CONFIG``) and no sizing flags it runs the embedded
+default (``replay.setup``). ``--model``
 switches to that preset's spec, with the tiers sized like ``plan`` (64GiB / 512GiB / 4TiB unless
 given). Sizing flags win over the config file. Exit codes: 0 ok, 1 a loaded page was wrong
 (``pages_wrong`` > 0) or the run failed, 2 bad usage or input (a malformed trace line included).
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
 from typing import Any
@@ -51,7 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--rate", type=positive_float, default=d.rate, help=f"requests per second, Poisson (default {d.rate})")
     src.add_argument("--seed", type=non_negative_int, default=d.seed, help=f"workload seed (default {d.seed})")
     size = p.add_argument_group("hierarchy (default: the embedded setup; flags win over --config)")
-    size.add_argument("--config", metavar="FILE", help="a tiered-kv config file (YAML or TOML)")
+    size.add_argument("--config", metavar="FILE",
+                      help="a tiered-kv config file (YAML or TOML; default: $TIERED_KV_CONFIG, else the embedded setup)")
     size.add_argument("--model", choices=sorted(MODEL_PRESETS), help="model preset; tiers sized as 'plan' sizes them")
     size.add_argument("--page-size", type=positive_int, default=None, help="tokens per page (with --model; default 64)")
     size.add_argument("--layers", type=positive_int, default=None, help="the model's first N layers (with --model)")
@@ -93,6 +96,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return p
 
 
+def config_path(args: argparse.Namespace) -> str | None:
+    """The config file of a run: ``--config``, else ``$TIERED_KV_CONFIG`` (as ``config show`` and
+    ``load_config`` read it), else None: the embedded default."""
+    return args.config or os.environ.get("TIERED_KV_CONFIG") or None
+
+
 def _from_config(path: str) -> ReplaySettings:
     from ..config import replay_settings  # pydantic is needed only when a config file is given
 
@@ -101,7 +110,8 @@ def _from_config(path: str) -> ReplaySettings:
 
 def settings_from_args(args: argparse.Namespace) -> ReplaySettings:
     """The settings the arguments describe: config file (or the embedded default), then flags."""
-    settings = _from_config(args.config) if args.config else embedded_default()
+    path = config_path(args)
+    settings = _from_config(path) if path else embedded_default()
     sizes: dict[str, Any] = {"gpu_bytes": args.gpu_mem, "host_bytes": args.host_mem, "disk_bytes": args.disk}
     if args.model is not None:
         model_layers = MODEL_PRESETS[args.model][1]
@@ -198,10 +208,10 @@ def metrics_address(args: argparse.Namespace) -> tuple[str, int] | None:
     from ..metrics import DEFAULT_HOST, check_address
 
     host, port = args.metrics_host, args.metrics_port
-    if port is None and args.config:
+    if port is None and config_path(args):
         from ..config import load_config
 
-        section = load_config(args.config).metrics
+        section = load_config(config_path(args)).metrics
         if section.enabled:
             host, port = host or section.host, section.port
     if port is None:

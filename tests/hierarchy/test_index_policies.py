@@ -419,3 +419,25 @@ def test_l1_pages_takes_numpy_ints_and_refuses_bools_floats_and_out_of_range():
                 c.mgr.lookup("b", KEYS[:4], bad)
     finally:
         c.close()
+
+
+def test_a_load_plan_completed_twice_is_refused_and_never_unlocks_another_requests_pages():
+    """Two requests load the same L2 pages; the engine completes the first plan twice (a retry).
+    The second completion is a PoolError and the other request's lock stays: it used to take the
+    other request's lock away, so its slots went to a new store while its load still read them."""
+    alloc = SlotAllocator(2)
+    mgr = CacheManager(alloc, page_size=PAGE)
+    plan = mgr.prepare_store(KEYS[:2])
+    mgr.complete_store(plan, True)
+    a = mgr.prepare_load(KEYS[:2], "a")
+    b = mgr.prepare_load(KEYS[:2], "b")  # b's load is in flight
+    mgr.complete_load(a)
+    with pytest.raises(PoolError, match="already completed"):
+        mgr.complete_load(a)
+    assert [mgr.index.entry(k).locks for k in KEYS[:2]] == [1, 1]
+    assert len(mgr.prepare_store(KEYS[2:4])) == 0  # b's slots are not handed out
+    mgr.complete_load(b)
+    with pytest.raises(PoolError, match="already completed"):
+        mgr.complete_store(plan, True)
+    mgr.close()
+    assert alloc.free_count == alloc.num_slots

@@ -36,7 +36,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError, PoolError, TieredKVError
@@ -77,6 +77,7 @@ class LoadPlan:
 
     keys: list[str]
     slots: list[int]
+    completed: bool = field(default=False, repr=False, compare=False)  # complete_load ran
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -89,6 +90,7 @@ class StorePlan:
     keys: list[str]
     slots: list[int]
     positions: list[int]
+    completed: bool = field(default=False, repr=False, compare=False)  # complete_store ran
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -377,7 +379,10 @@ class CacheManager:
 
     def complete_load(self, plan: LoadPlan, completion: object = None) -> None:
         """The worker's load was issued: unlock; the slots are reused only once ``completion``."""
+        if getattr(plan, "completed", False):  # a second unlock would take another request's lock
+            raise PoolError("complete_load: this load plan was already completed")
         self.index.unlock(plan.keys, completion)
+        plan.completed = True
 
     # --- stores L1 -> L2 ---------------------------------------------------------------------
     def prepare_store(self, keys: Sequence[str], protect: Sequence[str] = ()) -> StorePlan:
@@ -406,6 +411,9 @@ class CacheManager:
         flags = [success] * len(plan) if isinstance(success, bool) else list(success)
         if len(flags) != len(plan):
             raise ConfigError(f"complete_store: {len(flags)} success flags for {len(plan)} pages")
+        if plan.completed:  # its keys may be another plan's store by now
+            raise PoolError("complete_store: this store plan was already completed")
+        plan.completed = True
         to_l3 = []
         for k, ok in zip(plan.keys, flags):
             slot = self.index.finish_store(k, bool(ok), completion)

@@ -441,3 +441,33 @@ def test_a_load_plan_completed_twice_is_refused_and_never_unlocks_another_reques
         mgr.complete_store(plan, True)
     mgr.close()
     assert alloc.free_count == alloc.num_slots
+
+
+def test_a_request_scheduled_while_its_l3_answer_was_out_leaves_nothing_pending():
+    """The scheduler stops waiting for L3 (lookup said None) and runs the request: prepare_load
+    with its id ends the request, its lookup included, as abort does. Before, the lookup stayed
+    in the manager for good: busy() was True forever and wait_idle ran out its timeout."""
+    import asyncio
+
+    class SlowL3:
+        scheme = "slow"
+
+        async def exists(self, keys):
+            await asyncio.sleep(0.05)
+            return 0
+
+        async def aclose(self):
+            pass
+
+    alloc = SlotAllocator(4)
+    l3 = L3Controller(SlowL3(), record_bytes=4096)
+    mgr = CacheManager(alloc, page_size=PAGE, l3=l3)
+    try:
+        assert mgr.lookup("r", KEYS[:2]) is None
+        plan = mgr.prepare_load(KEYS[:2], "r")
+        mgr.complete_load(plan)
+        assert mgr.pending_l3("r") is None
+        assert mgr.wait_idle(5)
+    finally:
+        mgr.close()
+    assert_clean(alloc, l3)

@@ -365,6 +365,7 @@ class CacheManager:
         self._check_open()
         keys = check_keys(keys)
         if request_id is not None:
+            self._lookups.pop(request_id, None)  # scheduled: an L3 answer still out is not waited for
             self._finish_prefetch(request_id)
         run = keys[:self.index.l2_run(keys)]
         self.index.lock(run)

@@ -187,6 +187,9 @@ BAD = [
      "spec.layer_range: layer_range (4, 12) must lie within [0, 8] and be non-empty"),
     ("metrics port", "metrics: {port: 70000}\n",
      "metrics.port: input should be less than or equal to 65535, got 70000"),
+    # Passed config check, then the replay refused it without naming the file or the key.
+    ("metrics host no IP address", "metrics: {enabled: true, host: localhost}\n",
+     "metrics.host: metrics host must be an IP address (127.0.0.1, 0.0.0.0, ::1), got 'localhost'"),
     ("L1 of no page", "l1: {size: 1KiB}\n", "l1.size: 1.00 KiB holds no page of"),
     # Named the spec's component size under spec.kind before the spec factories checked page_size.
     ("page size 0", "spec: {page_size: 0}\n", "spec.page_size: page_size must be an int >= 1, got 0"),

@@ -400,9 +400,16 @@ PoliciesConfig = mirror("PoliciesConfig", Policies, {"prefetch_timeout": Prefetc
 ControllerConfig = mirror("ControllerConfig", ControllerLimits)
 
 
+def _metrics_host(value: str) -> str:
+    """The endpoint's address as ``serve_metrics`` takes it (an IP address, no host name)."""
+    from ..metrics import check_address
+
+    return check_address(value, 0)[0]
+
+
 class MetricsConfig(Section):
     enabled: Bool = False
-    host: HostName = "127.0.0.1"
+    host: Annotated[HostName, AfterValidator(_metrics_host)] = "127.0.0.1"
     port: Port = 9400
 
 

@@ -689,3 +689,92 @@ def test_gpu_pitched_batch_loads_and_backups(layout, monkeypatch):
             assert torch.equal(host.chunk_view(ci, layer)[back], device.pool.chunk_view(ci, layer)[pages.cuda()].cpu())
     assert calls, "no cudaMemcpy3DBatchAsync ran: the pitched path was not taken"
     host.close()
+
+
+def test_handle_event_refuses_layers_not_loaded():
+    """``LoadHandle.event`` checks its layer as ``wait_layer`` and ``layer_done`` do (on a GPU it
+    raised KeyError for a layer not loaded; on CPU it answered None for anything); the message of
+    a layer outside a load names the load's layers (a load of no layers, or of layers 0 and 2)."""
+    device, host = _pools()
+    engine = TransferEngine(device.pool, host)
+    handle = engine.load([1], [2], layers=[0, 2])
+    for bad in (1, 3, -1):
+        with pytest.raises(IndexValidationError, match=f"layer {bad} is not part of this load"):
+            handle.event(bad)
+    with pytest.raises(IndexValidationError, match="not a layer index"):
+        handle.event("0")
+    assert handle.event(2) is None  # CPU: complete, no event
+    with pytest.raises(IndexValidationError, match=r"layer 1 is not part of this load \(layers \(0, 2\)\)"):
+        handle.wait_layer(1)
+    empty = engine.load([1], [2], layers=[])
+    for query in (empty.wait_layer, empty.layer_done, empty.event):
+        with pytest.raises(IndexValidationError, match=r"layer 0 is not part of this load \(layers \(\)\)"):
+            query(0)
+
+
+@pytest.mark.parametrize("options", [{"num_ctas": 2}, LoadSplit(), "auto"])
+def test_options_that_are_not_transfer_options_are_refused(options):
+    """``options=`` of the engine, a backup or a load must be a ``TransferOptions`` (a dict or a
+    ``LoadSplit`` raised AttributeError), and nothing is written."""
+    device, host = _pools()
+    before = [root.clone() for root in device.roots], host.buffer.clone()
+    with pytest.raises(ConfigError, match="options"):
+        TransferEngine(device.pool, host, options=options)
+    engine = TransferEngine(device.pool, host)
+    with pytest.raises(ConfigError, match="options"):
+        engine.backup([1, 2], [3, 4], options=options)
+    with pytest.raises(ConfigError, match="options"):
+        engine.load([1, 2], [3, 4], options=options)
+    assert all(torch.equal(a, b) for a, b in zip(before[0], device.roots)) and torch.equal(before[1], host.buffer)
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("ce_fraction", "0.5"), ("ce_fraction", None), ("ce_fraction", True),
+    ("copy_streams", 1.5), ("copy_streams", "2"), ("copy_streams", True),
+    ("unit_rows", 2.5), ("unit_rows", "4"), ("staging_ctas", 0), ("staging_ctas", "x"),
+    ("layers_per_copy", 1.5), ("kernel_blocks", 2.0), ("ramp", "yes"), ("ramp", None),
+    ("ramp_step", 1.5), ("head_layers", 1.5), ("head_layers", "1"), ("kernel_ctas", 1.5), ("kernel_ctas", "2"),
+    ("kernel_tile", 512.0), ("kernel_tile", "512"), ("issue_halves", 2.0),
+])
+def test_load_split_fields_of_wrong_types_are_config_errors(field, value):
+    """A ``LoadSplit`` field of the wrong type is a ConfigError naming the field (it was a bare
+    TypeError, or taken and failing deep inside a load: a float count, a bool fraction)."""
+    with pytest.raises(ConfigError, match=f"LoadSplit.{field}"):
+        LoadSplit(**{field: value})
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("load_split", "x"), ("load_split", {}), ("ce_fraction", "0.5"), ("ce_fraction", True),
+    ("backup_ce_fraction", "1"), ("batch_flags", "0"), ("batch_flags", -1), ("batch_flags", 1.5),
+    ("batch_flags", None), ("batch_flags", True), ("num_ctas", 1.5), ("num_ctas", "2"), ("num_ctas", True),
+])
+def test_transfer_options_fields_of_wrong_types_are_config_errors(field, value):
+    """The same for ``TransferOptions`` (and the engine's ``num_ctas``, which goes through it)."""
+    with pytest.raises(ConfigError, match=f"TransferOptions.{field}"):
+        TransferOptions(**{field: value})
+    if field == "num_ctas":
+        device, host = _pools()
+        with pytest.raises(ConfigError, match="TransferOptions.num_ctas"):
+            TransferEngine(device.pool, host, num_ctas=value)
+
+
+def test_load_split_and_options_keep_valid_values():
+    """Ints stay ints (numpy ints and 0-d tensors become Python ints), fractions floats."""
+    import numpy as np
+
+    split = LoadSplit(ce_fraction=1, copy_streams=np.int64(2), head_layers=torch.tensor(1), ramp=True, ramp_step=2,
+                      kernel_tile=512, staging_ctas=4)
+    assert (split.ce_fraction, split.copy_streams, split.head_layers) == (1.0, 2, 1)
+    assert type(split.copy_streams) is int and type(split.head_layers) is int
+    options = TransferOptions(load_split=split, ce_fraction=0, num_ctas=np.int32(3), batch_flags=0)
+    assert options.num_ctas == 3 and type(options.num_ctas) is int and options.ce_fraction == 0.0
+
+
+def test_uint64_ids_beyond_int64_are_named_as_such():
+    """numpy uint64 ids above int64 wrapped to negative numbers, named with the wrong value."""
+    import numpy as np
+
+    device, host = _pools()
+    engine = TransferEngine(device.pool, host)
+    with pytest.raises(IndexValidationError, match=f"device pages: index 1 is {2**63 + 5}, outside int64"):
+        engine.backup(np.array([1, 2**63 + 5], dtype=np.uint64), [3, 4])

@@ -36,6 +36,9 @@ def _as_cpu_ids(ids: IdsLike, what: str) -> torch.Tensor:
     not page 1) are refused, naming the index."""
     if isinstance(ids, np.ndarray):
         if ids.ndim == 1 and ids.dtype.kind in "iu":
+            if ids.dtype.kind == "u" and ids.size and ids.max() > _INT64[1]:  # would wrap to negative ids
+                i = int(np.argmax(ids > _INT64[1]))
+                raise IndexValidationError(f"{what}: index {i} is {int(ids[i])}, outside int64")
             return torch.from_numpy(ids.astype(np.int64, copy=True))
         if ids.ndim != 1:
             raise IndexValidationError(f"{what}: expected a 1-D index array, got shape {ids.shape}")

@@ -163,7 +163,7 @@ class LoadHandle:
         """``layer`` as an int of this load; IndexValidationError otherwise."""
         layer = _layer_index(layer, "layer")
         if layer not in self.layers:
-            raise IndexValidationError(f"layer {layer} is not part of this load (layers {self.layers[0]}..{self.layers[-1]})")
+            raise IndexValidationError(f"layer {layer} is not part of this load (layers {self.layers})")
         return layer
 
     def wait_layer(self, layer: int, stream: torch.cuda.Stream | None = None) -> None:
@@ -181,6 +181,7 @@ class LoadHandle:
 
     def event(self, layer: int) -> torch.cuda.Event | None:
         """The CUDA event recorded once ``layer`` has landed (None on CPU)."""
+        layer = self._check(layer)
         if self._events is None:
             return None
         if self._issued is not None:
@@ -812,7 +813,7 @@ class TransferEngine:
                 f"device pool spec ({device_pool.spec.describe()}) differs from host pool spec ({host_pool.spec.describe()})"
             )
         self._check_path(path)
-        options = options or TransferOptions()
+        options = _check_options(options) or TransferOptions()
         if num_ctas is not None:
             options = replace(options, num_ctas=num_ctas)
         self.device_pool = device_pool
@@ -885,9 +886,9 @@ class TransferEngine:
             host_slots: slot ids of the host pool, unique.
             options: this call's knobs (default: the engine's).
         """
+        options = _check_options(options) or self.options
         copy = validate(self.device_pool, self.host_pool, device_pages, host_slots, to_host=True, token_indices=token_indices)
         name = self._choose(path, copy, to_host=True)
-        options = options or self.options
         job = _Backup(self, copy, options, threads=backup_issue_threads(name, options))
         if not self.on_gpu:
             if len(copy):
@@ -928,7 +929,7 @@ class TransferEngine:
                 raise IndexValidationError(f"layer {layer} outside 0..{num_layers - 1}")
         if len(set(layers)) != len(layers):
             raise IndexValidationError(f"layers repeat: {layers}")
-        options = options or self.options
+        options = _check_options(options) or self.options
         copy = validate(self.device_pool, self.host_pool, device_pages, host_slots, to_host=False, token_indices=token_indices)
         auto = (path or self.path) == "auto"
         name = self._choose(path, copy, to_host=False, single_layer=len(layers) == 1)
@@ -1200,6 +1201,14 @@ HALF_THREAD = 2
 #: stream wait never lands before the previous load's handed-over launches (a head's rest is
 #: launched within about a millisecond of its call).
 HEAD_STREAMS = 2
+
+
+def _check_options(options):
+    """``options`` if it is a ``TransferOptions`` or None; ConfigError otherwise (a dict or a
+    ``LoadSplit`` failed later with AttributeError)."""
+    if options is not None and not isinstance(options, TransferOptions):
+        raise ConfigError(f"options must be a TransferOptions (or None), got {type(options).__name__}")
+    return options
 
 
 def _layer_index(value, what: str) -> int:

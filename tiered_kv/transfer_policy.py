@@ -28,6 +28,33 @@ LOAD_STREAM_PRIORITY = -100
 MAX_COPY_STREAMS = 4
 
 
+#: ``LoadSplit`` counts that may be None.
+_OPTIONAL_COUNTS = ("unit_rows", "staging_ctas", "ramp_step", "kernel_ctas", "kernel_tile")
+
+
+def _fraction(value_of, name: str, *, optional: bool) -> None:
+    """Field ``name`` of a frozen options value: a real number in [0, 1] (no bool, no text), kept
+    as a float; None where ``optional``. ConfigError naming the field otherwise."""
+    value = getattr(value_of, name)
+    if value is None and optional:
+        return
+    kind = type(value_of).__name__
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ConfigError(f"{kind}.{name} must be a number in [0, 1], got {value!r}: {value_of}")
+    object.__setattr__(value_of, name, float(value))
+
+
+def _count(value_of, name: str, *, low: int, optional: bool) -> None:
+    """Field ``name``: an int >= ``low`` (``as_int``), kept as a Python int; None where ``optional``."""
+    value = getattr(value_of, name)
+    if value is None and optional:
+        return
+    count = as_int(value)
+    if count is None or count < low:
+        raise ConfigError(f"{type(value_of).__name__}.{name} must be an int >= {low}, got {value!r}: {value_of}")
+    object.__setattr__(value_of, name, count)
+
+
 @dataclass(frozen=True)
 class LoadSplit:
     """How a ``mixed`` load shares its bytes between the copy engines and the UVA kernel.
@@ -93,6 +120,14 @@ class LoadSplit:
     issue_halves: int = 1
 
     def __post_init__(self) -> None:
+        # Types first, so the range checks below compare numbers (a str raised TypeError, a float
+        # count failed deep inside a load): counts are ints (``as_int``), kept as Python ints.
+        _fraction(self, "ce_fraction", optional=False)
+        for name in ("copy_streams", "layers_per_copy", "kernel_blocks", "head_layers", "issue_halves",
+                     "unit_rows", "staging_ctas", "ramp_step", "kernel_ctas", "kernel_tile"):
+            _count(self, name, low=0 if name == "head_layers" else 1, optional=name in _OPTIONAL_COUNTS)
+        if not isinstance(self.ramp, bool):
+            raise ConfigError(f"LoadSplit.ramp must be True or False: {self}")
         if self.kernel_tile is not None and (self.kernel_tile < 256 or self.kernel_tile & (self.kernel_tile - 1)):
             raise ConfigError(f"LoadSplit.kernel_tile must be a power of two >= 256: {self}")
         if self.head_layers < 0 or any(v is not None and v < 1 for v in (self.ramp_step, self.kernel_ctas)):
@@ -272,12 +307,12 @@ class TransferOptions:
     caller_head_blocks: int | None = None
 
     def __post_init__(self) -> None:
+        if self.load_split is not None and not isinstance(self.load_split, LoadSplit):
+            raise ConfigError(f"TransferOptions.load_split must be a LoadSplit or None: {self}")
         for name in ("ce_fraction", "backup_ce_fraction"):
-            value = getattr(self, name)
-            if value is not None and not 0.0 <= value <= 1.0:
-                raise ConfigError(f"TransferOptions.{name} must be in [0, 1]: {self}")
-        if self.num_ctas is not None and self.num_ctas < 1:
-            raise ConfigError(f"TransferOptions.num_ctas must be positive: {self}")
+            _fraction(self, name, optional=True)
+        _count(self, "num_ctas", low=1, optional=True)
+        _count(self, "batch_flags", low=0, optional=False)
         # Counts are ints (numpy ints and 0-d integer tensors too, as everywhere: ``as_int``), never
         # bools or floats; kept as Python ints.
         for name, low, high in (("issue_threads", 0, MAX_ISSUE_THREADS), ("backup_issue_threads", 0, MAX_ISSUE_THREADS),

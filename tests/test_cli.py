@@ -252,3 +252,13 @@ def test_bench_storage_keeps_what_was_there(tmp_path, capsys):
                         capsys)
     assert code == 0, err
     assert sorted(p.name for p in root.iterdir()) == ["mine", "notes.txt"]
+
+
+@pytest.mark.parametrize("argv", [["--pages", "99999999999"], ["--page-size", "99999999", "--layers", "1"]])
+def test_bench_transfer_pools_too_large_to_allocate_are_bad_input(argv, capsys):
+    """More pages than the device can hold is an impossible argument (exit 2, one line naming the
+    flags), not an "internal error ... (a bug)" from the allocator (exit 1)."""
+    assert cli.main(["bench", "transfer", "--device", "cpu", "--warmup", "0", "--repeat", "1", *argv]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "internal error" not in err
+    assert "--pages" in err and "does not fit" in err

@@ -65,7 +65,11 @@ def measure(spec: KVSpec, *, pages: int, layout: str = "page_first", path: str =
 
     where = _device(device)
     # Page 0 stays reserved, as an engine's padding page; sources, then the loads' destinations.
-    device_pool = allocate_engine_like(spec, 2 * pages + 1, where)
+    try:
+        device_pool = allocate_engine_like(spec, 2 * pages + 1, where)
+    except RuntimeError as exc:  # the allocator's (torch.OutOfMemoryError is one): an impossible size
+        raise ConfigError(f"--pages {pages}: a device pool of {2 * pages + 1} pages of {spec.page_bytes:,} B does not fit "
+                          f"on {where} ({' '.join(str(exc).split())[:160]})") from None
     src = list(range(1, pages + 1))
     dst = list(range(pages + 1, 2 * pages + 1))
     generator = torch.Generator(device=where).manual_seed(0)

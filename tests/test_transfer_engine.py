@@ -778,3 +778,13 @@ def test_uint64_ids_beyond_int64_are_named_as_such():
     engine = TransferEngine(device.pool, host)
     with pytest.raises(IndexValidationError, match=f"device pages: index 1 is {2**63 + 5}, outside int64"):
         engine.backup(np.array([1, 2**63 + 5], dtype=np.uint64), [3, 4])
+
+
+@pytest.mark.parametrize("which", ["device", "host"])
+def test_an_engine_over_what_is_no_pool_is_a_pool_error(which):
+    from tiered_kv import PoolError
+
+    device, host = _pools("nsa", "page_first")
+    args = ("not a pool", host) if which == "device" else (device.pool, None)
+    with pytest.raises(PoolError, match="DevicePool and a HostPool"):
+        TransferEngine(*args)

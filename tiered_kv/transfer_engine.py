@@ -808,6 +808,9 @@ class TransferEngine:
     def __init__(self, device_pool: DevicePool, host_pool: HostPool, *, path: str = "auto", num_ctas: int | None = None,
                  staging_bytes: int | None = None, staging_buffers: int = 2, staging_ctas: int | None = None,
                  timing: bool = False, options: TransferOptions | None = None, high_priority_loads: bool = True) -> None:
+        if not isinstance(device_pool, DevicePool) or not isinstance(host_pool, HostPool):
+            raise PoolError(f"a transfer engine needs a DevicePool and a HostPool, got {type(device_pool).__name__} "
+                            f"and {type(host_pool).__name__}")
         if device_pool.spec.fingerprint != host_pool.spec.fingerprint:
             raise SpecMismatchError(
                 f"device pool spec ({device_pool.spec.describe()}) differs from host pool spec ({host_pool.spec.describe()})"

@@ -471,3 +471,22 @@ def test_a_request_scheduled_while_its_l3_answer_was_out_leaves_nothing_pending(
     finally:
         mgr.close()
     assert_clean(alloc, l3)
+
+
+@pytest.mark.parametrize("bad", ["a plan", None, 3])
+def test_completing_what_is_no_plan_is_a_config_error_and_changes_nothing(bad):
+    """complete_load / complete_store of something that is no plan (a request id, None) raised
+    AttributeError from inside the manager; it is a ConfigError, and no page changes state."""
+    alloc = SlotAllocator(2)
+    mgr = CacheManager(alloc, page_size=PAGE)
+    plan = mgr.prepare_store(KEYS[:2])
+    mgr.complete_store(plan, True)
+    load = mgr.prepare_load(KEYS[:2], "a")
+    with pytest.raises(ConfigError, match="complete_load: plan must be the LoadPlan"):
+        mgr.complete_load(bad)
+    with pytest.raises(ConfigError, match="complete_store: plan must be the StorePlan"):
+        mgr.complete_store(bad, True)
+    assert [mgr.index.entry(k).locks for k in KEYS[:2]] == [1, 1]  # a's lock untouched
+    mgr.complete_load(load)
+    mgr.close()
+    assert alloc.free_count == alloc.num_slots

@@ -380,7 +380,9 @@ class CacheManager:
 
     def complete_load(self, plan: LoadPlan, completion: object = None) -> None:
         """The worker's load was issued: unlock; the slots are reused only once ``completion``."""
-        if getattr(plan, "completed", False):  # a second unlock would take another request's lock
+        if not isinstance(plan, LoadPlan):
+            raise ConfigError(f"complete_load: plan must be the LoadPlan prepare_load returned, got {type(plan).__name__}")
+        if plan.completed:  # a second unlock would take another request's lock
             raise PoolError("complete_load: this load plan was already completed")
         self.index.unlock(plan.keys, completion)
         plan.completed = True
@@ -409,6 +411,8 @@ class CacheManager:
     def complete_store(self, plan: StorePlan, success: bool | Sequence[bool] = True, completion: object = None) -> None:
         """End a store: successful pages become resident (and go on to L3 per policy); the slots
         of failed ones are freed once ``completion`` (the copy that may still write) is done."""
+        if not isinstance(plan, StorePlan):
+            raise ConfigError(f"complete_store: plan must be the StorePlan prepare_store returned, got {type(plan).__name__}")
         flags = [success] * len(plan) if isinstance(success, bool) else list(success)
         if len(flags) != len(plan):
             raise ConfigError(f"complete_store: {len(flags)} success flags for {len(plan)} pages")

@@ -134,8 +134,7 @@ class KVSpec:
 
     def chunk_offset(self, component_index: int, layer: int) -> int:
         """Byte offset of (component, local layer) inside a page payload."""
-        if isinstance(component_index, bool) or not isinstance(component_index, int) \
-                or not 0 <= component_index < len(self.components):
+        if check_int(component_index, "component index", minimum=0) >= len(self.components):
             raise SpecError(f"component index {component_index!r} outside 0..{len(self.components) - 1}")
         if not 0 <= layer < self.num_layers:
             raise SpecError(f"layer {layer} outside 0..{self.num_layers - 1}")

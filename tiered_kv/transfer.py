@@ -22,6 +22,7 @@ import torch
 from .device_pool import DevicePool
 from .errors import IndexValidationError, SpecMismatchError
 from .host_pool import HostPool
+from .integers import as_int
 from .kernels import copy_pages_reference
 
 IdsLike = Sequence[int] | torch.Tensor | np.ndarray
@@ -79,9 +80,10 @@ def pages_from_token_indices(token_indices: IdsLike, page_size: int) -> torch.Te
 
     Raises IndexValidationError naming the first index that breaks a rule.
     """
-    if isinstance(page_size, (bool, np.bool_)) or not isinstance(page_size, (int, np.integer)) or page_size < 1:
+    size = as_int(page_size)
+    if size is None or size < 1:
         raise IndexValidationError(f"token indices: the page size must be an int >= 1, got {page_size!r}")
-    page_size = int(page_size)
+    page_size = size
     tokens = _as_cpu_ids(token_indices, "token indices")
     negative = torch.nonzero(tokens < 0).flatten()
     if negative.numel():

@@ -44,14 +44,16 @@ def _fraction(value_of, name: str, *, optional: bool) -> None:
     object.__setattr__(value_of, name, float(value))
 
 
-def _count(value_of, name: str, *, low: int, optional: bool) -> None:
-    """Field ``name``: an int >= ``low`` (``as_int``), kept as a Python int; None where ``optional``."""
+def _count(value_of, name: str, *, low: int, optional: bool, high: int | None = None) -> None:
+    """Field ``name``: an int in ``low..high`` (``as_int``: numpy ints and 0-d integer tensors
+    too, never bools or floats), kept as a Python int; None where ``optional``."""
     value = getattr(value_of, name)
     if value is None and optional:
         return
     count = as_int(value)
-    if count is None or count < low:
-        raise ConfigError(f"{type(value_of).__name__}.{name} must be an int >= {low}, got {value!r}: {value_of}")
+    if count is None or count < low or (high is not None and count > high):
+        span = f"in {low}..{high}" if high is not None else f">= {low}"
+        raise ConfigError(f"{type(value_of).__name__}.{name} must be an int {span}, got {value!r}: {value_of}")
     object.__setattr__(value_of, name, count)
 
 
@@ -123,9 +125,10 @@ class LoadSplit:
         # Types first, so the range checks below compare numbers (a str raised TypeError, a float
         # count failed deep inside a load): counts are ints (``as_int``), kept as Python ints.
         _fraction(self, "ce_fraction", optional=False)
-        for name in ("copy_streams", "layers_per_copy", "kernel_blocks", "head_layers", "issue_halves",
+        for name in ("copy_streams", "layers_per_copy", "kernel_blocks", "head_layers",
                      "unit_rows", "staging_ctas", "ramp_step", "kernel_ctas", "kernel_tile"):
             _count(self, name, low=0 if name == "head_layers" else 1, optional=name in _OPTIONAL_COUNTS)
+        _count(self, "issue_halves", low=1, high=2, optional=False)
         if not isinstance(self.ramp, bool):
             raise ConfigError(f"LoadSplit.ramp must be True or False: {self}")
         if self.kernel_tile is not None and (self.kernel_tile < 256 or self.kernel_tile & (self.kernel_tile - 1)):
@@ -136,8 +139,6 @@ class LoadSplit:
             raise ConfigError(f"LoadSplit.ramp_step applies to a ramp: set ramp=True as well: {self}")
         if self.by not in ("pages", "components") or not 0.0 <= self.ce_fraction <= 1.0:
             raise ConfigError(f"LoadSplit needs by 'pages' or 'components' and 0 <= ce_fraction <= 1: {self}")
-        if self.issue_halves not in (1, 2) or isinstance(self.issue_halves, bool):
-            raise ConfigError(f"LoadSplit.issue_halves must be 1 or 2: {self}")
         if self.ce_path not in ("staged", "batch"):
             raise ConfigError(f"LoadSplit.ce_path must be 'staged' or 'batch': {self}")
         rows_ok = self.unit_rows is None or self.unit_rows >= 1
@@ -313,18 +314,9 @@ class TransferOptions:
             _fraction(self, name, optional=True)
         _count(self, "num_ctas", low=1, optional=True)
         _count(self, "batch_flags", low=0, optional=False)
-        # Counts are ints (numpy ints and 0-d integer tensors too, as everywhere: ``as_int``), never
-        # bools or floats; kept as Python ints.
-        for name, low, high in (("issue_threads", 0, MAX_ISSUE_THREADS), ("backup_issue_threads", 0, MAX_ISSUE_THREADS),
-                                ("caller_head_blocks", 1, None)):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            count = as_int(value)
-            if count is None or count < low or (high is not None and count > high):
-                span = f"in {low}..{high}" if high is not None else f">= {low}"
-                raise ConfigError(f"TransferOptions.{name} must be an int {span}: {self}")
-            object.__setattr__(self, name, count)
+        for name in ("issue_threads", "backup_issue_threads"):
+            _count(self, name, low=0, high=MAX_ISSUE_THREADS, optional=True)
+        _count(self, "caller_head_blocks", low=1, optional=True)
         if not isinstance(self.pitched_batch, bool):
             raise ConfigError(f"TransferOptions.pitched_batch must be True or False: {self}")
 

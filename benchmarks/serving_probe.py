@@ -500,10 +500,50 @@ NINETEENTH = [
 ]
 
 
+#: Twentieth probe: the scattered ``page_first`` body is bound by its issue (41.9 ms from the call
+#: against 29.9 ms of copying, nineteenth probe); a larger staging ring means fewer units, so
+#: fewer scatter launches, batches and events per load. ``auto``'s split, the ring changed.
+TWENTIETH = [
+    ("auto", "auto", None, {}, None),
+    ("auto, ring 2 x 64 MiB", "auto", None, {"staging_bytes": 64 << 20}, None),
+    ("auto, ring 2 x 128 MiB", "auto", None, {"staging_bytes": 128 << 20}, None),
+    ("auto, ring 4 x 32 MiB", "auto", None, {"staging_buffers": 4}, None),
+]
+
+
+#: Twenty-first probe: the issue timeline (``benchmarks/issue_timeline.py``) of a scattered
+#: ``page_first`` load shows the model waiting on the body's second block, issued only after the
+#: rest of the body was planned in one call; ``lead_blocks`` 3 plans and issues the first three
+#: blocks one call each.
+TWENTYFIRST = [
+    ("auto", "auto", None, {}, None),
+    ("auto, pf scattered lead 3", "auto", None, {}, _scattered_from_policy(False, lead_blocks=3)),
+    ("auto, pf scattered lead 3, ring 2 x 64 MiB", "auto", None, {"staging_bytes": 64 << 20},
+     _scattered_from_policy(False, lead_blocks=3)),
+]
+
+
+#: Twenty-second probe: each staged block of scattered ``page_first`` slots costs its issuing
+#: thread about the same (one row per slot and component, ~2 us each) whatever its layers, and
+#: the body's blocks ramp again from one layer after the head: a longer kernel head (all pages
+#: through the UVA kernel) and full 8-layer copy-engine blocks right after it.
+TWENTYSECOND = [
+    ("auto", "auto", None, {}, None),
+    ("auto, pf scattered lead 3", "auto", None, {}, _scattered_from_policy(False, lead_blocks=3)),
+    ("auto, pf scattered head 8, body unramped", "auto", None, {},
+     _scattered_from_policy(False, head_layers=8, body_ramp=False)),
+    ("auto, pf scattered head 12, body unramped", "auto", None, {},
+     _scattered_from_policy(False, head_layers=12, body_ramp=False)),
+    ("auto, pf scattered head 16, body unramped", "auto", None, {},
+     _scattered_from_policy(False, head_layers=16, body_ramp=False)),
+]
+
+
 CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH, "eleventh": ELEVENTH, "twelfth": TWELFTH,
                   "thirteenth": THIRTEENTH, "fourteenth": FOURTEENTH,
                   "fifteenth": FIFTEENTH, "sixteenth": SIXTEENTH, "eighteenth": EIGHTEENTH,
-                  "nineteenth": NINETEENTH}
+                  "nineteenth": NINETEENTH, "twentieth": TWENTIETH,
+                  "twentyfirst": TWENTYFIRST, "twentysecond": TWENTYSECOND}
 SETS = {"fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
         "fourth": ([], [], [], FOURTH_BESIDE),
         "second": (SECOND_LOADS, SECOND_BACKUPS, SECOND_BOTH, SECOND_BESIDE),

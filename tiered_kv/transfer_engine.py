@@ -483,8 +483,9 @@ class _Load:
         """Copy engines into the staging ring, scattered by its kernel on ``load_stream``; blocks
         of ``layers_per_copy`` layers, whose events are recorded once the whole block landed.
 
-        The first block is planned and enqueued before the others are planned (two calls into
-        the ring), so it starts copying while the issuing thread plans the rest."""
+        The first ``split.lead_blocks`` blocks are each planned and enqueued before the next one
+        is planned (one call into the ring each), then the rest in one call, so copying starts
+        while the issuing thread plans what follows."""
         engine, split = self.engine, self.split
         blocks = _blocks(len(self.layers), split, offset=self.first_index)
         groups = [[self.pairs(self.layers[i])[ci] for i in block for ci in ce_components] for block in blocks]
@@ -493,7 +494,8 @@ class _Load:
         else:
             copy_streams = [None] * split.copy_streams
         copier = engine.staging_copier("load")
-        parts = [(0, 1), (1, len(groups))] if len(groups) > 1 else [(0, len(groups))]
+        lead = max(0, min(split.lead_blocks, len(groups) - 1))
+        parts = [(g, g + 1) for g in range(lead)] + [(lead, len(groups))]
         join_half = None
         if split.issue_halves > 1 and len(ce_ids[0]) > 1:
             half = len(ce_ids[0]) // 2
@@ -1245,9 +1247,11 @@ def _blocks(num_layers: int, split: LoadSplit, *, kernel: bool = False, offset: 
     """Indices of a load's layers in blocks of ``split.layers_per_copy`` (the staged groups; with
     ``kernel``: ``split.kernel_blocks``, the UVA launches); with ``split.ramp`` the blocks grow
     1, 2, 4, ... up to that size, or with ``split.ramp_step`` by one layer every ``ramp_step``
-    layers of the whole load (``offset``: the index of this part's first layer in it)."""
+    layers of the whole load (``offset``: the index of this part's first layer in it); a body
+    after a head (``offset`` > 0) ramps again only with ``split.body_ramp``."""
     per = max(1, split.kernel_blocks if kernel else split.layers_per_copy)
-    blocks, start, size = [], 0, 1 if split.ramp else per
+    ramped = split.ramp and (offset == 0 or split.body_ramp or split.ramp_step)
+    blocks, start, size = [], 0, 1 if ramped else per
     while start < num_layers:
         if split.ramp and split.ramp_step:
             size = min(per, 1 + (offset + start) // split.ramp_step)

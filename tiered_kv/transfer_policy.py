@@ -103,7 +103,16 @@ class LoadSplit:
         stream, joined per block of layers: a scattered ``page_first`` load alone is bound by the
         one thread that issues its rows (36-42 ms against 30 back to back, tenth session). The
         second half's thread is a library issue thread (the third); on CPU both run in turn.
-        Not measured on a GPU yet, so no table sets it.
+        Measured on the H200 (2026-12-02 nineteenth probe): it does not help (beside the matmuls
+        at 1.25x, scattered ``page_first``: 0.67 of the load hidden against 0.78), so no table
+        sets it.
+    lead_blocks: blocks of a staged copy-engine half that are each planned and enqueued by a
+        call of their own before the rest are planned in one call: copying starts while the
+        issuing thread plans what follows; each call costs a sort of the ids and a table upload.
+    body_ramp: with a head, the body's blocks ramp again from one layer (True) or start at their
+        full size (False). A staged copy-engine block of scattered slots costs its issuing
+        thread the same whatever its layers (one row per slot and component, about 2 us each),
+        so short blocks right after the head cost the most issue time per layer landed.
     """
 
     ce_fraction: float = 1.0
@@ -120,17 +129,20 @@ class LoadSplit:
     kernel_ctas: int | None = None
     kernel_tile: int | None = None
     issue_halves: int = 1
+    lead_blocks: int = 1
+    body_ramp: bool = True
 
     def __post_init__(self) -> None:
         # Types first, so the range checks below compare numbers (a str raised TypeError, a float
         # count failed deep inside a load): counts are ints (``as_int``), kept as Python ints.
         _fraction(self, "ce_fraction", optional=False)
         for name in ("copy_streams", "layers_per_copy", "kernel_blocks", "head_layers",
-                     "unit_rows", "staging_ctas", "ramp_step", "kernel_ctas", "kernel_tile"):
+                     "unit_rows", "staging_ctas", "ramp_step", "kernel_ctas", "kernel_tile", "lead_blocks"):
             _count(self, name, low=0 if name == "head_layers" else 1, optional=name in _OPTIONAL_COUNTS)
         _count(self, "issue_halves", low=1, high=2, optional=False)
-        if not isinstance(self.ramp, bool):
-            raise ConfigError(f"LoadSplit.ramp must be True or False: {self}")
+        for name in ("ramp", "body_ramp"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"LoadSplit.{name} must be True or False: {self}")
         if self.kernel_tile is not None and (self.kernel_tile < 256 or self.kernel_tile & (self.kernel_tile - 1)):
             raise ConfigError(f"LoadSplit.kernel_tile must be a power of two >= 256: {self}")
         if self.head_layers < 0 or any(v is not None and v < 1 for v in (self.ramp_step, self.kernel_ctas)):
@@ -251,7 +263,18 @@ AUTO_PATHS_WITHOUT_BATCH = {(True, True, True, False): "kernel", (False, True, T
 #: before; 8 head layers with blocks by ``ramp_step`` hid 0.78 but fell to 94.4% idle) 95.8% idle
 #: and 0.72 hidden against 96.2% and 0.69; ``layer_first`` with ``HEAD``: 93.3% idle (was 94.3%)
 #: and 0.82 hidden (was 0.74), the kernel share's 16 CTAs slowing the matmuls 1.08x.
-SCATTERED_LOADS = {False: LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, head_layers=4),
+#: ``page_first`` since the twelfth session: a head of 8 layers and full 8-layer blocks right after
+#: it (``body_ramp`` False). The issue timeline (``benchmarks/issue_timeline.py``, H200, 2026-12-02)
+#: showed the body bound by its issuing thread: each staged block of scattered slots costs about
+#: the same (one ``cudaMemcpyBatchAsync`` row per slot and component, ~2 us each) whatever its
+#: layers, and the body ramped again from one layer after the head, so the load took 40-42 ms from
+#: the call against 30 ms of copying, and the model waited 3-4 ms on the body's second block.
+#: Measured (``serving_probe.py --set twentysecond``, same run): from the call 31.8 ms instead of
+#: 40.6, beside the matmuls at 1.25x 0.82 hidden instead of 0.76 (5.6 ms added to the compute
+#: instead of 9.7) at a slowdown of 1.00; idle 52.7 GB/s against 51.3. Heads of 12 and 16 layers
+#: hid 0.80, with idle 52.3 / 51.7 GB/s; planning the first three blocks one call each
+#: (``lead_blocks`` 3) 0.81 and 0.72 in two runs.
+SCATTERED_LOADS = {False: LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, head_layers=8, body_ramp=False),
                    True: LoadSplit(0.3, ce_path="batch", kernel_blocks=8, **HEAD)}
 #: The same beside a backup in flight: ``page_first`` loads keep to the copy engines after a short
 #: kernel head (UVA reads would cut into the backup; the head's only overlap its first layers),

@@ -100,6 +100,12 @@ class Timers:
         setattr(owner, name, staticmethod(timed) if isinstance(original, staticmethod) else timed)
         self._undo.append((owner, name, original))
 
+    def undo(self) -> None:
+        """Put every wrapped attribute back."""
+        for owner, name, original in reversed(self._undo):
+            setattr(owner, name, original)
+        self._undo.clear()
+
     def rows(self, reps: int) -> list[dict]:
         return [{"step": label, "thread": thread, "calls_per_rep": self.calls[(label, thread)] / reps,
                  "wall_ms_per_rep": self.wall[(label, thread)] * 1e3 / reps,
@@ -250,6 +256,8 @@ def main() -> int:
     Path(args.out).write_text(json.dumps({"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                           "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                           "args": vars(args), "results": results}, indent=1))
+    timers.undo()
+    te._Issued.layer = original_layer
     for host in hosts.values():
         host.close()
     return 0

@@ -14,6 +14,7 @@ turn (the bytes); with stand-in streams and events the join order and a failed h
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import torch
 
@@ -248,3 +249,65 @@ def test_a_failed_other_half_fails_the_join(monkeypatch):
     finally:
         engine.close()
     assert job.load_stream.waited == []  # nothing joined that never landed
+
+
+# --- the body's blocks after a head (``LoadSplit.body_ramp``) and its lead calls (``lead_blocks``) --
+
+
+@pytest.mark.parametrize("head", [4, 8, 12])
+def test_an_unramped_body_starts_at_full_blocks_and_covers_every_layer_once(head):
+    """With ``body_ramp`` False the body after a head is cut into full blocks from its first layer
+    (each staged block costs its issuing thread about the same whatever its layers); the head and a
+    load without a head still ramp."""
+    split = LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, head_layers=head, body_ramp=False)
+    ramped = replace(split, body_ramp=True)
+    for kernel in (False, True):
+        body = _blocks(61 - head, split, kernel=kernel, offset=head)
+        assert [i for block in body for i in block] == list(range(61 - head))
+        assert [len(b) for b in body[:-1]] == [8] * (len(body) - 1)
+        assert len(_blocks(61 - head, ramped, kernel=kernel, offset=head)[0]) == 1  # ramps again
+        assert len(_blocks(61, split, kernel=kernel)[0]) == 1  # no head: the load itself ramps
+    assert len(_blocks(head, _head_split(split), kernel=True)[0]) == 1
+
+
+@pytest.mark.parametrize(("lead", "calls"), [(1, [1, 10]), (3, [1, 1, 1, 8]), (20, [1] * 11)])
+def test_lead_blocks_plans_the_first_blocks_one_call_each(monkeypatch, lead, calls):
+    """``staged_half`` calls the ring once per lead block, then once for the rest (never an empty
+    call), and every layer is finished once, in order. 20 layers in ramped 2-layer blocks: 11
+    blocks (1, then 2 each, then 1)."""
+    spec = nsa_spec(num_layers=20, page_size=4)
+    device, host = make_device_pool(spec, 20, "cpu"), make_host_pool(spec, 16, "page_first")
+    engine = TransferEngine(device.pool, host)
+    seen = []
+
+    def groups_done(groups, host_ids, device_ids, *, on_group_done=None, **_):
+        seen.append(len(groups))
+        for g in range(len(groups)):
+            if on_group_done is not None:
+                on_group_done(g)
+    monkeypatch.setattr(engine.staging_copier("load"), "to_device_groups", groups_done)
+    copy = validate(device.pool, host, random_ids(6, 1, 20), random_ids(6, 0, 16), to_host=False)
+    split = LoadSplit(1.0, layers_per_copy=2, ramp=True, lead_blocks=lead)
+    job = _Load(engine, list(range(20)), copy, split, TransferOptions())
+    finished = []
+    monkeypatch.setattr(job, "finish_layer", finished.append)
+    job.staged_half((copy.host_slots, copy.device_pages), (0, 1))
+    assert seen == calls and finished == list(range(20))
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("split", [
+    LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, head_layers=8, body_ramp=False),
+    LoadSplit(0.8, layers_per_copy=4, kernel_blocks=4, ramp=True, head_layers=2, body_ramp=False, lead_blocks=3),
+    LoadSplit(1.0, layers_per_copy=2, ramp=True, lead_blocks=4),
+], ids=["head 8 unramped", "head 2 unramped lead 3", "lead 4"])
+def test_loads_with_an_unramped_body_or_lead_blocks_land_every_byte(layout, split):
+    from .kernels.pools import check_copy
+    from tiered_kv.transfer import load_pairs
+
+    spec = nsa_spec(num_layers=13, page_size=4)
+    device, host = make_device_pool(spec, 20, "cpu"), make_host_pool(spec, 16, layout)
+    engine = TransferEngine(device.pool, host, path="mixed", options=TransferOptions(load_split=split))
+    slots, pages = torch.randperm(16)[:9], random_ids(9, 1, 20)
+    pairs = [pair for layer in range(13) for pair in load_pairs(host, device.pool, layer)]
+    check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages))

@@ -311,3 +311,16 @@ def test_loads_with_an_unramped_body_or_lead_blocks_land_every_byte(layout, spli
     slots, pages = torch.randperm(16)[:9], random_ids(9, 1, 20)
     pairs = [pair for layer in range(13) for pair in load_pairs(host, device.pool, layer)]
     check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages))
+
+
+def test_a_ramp_step_body_continues_the_heads_ramp_whatever_body_ramp_says():
+    """With ``ramp_step`` the body's blocks grow with the layer's index in the whole load (one
+    layer more every ``ramp_step`` layers), continuing the head's ramp: ``body_ramp`` changes
+    nothing."""
+    for body_ramp in (True, False):
+        split = LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, ramp_step=4, head_layers=8,
+                          body_ramp=body_ramp)
+        body = _blocks(53, split, offset=8)
+        assert [i for block in body for i in block] == list(range(53))
+        assert [len(b) for b in body] == [min(8, 1 + (8 + b[0]) // 4) for b in body][:-1] + [len(body[-1])]
+        assert len(body[0]) == 3 and len(_blocks(8, _head_split(split), kernel=True)[0]) == 1

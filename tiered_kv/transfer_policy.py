@@ -110,7 +110,7 @@ class LoadSplit:
         call of their own before the rest are planned in one call: copying starts while the
         issuing thread plans what follows; each call costs a sort of the ids and a table upload.
     body_ramp: with a head, the body's blocks ramp again from one layer (True) or start at their
-        full size (False). A staged copy-engine block of scattered slots costs its issuing
+        full size (False); with ``ramp_step`` they continue the head's ramp either way. A staged copy-engine block of scattered slots costs its issuing
         thread the same whatever its layers (one row per slot and component, about 2 us each),
         so short blocks right after the head cost the most issue time per layer landed.
     """
@@ -251,8 +251,9 @@ AUTO_PATHS_WITHOUT_BATCH = {(True, True, True, False): "kernel", (False, True, T
 #: Splits of ``mixed`` loads of several layers from scattered slots, by dense host rows, chosen by
 #: what the engine pays beside its own compute as well as by idle-GPU bandwidth (H200, 2026-12-01
 #: probes, docs/benchmarks.md "Serving conditions, second round"):
-#: - ``page_first``: 80% of the pages through the copy engines in rows of ramped blocks of layers
-#:   (1, 2, 4, then 8: one latent and one indexer row per slot and block), 20% through the UVA
+#: - ``page_first``: 80% of the pages through the copy engines in rows of blocks of layers (one
+#:   latent and one indexer row per slot and block; ramped 1, 2, 4, then 8 until 2026-12-02, now
+#:   8 from the first, see below), 20% through the UVA
 #:   kernel in blocks of the same sizes, both at once, issued on a library thread: 53.2 GB/s (96.0%)
 #:   against 51.6 (93%) for copy engines alone and 51.0 (92%) for the kernel alone.
 #: - ``layer_first``: 70% of the pages through the UVA kernel (ramped blocks), 30% as memcpy batches
@@ -263,8 +264,8 @@ AUTO_PATHS_WITHOUT_BATCH = {(True, True, True, False): "kernel", (False, True, T
 #: before; 8 head layers with blocks by ``ramp_step`` hid 0.78 but fell to 94.4% idle) 95.8% idle
 #: and 0.72 hidden against 96.2% and 0.69; ``layer_first`` with ``HEAD``: 93.3% idle (was 94.3%)
 #: and 0.82 hidden (was 0.74), the kernel share's 16 CTAs slowing the matmuls 1.08x.
-#: ``page_first`` since the twelfth session: a head of 8 layers and full 8-layer blocks right after
-#: it (``body_ramp`` False). The issue timeline (``benchmarks/issue_timeline.py``, H200, 2026-12-02)
+#: Since 2026-12-02 (twelfth session) ``page_first`` takes a head of 8 layers and full 8-layer
+#: blocks right after it (``body_ramp`` False). The issue timeline (``benchmarks/issue_timeline.py``, H200, 2026-12-02)
 #: showed the body bound by its issuing thread: each staged block of scattered slots costs about
 #: the same (one ``cudaMemcpyBatchAsync`` row per slot and component, ~2 us each) whatever its
 #: layers, and the body ramped again from one layer after the head, so the load took 40-42 ms from

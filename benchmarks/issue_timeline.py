@@ -15,7 +15,8 @@ With ``--beside`` the model's matmuls (about 1.25x the load, as ``beside_compute
 layers, and each layer also gets ``waited_ms`` (when the caller's ``wait_layer`` returned).
 
     python3 benchmarks/issue_timeline.py [--reps 6] [--layouts page_first,layer_first]
-        [--slots scattered] [--beside] [--staging-bytes N] [--out docs/benchmarks/issue_timeline.json]
+        [--slots scattered,runs] [--beside] [--staging-bytes N] [--lead-blocks 1,3] [--trace-ms 20]
+        [--out docs/benchmarks/issue_timeline.json]
 """
 
 from __future__ import annotations
@@ -137,7 +138,8 @@ def main() -> int:
     parser.add_argument("--trace-ms", type=float, default=20.0, help="print the first rep's steps up to this ms")
     tg.add_shape_arguments(parser)
     args = parser.parse_args()
-    args.reps_main = args.reps
+    if args.reps < 1:
+        parser.error("--reps must be at least 1")
     torch.manual_seed(0)
     spec = tg.Bench(args).spec
     device_pool, hosts = tg.random_pools(spec, args)
@@ -258,6 +260,7 @@ def main() -> int:
                                           "args": vars(args), "results": results}, indent=1))
     timers.undo()
     te._Issued.layer = original_layer
+    tp.SCATTERED_LOADS, tp.MIXED_LOADS = SCATTERED, MIXED
     for host in hosts.values():
         host.close()
     return 0

@@ -370,6 +370,17 @@ def _entry_changed(table: str, key, **fields):
     return _entry_takes(table, key, replace(getattr(tp, table)[key], **fields))
 
 
+#: ``auto``'s scattered ``page_first`` split as of 912a0fb, which the nineteenth to twenty-second
+#: probes changed (``auto`` took a head of 8 layers and full blocks after them since): those sets'
+#: candidates are built from this fixed value, so they measure what they measured then.
+PF_SCATTERED_912A0FB = LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, head_layers=4)
+
+
+def _pf_scattered_912a0fb(**fields):
+    """Scattered ``page_first`` loads take the 912a0fb split with ``fields`` changed."""
+    return _entry_takes("SCATTERED_LOADS", False, replace(PF_SCATTERED_912A0FB, **fields))
+
+
 def _scattered_from_policy(dense_host_rows: bool, **fields):
     """Loads of several layers from scattered slots of one layout (``layer_first``'s entry changes
     beside a backup too: the thirteenth set skips ``both``)."""
@@ -494,9 +505,9 @@ EIGHTEENTH = [
 #: ``--skip both --beside-reps 12``; the beside rows' ``late_at`` says which layers still wait.
 NINETEENTH = [
     ("auto", "auto", None, {}, None),
-    ("auto, pf scattered in two issued halves", "auto", None, {}, _scattered_from_policy(False, issue_halves=2)),
+    ("auto, pf scattered in two issued halves", "auto", None, {}, _pf_scattered_912a0fb(issue_halves=2)),
     ("auto, pf scattered in two issued halves, head 8 step 5", "auto", None, {},
-     _scattered_from_policy(False, issue_halves=2, **tp_HEAD)),
+     _pf_scattered_912a0fb(issue_halves=2, **tp_HEAD)),
 ]
 
 
@@ -517,25 +528,26 @@ TWENTIETH = [
 #: blocks one call each.
 TWENTYFIRST = [
     ("auto", "auto", None, {}, None),
-    ("auto, pf scattered lead 3", "auto", None, {}, _scattered_from_policy(False, lead_blocks=3)),
+    ("auto, pf scattered lead 3", "auto", None, {}, _pf_scattered_912a0fb(lead_blocks=3)),
     ("auto, pf scattered lead 3, ring 2 x 64 MiB", "auto", None, {"staging_bytes": 64 << 20},
-     _scattered_from_policy(False, lead_blocks=3)),
+     _pf_scattered_912a0fb(lead_blocks=3)),
 ]
 
 
 #: Twenty-second probe: each staged block of scattered ``page_first`` slots costs its issuing
 #: thread about the same (one row per slot and component, ~2 us each) whatever its layers, and
 #: the body's blocks ramp again from one layer after the head: a longer kernel head (all pages
-#: through the UVA kernel) and full 8-layer copy-engine blocks right after it.
+#: through the UVA kernel) and full 8-layer copy-engine blocks right after it. Run (01:49) with
+#: ``auto`` at 912a0fb and a row "head 8, body unramped", which ``auto`` is since; that row is now
+#: the ``auto`` row, and the 912a0fb split has a row of its own.
 TWENTYSECOND = [
     ("auto", "auto", None, {}, None),
-    ("auto, pf scattered lead 3", "auto", None, {}, _scattered_from_policy(False, lead_blocks=3)),
-    ("auto, pf scattered head 8, body unramped", "auto", None, {},
-     _scattered_from_policy(False, head_layers=8, body_ramp=False)),
+    ("auto as of 912a0fb", "auto", None, {}, _pf_scattered_912a0fb()),
+    ("auto, pf scattered lead 3", "auto", None, {}, _pf_scattered_912a0fb(lead_blocks=3)),
     ("auto, pf scattered head 12, body unramped", "auto", None, {},
-     _scattered_from_policy(False, head_layers=12, body_ramp=False)),
+     _pf_scattered_912a0fb(head_layers=12, body_ramp=False)),
     ("auto, pf scattered head 16, body unramped", "auto", None, {},
-     _scattered_from_policy(False, head_layers=16, body_ramp=False)),
+     _pf_scattered_912a0fb(head_layers=16, body_ramp=False)),
 ]
 
 

@@ -168,6 +168,9 @@ def test_loads_take_the_head_streams_in_turn_and_record_ready_on_their_own(monke
     ("staged", LoadSplit(1.0, layers_per_copy=2, issue_halves=2)),
     ("mixed", LoadSplit(0.6, layers_per_copy=4, ramp=True, kernel_blocks=4, issue_halves=2)),
     ("mixed", LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, head_layers=4, issue_halves=2)),
+    ("staged", LoadSplit(1.0, layers_per_copy=2, ramp=True, issue_halves=2, lead_blocks=3)),
+    ("mixed", LoadSplit(0.8, layers_per_copy=4, kernel_blocks=4, ramp=True, head_layers=2, body_ramp=False,
+                        issue_halves=2, lead_blocks=2)),
 ])
 @pytest.mark.parametrize("pages", [1, 2, 7])
 def test_a_load_in_two_halves_lands_every_layer_and_nothing_else(layout, path, split, pages):

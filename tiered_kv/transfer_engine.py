@@ -408,7 +408,8 @@ class _Load:
     load_stream: torch.cuda.Stream | None = None
     uva: _KernelHalf | None = None
     # Index of ``layers[0]`` in the whole load (a body after a head): a ``ramp_step`` ramp continues
-    # from it; a doubling ramp starts again at one layer (the head already took the first layers).
+    # from it; a doubling ramp starts again at one layer only with ``split.body_ramp`` (else the
+    # body starts at full blocks).
     first_index: int = 0
 
     def __post_init__(self) -> None:
@@ -1247,8 +1248,9 @@ def _blocks(num_layers: int, split: LoadSplit, *, kernel: bool = False, offset: 
     """Indices of a load's layers in blocks of ``split.layers_per_copy`` (the staged groups; with
     ``kernel``: ``split.kernel_blocks``, the UVA launches); with ``split.ramp`` the blocks grow
     1, 2, 4, ... up to that size, or with ``split.ramp_step`` by one layer every ``ramp_step``
-    layers of the whole load (``offset``: the index of this part's first layer in it); a body
-    after a head (``offset`` > 0) ramps again only with ``split.body_ramp``."""
+    layers of the whole load (``offset``: the index of this part's first layer in it). A body
+    after a head (``offset`` > 0) restarts a doubling ramp only with ``split.body_ramp``; a
+    ``ramp_step`` ramp continues from ``offset`` either way. The same holds for kernel blocks."""
     per = max(1, split.kernel_blocks if kernel else split.layers_per_copy)
     ramped = split.ramp and (offset == 0 or split.body_ramp or split.ramp_step)
     blocks, start, size = [], 0, 1 if ramped else per

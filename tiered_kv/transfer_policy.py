@@ -253,14 +253,14 @@ AUTO_PATHS_WITHOUT_BATCH = {(True, True, True, False): "kernel", (False, True, T
 #: probes, docs/benchmarks.md "Serving conditions, second round"):
 #: - ``page_first``: 80% of the pages through the copy engines in rows of blocks of layers (one
 #:   latent and one indexer row per slot and block; ramped 1, 2, 4, then 8 until 2026-12-02, now
-#:   8 from the first, see below), 20% through the UVA
+#:   8 from the body's first layer, after an 8-layer kernel head, see below), 20% through the UVA
 #:   kernel in blocks of the same sizes, both at once, issued on a library thread: 53.2 GB/s (96.0%)
 #:   against 51.6 (93%) for copy engines alone and 51.0 (92%) for the kernel alone.
 #: - ``layer_first``: 70% of the pages through the UVA kernel (ramped blocks), 30% as memcpy batches
 #:   on a library thread: 52.1 GB/s (94%) and, beside the model's matmuls, 0.86 of the load hidden
 #:   at a compute slowdown of 1.00, where ``batch`` on 4 issue threads (53.4 GB/s, 96%) hid 0.45 at
 #:   1.29x (119 ms of CPU for 62k row copies): the engine pays far less in total.
-#: Both with a head (sixth probe, 1.25x): ``page_first`` with 4 head layers (blocks doubling as
+#: Until 2026-12-02 (sixth probe, 1.25x): ``page_first`` with 4 head layers (blocks doubling as
 #: before; 8 head layers with blocks by ``ramp_step`` hid 0.78 but fell to 94.4% idle) 95.8% idle
 #: and 0.72 hidden against 96.2% and 0.69; ``layer_first`` with ``HEAD``: 93.3% idle (was 94.3%)
 #: and 0.82 hidden (was 0.74), the kernel share's 16 CTAs slowing the matmuls 1.08x.
@@ -270,7 +270,7 @@ AUTO_PATHS_WITHOUT_BATCH = {(True, True, True, False): "kernel", (False, True, T
 #: the same (one ``cudaMemcpyBatchAsync`` row per slot and component, ~2 us each) whatever its
 #: layers, and the body ramped again from one layer after the head, so the load took 40-42 ms from
 #: the call against 30 ms of copying, and the model waited 3-4 ms on the body's second block.
-#: Measured (``serving_probe.py --set twentysecond``, same run): from the call 31.8 ms instead of
+#: Measured (``serving_probe.py --set twentysecond``, the candidate against ``auto`` in the same run): from the call 31.8 ms instead of
 #: 40.6, beside the matmuls at 1.25x 0.82 hidden instead of 0.76 (5.6 ms added to the compute
 #: instead of 9.7) at a slowdown of 1.00; idle 52.7 GB/s against 51.3. Heads of 12 and 16 layers
 #: hid 0.80, with idle 52.3 / 51.7 GB/s; planning the first three blocks one call each

@@ -590,23 +590,25 @@ def candidate_probe(args, b, engine, hosts, page_sets, slot_sets, sets, check_lo
     spec = b.spec
     made = {}
     candidates = CANDIDATE_SETS[args.set]
+    hosts = {layout: host for layout, host in hosts.items() if layout in args.layouts.split(",")}
+    kinds = tuple(args.slots.split(","))
     for name, path, options, kwargs, change in candidates:
         for layout in hosts:
             e = engine(layout, path, **kwargs)
             made[(layout, name)] = PolicyVariant(e, change) if change is not None else e
-            for kind in ("runs", "scattered"):
+            for kind in kinds:
                 check_load(name, layout, made[(layout, name)], options, kind)
     if "load61" not in skip:
         for name, path, options, kwargs, change in candidates:
             for layout in hosts:
                 e = made[(layout, name)]
-                for kind in ("runs", "scattered"):
+                for kind in kinds:
                     t = tg.measure(lambda i: [e.load(slot_sets[kind][i % sets], page_sets[i % sets], options=options)], b.reps)
                     add(f"load61 {name} {layout} {kind}", transfer_bytes, t, group="load61", path=name, layout=layout,
                         slots=kind, frac_of_ceiling=transfer_bytes / t["ms"] / 1e6 / ceiling["load61"],
                         issue_share=t["issue_ms"] / t["ms"])
     if "both" not in skip:
-        for kind in ("runs", "scattered"):
+        for kind in kinds:
             beside = tg.backup_sets_beside(args, page_sets, slot_sets[kind], scattered=kind == "scattered")
             nbytes = int(transfer_bytes + statistics.mean(p.numel() for p, _ in beside) * spec.page_bytes)
             for name, path, options, kwargs, change in candidates:
@@ -625,7 +627,7 @@ def candidate_probe(args, b, engine, hosts, page_sets, slot_sets, sets, check_lo
                     print("    each rep (ms):", " ".join(f"{ms:.1f}" for ms in t["ms_each"]), flush=True)
     if "beside" not in skip:
         tg.BESIDE = [(name, name, options) for name, _, options, _, _ in candidates]
-        tg.beside_compute(b, made, hosts, page_sets, slot_sets, sets, reps=args.beside_reps)
+        tg.beside_compute(b, made, hosts, page_sets, slot_sets, sets, reps=args.beside_reps, kinds=kinds)
 
 
 def main() -> int:
@@ -638,6 +640,9 @@ def main() -> int:
     parser.add_argument("--both-slots", default="scattered", help="host slots of the load + backup group (scattered, runs)")
     parser.add_argument("--switch-interval", type=float, default=None,
                         help="sys.setswitchinterval for the beside-compute group (seconds; default Python's 0.005)")
+    parser.add_argument("--layouts", default="page_first,layer_first",
+                        help="host layouts a candidate set measures (candidate sets only)")
+    parser.add_argument("--slots", default="runs,scattered", help="host slots a candidate set measures (runs, scattered)")
     parser.add_argument("--skip", default="", help="comma-separated groups to skip (load61,backup,both,beside)")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))

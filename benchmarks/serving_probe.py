@@ -374,11 +374,18 @@ def _entry_changed(table: str, key, **fields):
 #: probes changed (``auto`` took a head of 8 layers and full blocks after them since): those sets'
 #: candidates are built from this fixed value, so they measure what they measured then.
 PF_SCATTERED_912A0FB = LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, head_layers=4)
+#: The same split as of 1077943 (the twenty-third probe's base; ``auto`` took its step-4 row since).
+PF_SCATTERED_1077943 = replace(PF_SCATTERED_912A0FB, head_layers=8, body_ramp=False)
 
 
 def _pf_scattered_912a0fb(**fields):
     """Scattered ``page_first`` loads take the 912a0fb split with ``fields`` changed."""
     return _entry_takes("SCATTERED_LOADS", False, replace(PF_SCATTERED_912A0FB, **fields))
+
+
+def _pf_scattered_1077943(**fields):
+    """Scattered ``page_first`` loads take the 1077943 split with ``fields`` changed."""
+    return _entry_takes("SCATTERED_LOADS", False, replace(PF_SCATTERED_1077943, **fields))
 
 
 def _scattered_from_policy(dense_host_rows: bool, **fields):
@@ -551,7 +558,8 @@ TWENTYSECOND = [
 ]
 
 
-#: Twenty-third probe (not run yet: built after this session's device time ran out). With the
+#: Twenty-third probe (run twice, 02:10 and 02:11, ``--layouts page_first --slots scattered``:
+#: ``auto`` took the step-4 row, so the rows are built from the 1077943 split). With the
 #: twenty-second's split the model still waits 1.5-2.0 ms at layer 8, the body's first block: a
 #: layer of an 8-layer block is ready only once the whole block landed, and at 1.25x the model
 #: gains only ~0.14 ms a layer on the copy, so a block of B layers is waited on until about layer
@@ -562,10 +570,9 @@ TWENTYSECOND = [
 #: for step 5. Run with ``--skip both --beside-reps 12``.
 TWENTYTHIRD = [
     ("auto", "auto", None, {}, None),
-    ("auto, pf scattered step 4", "auto", None, {}, _scattered_from_policy(False, ramp_step=4)),
-    ("auto, pf scattered step 5", "auto", None, {}, _scattered_from_policy(False, ramp_step=5)),
-    ("auto, pf scattered head 12 step 4", "auto", None, {},
-     _scattered_from_policy(False, head_layers=12, ramp_step=4)),
+    ("auto as of 1077943", "auto", None, {}, _pf_scattered_1077943()),
+    ("auto, pf scattered step 5", "auto", None, {}, _pf_scattered_1077943(ramp_step=5)),
+    ("auto, pf scattered head 12 step 4", "auto", None, {}, _pf_scattered_1077943(head_layers=12, ramp_step=4)),
 ]
 
 

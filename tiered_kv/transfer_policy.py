@@ -253,7 +253,7 @@ AUTO_PATHS_WITHOUT_BATCH = {(True, True, True, False): "kernel", (False, True, T
 #: probes, docs/benchmarks.md "Serving conditions, second round"):
 #: - ``page_first``: 80% of the pages through the copy engines in rows of blocks of layers (one
 #:   latent and one indexer row per slot and block; ramped 1, 2, 4, then 8 until 2026-12-02, now
-#:   8 from the body's first layer, after an 8-layer kernel head, see below), 20% through the UVA
+#:   growing with the layer index after an 8-layer kernel head, see below), 20% through the UVA
 #:   kernel in blocks of the same sizes, both at once, issued on a library thread: 53.2 GB/s (96.0%)
 #:   against 51.6 (93%) for copy engines alone and 51.0 (92%) for the kernel alone.
 #: - ``layer_first``: 70% of the pages through the UVA kernel (ramped blocks), 30% as memcpy batches
@@ -275,7 +275,16 @@ AUTO_PATHS_WITHOUT_BATCH = {(True, True, True, False): "kernel", (False, True, T
 #: instead of 9.7) at a slowdown of 1.00; idle 52.7 GB/s against 51.3. Heads of 12 and 16 layers
 #: hid 0.80, with idle 52.3 / 51.7 GB/s; planning the first three blocks one call each
 #: (``lead_blocks`` 3) 0.81 and 0.72 in two runs.
-SCATTERED_LOADS = {False: LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, head_layers=8, body_ramp=False),
+#: Then blocks that grow with the layer index, head and body alike (``ramp_step`` 4: 1, 1, 1, 1,
+#: 2, 2 head layers, then 3, 3, 4, 5, 6, 8 ... layers a block): a layer of a block is ready only
+#: once the whole block landed, and at 1.25x the model gains only ~0.14 ms a layer on the copy, so
+#: full 8-layer blocks from layer 8 on kept the model waiting 1.5-2.0 ms at layer 8. Measured
+#: against the full blocks in the same runs (``serving_probe.py --set twentythird --layouts
+#: page_first --slots scattered``, twice): 0.87 / 0.84 of the load hidden against 0.80 / 0.81, the
+#: compute 4.1 / 5.2 ms longer instead of 6.2 / 5.8, at a slowdown of 0.98-0.99; idle 52.2 / 52.2
+#: GB/s against 52.5 / 52.7. Step 5 hid 0.85 / 0.80, a head of 12 at step 4 0.84 / 0.85.
+SCATTERED_LOADS = {False: LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, ramp_step=4, head_layers=8,
+                                    body_ramp=False),
                    True: LoadSplit(0.3, ce_path="batch", kernel_blocks=8, **HEAD)}
 #: The same beside a backup in flight: ``page_first`` loads keep to the copy engines after a short
 #: kernel head (UVA reads would cut into the backup; the head's only overlap its first layers),

@@ -16,7 +16,7 @@ if not torch.cuda.is_available():  # kernels through Triton's interpreter on CPU
 
 import pytest  # noqa: E402
 
-from tiered_kv import ConfigError, HostPool, IndexValidationError, SpecMismatchError, nsa_spec  # noqa: E402
+from tiered_kv import ConfigError, HostPool, IndexValidationError, PoolError, SpecMismatchError, nsa_spec  # noqa: E402
 from tiered_kv.transfer import PageCopy, backup_pairs, load_pairs  # noqa: E402
 from tiered_kv.transfer_engine import (  # noqa: E402
     COPY_PATHS,
@@ -789,3 +789,38 @@ def test_an_engine_over_what_is_no_pool_is_a_pool_error(which):
     args = ("not a pool", host) if which == "device" else (device.pool, None)
     with pytest.raises(PoolError, match="DevicePool and a HostPool"):
         TransferEngine(*args)
+
+
+def _closed_host_engine(monkeypatch):
+    """A CPU engine that takes itself for a GPU one, over a host pool that is not pinned (a
+    closed pool on a GPU): the check runs before anything is enqueued."""
+    device, host = _pools()
+    engine = TransferEngine(device.pool, host)
+    monkeypatch.setattr(engine, "on_gpu", True)
+    assert not host.memory.pinned
+    return device, host, engine
+
+
+@pytest.mark.parametrize("op", ["load", "backup"])
+def test_a_gpu_engine_refuses_a_host_pool_that_was_closed(monkeypatch, op):
+    """Copies through an unpinned (closed) host pool would fault on the device and end the CUDA
+    context; the engine refuses them with a PoolError naming the pool, and nothing moves."""
+    device, host, engine = _closed_host_engine(monkeypatch)
+    before = ([r.clone() for r in device.roots], host.buffer.clone())
+    with pytest.raises(PoolError, match="closed and is no longer pinned"):
+        getattr(engine, op)([1, 2], [3, 4])
+    assert all(torch.equal(a, b) for a, b in zip(before[0], device.roots)) and torch.equal(before[1], host.buffer)
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_engine_after_its_host_pool_closed_raises_pool_error():
+    spec = nsa_spec(num_layers=4, page_size=16)
+    device = make_device_pool(spec, 20, "cuda")
+    host = make_host_pool(spec, 16, "page_first")
+    engine = TransferEngine(device.pool, host)
+    engine.load(torch.arange(4), torch.arange(1, 5)).synchronize()
+    host.close()
+    for op in (engine.load, engine.backup):
+        with pytest.raises(PoolError, match="closed"):
+            op(torch.arange(4), torch.arange(1, 5))

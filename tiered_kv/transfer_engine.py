@@ -893,6 +893,7 @@ class TransferEngine:
             options: this call's knobs (default: the engine's).
         """
         options = _check_options(options) or self.options
+        self._check_host_pinned()
         copy = validate(self.device_pool, self.host_pool, device_pages, host_slots, to_host=True, token_indices=token_indices)
         name = self._choose(path, copy, to_host=True)
         job = _Backup(self, copy, options, threads=backup_issue_threads(name, options))
@@ -936,6 +937,7 @@ class TransferEngine:
         if len(set(layers)) != len(layers):
             raise IndexValidationError(f"layers repeat: {layers}")
         options = _check_options(options) or self.options
+        self._check_host_pinned()
         copy = validate(self.device_pool, self.host_pool, device_pages, host_slots, to_host=False, token_indices=token_indices)
         auto = (path or self.path) == "auto"
         name = self._choose(path, copy, to_host=False, single_layer=len(layers) == 1)
@@ -994,6 +996,14 @@ class TransferEngine:
                     for index in range(len(layers)):
                         job.finish_layer(index)
         return LoadHandle(self.device, layers, events, copy, name)
+
+    def _check_host_pinned(self) -> None:
+        """A GPU engine's copies read and write the host pool through its pinned mapping (the UVA
+        kernel, the copy engines): once the pool is closed (unpinned) they would fault on the
+        device, which ends the whole CUDA context. Refused first, before anything is enqueued."""
+        if self.on_gpu and not self.host_pool.memory.pinned:
+            raise PoolError(f"the host pool ({self.host_pool!r}) was closed and is no longer pinned; "
+                            "a GPU transfer engine cannot copy to or from it")
 
     def close(self) -> None:
         """Stop the library issue threads (if any were started); the engine stays usable."""

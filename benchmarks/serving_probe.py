@@ -576,12 +576,34 @@ TWENTYTHIRD = [
 ]
 
 
+
+def _step_everywhere(step: int):
+    """A change for ``PolicyVariant``: every ramped several-layer split takes ``ramp_step`` ``step``
+    (head and body alike), the others stay."""
+    return lambda split: replace(split, ramp_step=step) if split.ramp else split
+
+
+#: Twenty-fourth probe (not run yet). The twenty-third's ``ramp_step`` 4 won for scattered
+#: ``page_first`` (0.87 / 0.84 hidden against 0.80 / 0.81); the other three cases still wait at
+#: layer 5, the 2-layer block [5, 6] of ``HEAD``'s step 5, and every case at layer 1, the head's
+#: second block, launched by library thread 1 after ``load`` returned. Candidates: step 4 in every
+#: ramped split, the caller launching the head's first two blocks, and both. Run with
+#: ``--skip both --beside-reps 12`` (all four cases), then ``both`` alone if a candidate wins.
+TWENTYFOURTH = [
+    ("auto", "auto", None, {}, None),
+    ("auto, step 4 everywhere", "auto", None, {}, _step_everywhere(4)),
+    ("auto, 2 head blocks on the caller", "auto", TransferOptions(caller_head_blocks=2), {}, None),
+    ("auto, step 4 everywhere, 2 head blocks on the caller", "auto", TransferOptions(caller_head_blocks=2), {},
+     _step_everywhere(4)),
+]
+
+
 CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH, "eleventh": ELEVENTH, "twelfth": TWELFTH,
                   "thirteenth": THIRTEENTH, "fourteenth": FOURTEENTH,
                   "fifteenth": FIFTEENTH, "sixteenth": SIXTEENTH, "eighteenth": EIGHTEENTH,
                   "nineteenth": NINETEENTH, "twentieth": TWENTIETH,
                   "twentyfirst": TWENTYFIRST, "twentysecond": TWENTYSECOND,
-                  "twentythird": TWENTYTHIRD}
+                  "twentythird": TWENTYTHIRD, "twentyfourth": TWENTYFOURTH}
 SETS = {"fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
         "fourth": ([], [], [], FOURTH_BESIDE),
         "second": (SECOND_LOADS, SECOND_BACKUPS, SECOND_BOTH, SECOND_BESIDE),

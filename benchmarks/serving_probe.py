@@ -587,7 +587,9 @@ def _step_everywhere(step: int):
 #: ``page_first`` (0.87 / 0.84 hidden against 0.80 / 0.81); the other three cases still wait at
 #: layer 5, the 2-layer block [5, 6] of ``HEAD``'s step 5, and every case at layer 1, the head's
 #: second block, launched by library thread 1 after ``load`` returned. Candidates: step 4 in every
-#: ramped split, the caller launching the head's first two blocks, and both. Run with
+#: ramped split, the caller launching the head's first two blocks, and both; and the kernel
+#: tables kept on the device with the ids through a pinned ring (``device_tables``: about 0.5 ms
+#: of the caller's path before the first launch is the head's upload). Run with
 #: ``--skip both --beside-reps 12`` (all four cases), then ``both`` alone if a candidate wins.
 TWENTYFOURTH = [
     ("auto", "auto", None, {}, None),
@@ -595,6 +597,7 @@ TWENTYFOURTH = [
     ("auto, 2 head blocks on the caller", "auto", TransferOptions(caller_head_blocks=2), {}, None),
     ("auto, step 4 everywhere, 2 head blocks on the caller", "auto", TransferOptions(caller_head_blocks=2), {},
      _step_everywhere(4)),
+    ("auto, device tables", "auto", TransferOptions(device_tables=True), {}, None),
 ]
 
 

@@ -156,3 +156,21 @@ def test_policy_changes_hit_only_the_entry_they_name():
     lf = serving_probe.ELEVENTH[1][4]
     assert lf(tp.SCATTERED_LOADS_BESIDE_BACKUP[True]).ce_fraction == 1.0
     assert lf(tp.SCATTERED_LOADS[False]) is tp.SCATTERED_LOADS[False]
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("entry", [e for e in serving_probe.TWENTYFOURTH if e[2] is not None], ids=lambda e: e[0])
+def test_twentyfourth_option_candidates_copy_every_byte(entry, layout):
+    """The candidates that change options (head blocks on the caller, device tables), under the
+    policy's scattered split through ``mixed`` (``auto`` is torch copies on CPU)."""
+    import tiered_kv.transfer_policy as tp
+
+    name, _, options, _, change = entry
+    device, host = make_device_pool(SPEC, 20), make_host_pool(SPEC, 16, layout)
+    engine = TransferEngine(device.pool, host, path="mixed")
+    split = tp.SCATTERED_LOADS[layout == "layer_first"]
+    split = change(split) if change is not None else split
+    slots, pages = torch.randperm(16)[:9], random_ids(9, 1, 20)
+    pairs = [pair for layer in range(SPEC.num_layers) for pair in load_pairs(host, device.pool, layer)]
+    check_copy(pairs, slots, pages, device.roots,
+               lambda: engine.load(slots, pages, options=replace(options, load_split=split)))

@@ -748,6 +748,7 @@ def test_load_split_fields_of_wrong_types_are_config_errors(field, value):
     ("load_split", "x"), ("load_split", {}), ("ce_fraction", "0.5"), ("ce_fraction", True),
     ("backup_ce_fraction", "1"), ("batch_flags", "0"), ("batch_flags", -1), ("batch_flags", 1.5),
     ("batch_flags", None), ("batch_flags", True), ("num_ctas", 1.5), ("num_ctas", "2"), ("num_ctas", True),
+    ("device_tables", 1), ("device_tables", "yes"),
 ])
 def test_transfer_options_fields_of_wrong_types_are_config_errors(field, value):
     """The same for ``TransferOptions`` (and the engine's ``num_ctas``, which goes through it)."""
@@ -824,3 +825,82 @@ def test_gpu_engine_after_its_host_pool_closed_raises_pool_error():
     for op in (engine.load, engine.backup):
         with pytest.raises(PoolError, match="closed"):
             op(torch.arange(4), torch.arange(1, 5))
+
+
+
+# --- kernel tables kept on the device, ids through a pinned ring (``TransferOptions.device_tables``) --
+
+DEVICE_TABLE_CASES = [
+    ("kernel", None),
+    ("mixed", LoadSplit(0.8, layers_per_copy=4, kernel_blocks=4, ramp=True, ramp_step=2, head_layers=3, body_ramp=False)),
+    ("mixed", LoadSplit(0.6, by="components", head_layers=2, ramp=True)),
+]
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize(("path", "split"), DEVICE_TABLE_CASES, ids=["kernel", "mixed pages", "mixed components"])
+def test_device_tables_load_every_byte_and_upload_each_table_once(layout, path, split):
+    """With ``device_tables`` each block's table is uploaded on first use and kept: a second load
+    of other ids adds no table, reuses the same tensors, and both land every byte."""
+    from tiered_kv.transfer import load_pairs
+
+    spec = nsa_spec(num_layers=9, page_size=4)
+    device, host = make_device_pool(spec, 20, "cpu"), make_host_pool(spec, 16, layout)
+    options = TransferOptions(load_split=split, device_tables=True)
+    engine = TransferEngine(device.pool, host, path=path, options=options)
+    pairs = [pair for layer in range(9) for pair in load_pairs(host, device.pool, layer)]
+    slots, pages = torch.randperm(16)[:7], random_ids(7, 1, 20)
+    check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages))
+    tables = dict(engine._device_tables)
+    assert tables  # the kernel half's blocks (and the head's)
+    slots, pages = torch.randperm(16)[:5], random_ids(5, 1, 20)
+    check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages))
+    assert engine._device_tables.keys() == tables.keys()
+    assert all(engine._device_tables[k] is t for k, t in tables.items())
+    # A table is the plan's, word for word.
+    for (layers, components), table in tables.items():
+        assert torch.equal(table.cpu(), engine._load_plan(layers, components).table.reshape(-1))
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("path", ["kernel", "mixed", "auto"])
+def test_gpu_device_tables_load_every_byte(layout, path):
+    spec = nsa_spec(num_layers=12, page_size=64)
+    device = make_device_pool(spec, 300, "cuda")
+    host = make_host_pool(spec, 260, layout)
+    engine = TransferEngine(device.pool, host, path=path, options=TransferOptions(device_tables=True))
+    for slots in (torch.arange(3, 259), torch.randperm(260)[:256]):
+        pages = random_ids(256, 1, 300)
+        expected = [[host.chunk_view(ci, layer)[slots].clone() for ci in range(2)] for layer in range(spec.num_layers)]
+        handle = engine.load(slots, pages)
+        got = read_each_layer_after_wait(handle, device.pool, pages, spec.num_layers)
+        assert_layers_equal(got, expected)
+    host.close()
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_ids_ring_wraps_and_falls_back_without_blocking():
+    """Every upload lands its ids, around the ring many times; a row whose copy has not run yet is
+    not written (the upload falls back), and ids longer than a row fall back too."""
+    from tiered_kv.kernels.ids_ring import IdsRing
+
+    ring = IdsRing("cuda", rows=4, row_ids=64)
+    stream = torch.cuda.Stream()
+    for i in range(20):
+        a, b = torch.arange(i, i + 10), torch.arange(100 + i, 130 + i)
+        with torch.cuda.stream(stream):
+            got = ring.upload([a, b])
+        stream.synchronize()
+        assert torch.equal(got[0].cpu(), a) and torch.equal(got[1].cpu(), b)
+    assert ring.fallbacks == 0
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(50_000_000)  # the stream busy: the next copies queue behind it
+        outs = [ring.upload([torch.full((8,), i)]) for i in range(6)]
+    assert ring.fallbacks >= 2  # rows 0..3 taken, then their copies have not run
+    stream.synchronize()
+    assert all(torch.equal(o[0].cpu(), torch.full((8,), i)) for i, o in enumerate(outs))
+    long = torch.arange(100)
+    assert torch.equal(ring.upload([long])[0].cpu(), long) and ring.fallbacks >= 3

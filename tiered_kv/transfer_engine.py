@@ -471,10 +471,15 @@ class _Load:
 
         engine = self.engine
         blocks = _blocks(len(self.layers), self.split, kernel=True, offset=self.first_index)
-        plans = [engine._load_plan(tuple(self.layers[i] for i in block), components) for block in blocks]
+        keys = [tuple(self.layers[i] for i in block) for block in blocks]
+        plans = [engine._load_plan(key, components) for key in keys]
         device = engine.device if engine.on_gpu else torch.device("cpu")
         with torch.cuda.stream(stream) if stream is not None else _nothing():
-            uploaded = upload(device, [p.table for p in plans] + list(kernel_part))
+            if self.options.device_tables:
+                # Tables uploaded once and kept; only the ids travel (``IdsRing``).
+                uploaded = [engine._device_table(key, components) for key in keys] + engine._upload_ids(kernel_part)
+            else:
+                uploaded = upload(device, [p.table for p in plans] + list(kernel_part))
         if len(kernel_part[0]):
             self.uva = _KernelHalf(stream, plans, uploaded[:-2], uploaded[-2], uploaded[-1],
                                    block_of=[b for b, block in enumerate(blocks) for _ in block],
@@ -842,6 +847,12 @@ class TransferEngine:
         # Host rows are dense when every per-layer host chunk view has pitch == chunk.
         self._dense_host_rows = all(h.stride(0) == h.shape[1] for pairs in self._load_pairs for h, _ in pairs)
         self._plans: dict[object, object] = {}
+        # ``TransferOptions.device_tables``: kernel tables kept on the device, ids through a pinned
+        # ring; made on first use, under a lock of their own (the engine's is held by a body's
+        # whole issue, which the caller's head must not wait for).
+        self._device_tables: dict[object, torch.Tensor] = {}
+        self._ids_ring = None
+        self._tables_lock = threading.Lock()
         self._issuer: _IssueThreads | None = None
         self._backup_issuer: _IssueThreads | None = None
         # Loads issued by library threads and by the caller share plans and the staging ring.
@@ -1178,6 +1189,37 @@ class TransferEngine:
                      if components is None or ci in components]
             plan = self._plans[key] = plan_uva_copy(pairs, anchor=anchor, word_bytes=self._load_word)
         return plan
+
+    def _device_table(self, layers: tuple[int, ...], components: tuple[int, ...] | None) -> torch.Tensor:
+        """The load plan's table of ``layers`` / ``components`` on the device, uploaded on first
+        use and kept. The first upload is waited for on the CPU (once per block shape), so a
+        kernel on any other stream that reads the table later reads it complete."""
+        key = (layers, components)
+        table = self._device_tables.get(key)
+        if table is None:
+            from .kernels.uva_copy import upload
+
+            with self._tables_lock:
+                table = self._device_tables.get(key)
+                if table is None:
+                    table = upload(self.device if self.on_gpu else torch.device("cpu"),
+                                   [self._load_plan(layers, components).table])[0]
+                    if self.on_gpu:
+                        uploaded = torch.cuda.Event()
+                        uploaded.record()
+                        uploaded.synchronize()
+                    self._device_tables[key] = table
+        return table
+
+    def _upload_ids(self, parts) -> list[torch.Tensor]:
+        """A load's ids on the device, through the engine's pinned ring (``kernels.ids_ring``)."""
+        if self._ids_ring is None:
+            from .kernels.ids_ring import IdsRing
+
+            with self._tables_lock:
+                if self._ids_ring is None:
+                    self._ids_ring = IdsRing(self.device if self.on_gpu else "cpu")
+        return self._ids_ring.upload(list(parts))
 
     @property
     def _load_word(self) -> int:

@@ -328,6 +328,12 @@ class TransferOptions:
         engines run pitched ops far slower than the same bytes as 1-D rows (a 61-layer load of
         512 scattered slots: 7.8 GB/s at one row per op, 28.6 at 8, 44.1 at 61 against 41.5 for
         1-D rows), so ``auto`` never sets it; kept for runtimes where that changes.
+    device_tables: a load's UVA kernel tables stay on the device once uploaded (one set per
+        block of layers and components), and each load uploads only its ids, through a pinned
+        ring the engine keeps (``kernels.uva_copy.IdsRing``), instead of packing tables and ids
+        into a freshly pinned tensor per load. About 0.5 ms of the caller's path before a load's
+        first launch is that upload (H200, ``benchmarks/issue_timeline.py``, 2026-12-02); not
+        measured with this option yet, so off by default.
     """
 
     load_split: LoadSplit | None = None
@@ -339,6 +345,7 @@ class TransferOptions:
     pitched_batch: bool = False
     backup_issue_threads: int | None = None
     caller_head_blocks: int | None = None
+    device_tables: bool = False
 
     def __post_init__(self) -> None:
         if self.load_split is not None and not isinstance(self.load_split, LoadSplit):
@@ -350,8 +357,9 @@ class TransferOptions:
         for name in ("issue_threads", "backup_issue_threads"):
             _count(self, name, low=0, high=MAX_ISSUE_THREADS, optional=True)
         _count(self, "caller_head_blocks", low=1, optional=True)
-        if not isinstance(self.pitched_batch, bool):
-            raise ConfigError(f"TransferOptions.pitched_batch must be True or False: {self}")
+        for name in ("pitched_batch", "device_tables"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"TransferOptions.{name} must be True or False: {self}")
 
 
 #: The most library issue threads an engine starts.

@@ -46,7 +46,8 @@ class IdsRing:
         total = sum(sizes)
         if not self._on_gpu or total > self._row_ids:
             if self._on_gpu:
-                self.fallbacks += 1
+                with self._lock:
+                    self.fallbacks += 1
             return upload(self.device, parts)
         with self._lock:
             k = self._next
@@ -62,7 +63,7 @@ class IdsRing:
                 start += size
             packed = row.to(self.device, non_blocking=True)
             event = torch.cuda.Event()
-            event.record()
+            event.record(torch.cuda.current_stream(self.device))  # the stream the copy went on
             self._copied[k] = event
         out, start = [], 0
         for size in sizes:

@@ -475,9 +475,13 @@ class _Load:
         plans = [engine._load_plan(key, components) for key in keys]
         device = engine.device if engine.on_gpu else torch.device("cpu")
         with torch.cuda.stream(stream) if stream is not None else _nothing():
-            if self.options.device_tables:
+            if self.options.device_tables and len(kernel_part[0]):
                 # Tables uploaded once and kept; only the ids travel (``IdsRing``).
-                uploaded = [engine._device_table(key, components) for key in keys] + engine._upload_ids(kernel_part)
+                tables = [engine._device_table(key, components) for key in keys]
+                if stream is not None:
+                    for table in tables:  # read here too: its memory stays until this stream is done
+                        table.record_stream(stream)
+                uploaded = tables + engine._upload_ids(kernel_part)
             else:
                 uploaded = upload(device, [p.table for p in plans] + list(kernel_part))
         if len(kernel_part[0]):
@@ -852,6 +856,7 @@ class TransferEngine:
         # whole issue, which the caller's head must not wait for).
         self._device_tables: dict[object, torch.Tensor] = {}
         self._ids_ring = None
+        self._table_stream = None
         self._tables_lock = threading.Lock()
         self._issuer: _IssueThreads | None = None
         self._backup_issuer: _IssueThreads | None = None
@@ -1192,8 +1197,9 @@ class TransferEngine:
 
     def _device_table(self, layers: tuple[int, ...], components: tuple[int, ...] | None) -> torch.Tensor:
         """The load plan's table of ``layers`` / ``components`` on the device, uploaded on first
-        use and kept. The first upload is waited for on the CPU (once per block shape), so a
-        kernel on any other stream that reads the table later reads it complete."""
+        use and kept. The first upload goes on a stream of its own, which waits for nothing, and
+        is waited for on the CPU (once per block shape, a few microseconds), so a kernel on any
+        other stream that reads the table later reads it complete."""
         key = (layers, components)
         table = self._device_tables.get(key)
         if table is None:
@@ -1202,12 +1208,15 @@ class TransferEngine:
             with self._tables_lock:
                 table = self._device_tables.get(key)
                 if table is None:
-                    table = upload(self.device if self.on_gpu else torch.device("cpu"),
-                                   [self._load_plan(layers, components).table])[0]
+                    plan_table = self._load_plan(layers, components).table
                     if self.on_gpu:
-                        uploaded = torch.cuda.Event()
-                        uploaded.record()
-                        uploaded.synchronize()
+                        if self._table_stream is None:
+                            self._table_stream = torch.cuda.Stream(self.device)
+                        with torch.cuda.stream(self._table_stream):
+                            table = upload(self.device, [plan_table])[0]
+                        self._table_stream.synchronize()
+                    else:
+                        table = upload(torch.device("cpu"), [plan_table])[0]
                     self._device_tables[key] = table
         return table
 

@@ -330,7 +330,7 @@ class TransferOptions:
         1-D rows), so ``auto`` never sets it; kept for runtimes where that changes.
     device_tables: a load's UVA kernel tables stay on the device once uploaded (one set per
         block of layers and components), and each load uploads only its ids, through a pinned
-        ring the engine keeps (``kernels.uva_copy.IdsRing``), instead of packing tables and ids
+        ring the engine keeps (``kernels.ids_ring.IdsRing``), instead of packing tables and ids
         into a freshly pinned tensor per load. About 0.5 ms of the caller's path before a load's
         first launch is that upload (H200, ``benchmarks/issue_timeline.py``, 2026-12-02); not
         measured with this option yet, so off by default.

@@ -518,6 +518,15 @@ def assert_layers_equal(got, expected):
             assert torch.equal(a.cpu(), b), f"layer {layer} component {ci}"
 
 
+def load_and_check_each_layer(engine, host, device_pool, slots, pages, num_layers):
+    """Load ``slots`` into ``pages``, read each layer right after its ``wait_layer`` and check it
+    against the host's bytes of before the load; returns the handle."""
+    expected = [[host.chunk_view(ci, layer)[slots].clone() for ci in range(2)] for layer in range(num_layers)]
+    handle = engine.load(slots, pages)
+    assert_layers_equal(read_each_layer_after_wait(handle, device_pool, pages, num_layers), expected)
+    return handle
+
+
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("path", ["kernel", "staged", "mixed", "direct", "batch", "torch", "auto"])
@@ -551,10 +560,7 @@ def test_gpu_split_loads_wait_layer(split, layout):
     split = SPLITS[split] if SPLITS[split].unit_rows is None else replace(SPLITS[split], unit_rows=64)
     engine = TransferEngine(device.pool, host, path="mixed", options=TransferOptions(load_split=split))
     slots, pages = torch.arange(3, 259), random_ids(256, 1, 300)
-    expected = [[host.chunk_view(ci, layer)[slots].clone() for ci in range(2)] for layer in range(spec.num_layers)]
-    handle = engine.load(slots, pages)
-    got = read_each_layer_after_wait(handle, device.pool, pages, spec.num_layers)
-    assert_layers_equal(got, expected)
+    load_and_check_each_layer(engine, host, device.pool, slots, pages, spec.num_layers)
     host.close()
 
 
@@ -652,10 +658,8 @@ def test_gpu_auto_with_scattered_slots(layout, op):
                    lambda: handles.append(engine.backup(pages, slots)))
         assert handles[0].path == ("mixed" if layout == "layer_first" else "staged")
     else:
-        expected = [[host.chunk_view(ci, layer)[slots].clone() for ci in range(2)] for layer in range(spec.num_layers)]
-        handle = engine.load(slots, pages)
+        handle = load_and_check_each_layer(engine, host, device.pool, slots, pages, spec.num_layers)
         assert handle.path == "mixed"
-        assert_layers_equal(read_each_layer_after_wait(handle, device.pool, pages, spec.num_layers), expected)
     engine.close()
     host.close()
 
@@ -679,9 +683,7 @@ def test_gpu_pitched_batch_loads_and_backups(layout, monkeypatch):
     options = TransferOptions(load_split=LoadSplit(1.0, layers_per_copy=4, ramp=True), pitched_batch=True)
     engine = TransferEngine(device.pool, host, path="staged", options=options)
     slots, pages = torch.randperm(1024)[:512], random_ids(512, 1, 1100)
-    expected = [[host.chunk_view(ci, layer)[slots].clone() for ci in range(2)] for layer in range(spec.num_layers)]
-    handle = engine.load(slots, pages)
-    assert_layers_equal(read_each_layer_after_wait(handle, device.pool, pages, spec.num_layers), expected)
+    load_and_check_each_layer(engine, host, device.pool, slots, pages, spec.num_layers)
     back = torch.randperm(1024)[:512]
     engine.backup(pages, back).synchronize()
     for layer in range(spec.num_layers):
@@ -872,11 +874,7 @@ def test_gpu_device_tables_load_every_byte(layout, path):
     host = make_host_pool(spec, 260, layout)
     engine = TransferEngine(device.pool, host, path=path, options=TransferOptions(device_tables=True))
     for slots in (torch.arange(3, 259), torch.randperm(260)[:256]):
-        pages = random_ids(256, 1, 300)
-        expected = [[host.chunk_view(ci, layer)[slots].clone() for ci in range(2)] for layer in range(spec.num_layers)]
-        handle = engine.load(slots, pages)
-        got = read_each_layer_after_wait(handle, device.pool, pages, spec.num_layers)
-        assert_layers_equal(got, expected)
+        load_and_check_each_layer(engine, host, device.pool, slots, random_ids(256, 1, 300), spec.num_layers)
     host.close()
 
 

@@ -15,7 +15,8 @@ With ``--beside`` the model's matmuls (about 1.25x the load, as ``beside_compute
 layers, and each layer also gets ``waited_ms`` (when the caller's ``wait_layer`` returned).
 
     python3 benchmarks/issue_timeline.py [--reps 6] [--layouts page_first,layer_first]
-        [--slots scattered,runs] [--beside] [--staging-bytes N] [--lead-blocks 1,3] [--trace-ms 20]
+        [--slots scattered,runs] [--beside] [--staging-bytes N] [--lead-blocks 1,3 | --set twentyfourth]
+        [--trace-ms 20]
         [--out docs/benchmarks/issue_timeline.json]
 """
 
@@ -37,6 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import serving_probe  # noqa: E402  (its candidate sets and PolicyVariant)
 import transfer_gpu as tg  # noqa: E402
 
 from tiered_kv import transfer_engine as te  # noqa: E402
@@ -135,11 +137,18 @@ def main() -> int:
     parser.add_argument("--staging-bytes", type=int, default=None)
     parser.add_argument("--lead-blocks", default="1",
                         help="comma-separated LoadSplit.lead_blocks of auto's scattered split to run")
+    parser.add_argument("--set", default=None,
+                        help="time each candidate of this serving_probe.py candidate set (default: auto alone)")
     parser.add_argument("--trace-ms", type=float, default=20.0, help="print the first rep's steps up to this ms")
     tg.add_shape_arguments(parser)
     args = parser.parse_args()
     if args.reps < 1:
         parser.error("--reps must be at least 1")
+    if args.set is not None and args.set not in serving_probe.CANDIDATE_SETS:
+        parser.error(f"--set: no candidate set {args.set!r} (one of {', '.join(sorted(serving_probe.CANDIDATE_SETS))})")
+    if args.set is not None and args.lead_blocks != "1":
+        parser.error("--set and --lead-blocks swap the same policy tables: give one of them")
+    candidates = serving_probe.CANDIDATE_SETS[args.set] if args.set else [("auto", "auto", None, {}, None)]
     torch.manual_seed(0)
     spec = tg.Bench(args).spec
     device_pool, hosts = tg.random_pools(spec, args)
@@ -162,13 +171,15 @@ def main() -> int:
     y = torch.empty_like(x)
     model = torch.cuda.Stream()
     results = []
-    for layout in args.layouts.split(","):
-        kwargs = {"staging_bytes": args.staging_bytes} if args.staging_bytes else {}
-        engine = TransferEngine(device_pool, hosts[layout], path="auto", timing=True, **kwargs)
+    for layout, (name, path, options, kwargs, change) in [(lo, c) for lo in args.layouts.split(",") for c in candidates]:
+        if args.staging_bytes:
+            kwargs = {**kwargs, "staging_bytes": args.staging_bytes}
+        engine = TransferEngine(device_pool, hosts[layout], path=path, timing=True, **kwargs)
+        loader = serving_probe.PolicyVariant(engine, change) if change is not None else engine
         for kind, lead in [(k, int(v)) for k in args.slots.split(",") for v in args.lead_blocks.split(",")]:
-            # ``auto``'s split tables are read in the caller's ``load``: swapped for the case.
-            tp.SCATTERED_LOADS = {dense: replace(split, lead_blocks=lead) for dense, split in SCATTERED.items()}
-            tp.MIXED_LOADS = {key: replace(split, lead_blocks=lead) for key, split in MIXED.items()}
+            if lead != 1:  # ``auto``'s split tables are read in the caller's ``load``: swapped for the case
+                tp.SCATTERED_LOADS = {dense: replace(split, lead_blocks=lead) for dense, split in SCATTERED.items()}
+                tp.MIXED_LOADS = {key: replace(split, lead_blocks=lead) for key, split in MIXED.items()}
             rows = 0
             if args.beside:  # the load alone from the call, then rows for 1.25x of it
                 ms = []
@@ -176,7 +187,7 @@ def main() -> int:
                     torch.cuda.synchronize()
                     start = torch.cuda.Event(enable_timing=True)
                     start.record()
-                    h = engine.load(slot_sets[kind][i % 4], page_sets[i % 4])
+                    h = loader.load(slot_sets[kind][i % 4], page_sets[i % 4], options=options)
                     h.synchronize()
                     ms.append(max(start.elapsed_time(h.event(L)) for L in h.layers))
                 rows = tg.matmul_rows_for(1.25 * statistics.median(ms) / spec.num_layers, x, weight, y, model)
@@ -194,7 +205,7 @@ def main() -> int:
                     start = torch.cuda.Event(enable_timing=True)
                     start.record()
                     t0 = time.perf_counter()
-                    h = engine.load(slot_sets[kind][i % 4], page_sets[i % 4])
+                    h = loader.load(slot_sets[kind][i % 4], page_sets[i % 4], options=options)
                     returned = time.perf_counter()
                     waited, marks = {}, []
                     if rows:
@@ -238,11 +249,11 @@ def main() -> int:
             for r in per_rep:
                 for n, ms in r["thread_cpu_ms"].items():
                     threads[n].append(ms)
-            row = {"layout": layout, "slots": kind, "lead_blocks": lead, "beside_rows": rows, "trace": trace, **med, "timeline": timeline,
+            row = {"candidate": name, "layout": layout, "slots": kind, "lead_blocks": lead, "beside_rows": rows, "trace": trace, **med, "timeline": timeline,
                    "thread_cpu_ms": {n: statistics.median(v) for n, v in threads.items() if statistics.median(v) > 0.05},
                    "steps": timers.rows(args.reps)}
             results.append(row)
-            print(f"== {layout} {kind} lead blocks {lead} rows {rows}: returned {med['returned_ms']:.2f} ms, issue+sync end "
+            print(f"== {name}: {layout} {kind} lead blocks {lead} rows {rows}: returned {med['returned_ms']:.2f} ms, issue+sync end "
                   f"{med['issue_end_ms']:.2f}, last layer landed {med['landed_last_ms']:.2f}", flush=True)
             print("   thread cpu ms:", {n: round(v, 2) for n, v in row["thread_cpu_ms"].items()})
             for s in row["steps"]:

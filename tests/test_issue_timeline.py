@@ -48,3 +48,16 @@ def test_timers_count_each_thread_only_while_on_and_undo_restores():
     assert all(end >= start for _, _, start, end in timers.trace)
     timers.undo()
     assert Steps.__dict__["work"] is original_work and Steps.__dict__["pure"] is original_pure
+
+
+def test_bad_arguments_exit_2_before_any_device_work(monkeypatch, capsys):
+    """An unknown candidate set, ``--set`` with ``--lead-blocks`` (both swap the policy tables) and
+    ``--reps 0`` are refused with one line, exit 2, before any pool is made (no CUDA here)."""
+    import pytest
+
+    for argv in (["--set", "nosuchset"], ["--set", "twentyfourth", "--lead-blocks", "1,3"], ["--reps", "0"]):
+        monkeypatch.setattr(sys, "argv", ["issue_timeline.py", *argv])
+        with pytest.raises(SystemExit) as exit_info:
+            issue_timeline.main()
+        assert exit_info.value.code == 2
+        assert "error:" in capsys.readouterr().err

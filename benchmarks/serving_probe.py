@@ -378,14 +378,10 @@ PF_SCATTERED_912A0FB = LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=T
 PF_SCATTERED_1077943 = replace(PF_SCATTERED_912A0FB, head_layers=8, body_ramp=False)
 
 
-def _pf_scattered_912a0fb(**fields):
-    """Scattered ``page_first`` loads take the 912a0fb split with ``fields`` changed."""
-    return _entry_takes("SCATTERED_LOADS", False, replace(PF_SCATTERED_912A0FB, **fields))
-
-
-def _pf_scattered_1077943(**fields):
-    """Scattered ``page_first`` loads take the 1077943 split with ``fields`` changed."""
-    return _entry_takes("SCATTERED_LOADS", False, replace(PF_SCATTERED_1077943, **fields))
+def _pf_scattered_from(base: LoadSplit, **fields):
+    """Scattered ``page_first`` loads take ``base`` (a fixed split of before, not the policy's
+    entry now) with ``fields`` changed."""
+    return _entry_takes("SCATTERED_LOADS", False, replace(base, **fields))
 
 
 def _scattered_from_policy(dense_host_rows: bool, **fields):
@@ -512,9 +508,10 @@ EIGHTEENTH = [
 #: ``--skip both --beside-reps 12``; the beside rows' ``late_at`` says which layers still wait.
 NINETEENTH = [
     ("auto", "auto", None, {}, None),
-    ("auto, pf scattered in two issued halves", "auto", None, {}, _pf_scattered_912a0fb(issue_halves=2)),
+    ("auto, pf scattered in two issued halves", "auto", None, {},
+     _pf_scattered_from(PF_SCATTERED_912A0FB, issue_halves=2)),
     ("auto, pf scattered in two issued halves, head 8 step 5", "auto", None, {},
-     _pf_scattered_912a0fb(issue_halves=2, **tp_HEAD)),
+     _pf_scattered_from(PF_SCATTERED_912A0FB, issue_halves=2, **tp_HEAD)),
 ]
 
 
@@ -535,9 +532,9 @@ TWENTIETH = [
 #: blocks one call each.
 TWENTYFIRST = [
     ("auto", "auto", None, {}, None),
-    ("auto, pf scattered lead 3", "auto", None, {}, _pf_scattered_912a0fb(lead_blocks=3)),
+    ("auto, pf scattered lead 3", "auto", None, {}, _pf_scattered_from(PF_SCATTERED_912A0FB, lead_blocks=3)),
     ("auto, pf scattered lead 3, ring 2 x 64 MiB", "auto", None, {"staging_bytes": 64 << 20},
-     _pf_scattered_912a0fb(lead_blocks=3)),
+     _pf_scattered_from(PF_SCATTERED_912A0FB, lead_blocks=3)),
 ]
 
 
@@ -549,12 +546,12 @@ TWENTYFIRST = [
 #: the ``auto`` row, and the 912a0fb split has a row of its own.
 TWENTYSECOND = [
     ("auto", "auto", None, {}, None),
-    ("auto as of 912a0fb", "auto", None, {}, _pf_scattered_912a0fb()),
-    ("auto, pf scattered lead 3", "auto", None, {}, _pf_scattered_912a0fb(lead_blocks=3)),
+    ("auto as of 912a0fb", "auto", None, {}, _pf_scattered_from(PF_SCATTERED_912A0FB)),
+    ("auto, pf scattered lead 3", "auto", None, {}, _pf_scattered_from(PF_SCATTERED_912A0FB, lead_blocks=3)),
     ("auto, pf scattered head 12, body unramped", "auto", None, {},
-     _pf_scattered_912a0fb(head_layers=12, body_ramp=False)),
+     _pf_scattered_from(PF_SCATTERED_912A0FB, head_layers=12, body_ramp=False)),
     ("auto, pf scattered head 16, body unramped", "auto", None, {},
-     _pf_scattered_912a0fb(head_layers=16, body_ramp=False)),
+     _pf_scattered_from(PF_SCATTERED_912A0FB, head_layers=16, body_ramp=False)),
 ]
 
 
@@ -570,9 +567,10 @@ TWENTYSECOND = [
 #: for step 5. Run with ``--skip both --beside-reps 12``.
 TWENTYTHIRD = [
     ("auto", "auto", None, {}, None),
-    ("auto as of 1077943", "auto", None, {}, _pf_scattered_1077943()),
-    ("auto, pf scattered step 5", "auto", None, {}, _pf_scattered_1077943(ramp_step=5)),
-    ("auto, pf scattered head 12 step 4", "auto", None, {}, _pf_scattered_1077943(head_layers=12, ramp_step=4)),
+    ("auto as of 1077943", "auto", None, {}, _pf_scattered_from(PF_SCATTERED_1077943)),
+    ("auto, pf scattered step 5", "auto", None, {}, _pf_scattered_from(PF_SCATTERED_1077943, ramp_step=5)),
+    ("auto, pf scattered head 12 step 4", "auto", None, {},
+     _pf_scattered_from(PF_SCATTERED_1077943, head_layers=12, ramp_step=4)),
 ]
 
 

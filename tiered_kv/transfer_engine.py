@@ -1044,9 +1044,9 @@ class TransferEngine:
         copies still reach PCIe after the head's.
         """
         if name != "batch":
-            # The body runs on thread 0 alone: the head's rest on thread 1 stays within the limit.
-            need = max(threads, 2) if rest_of_head is not None else threads
-            issuer = self._issue_threads(max(need, HALF_THREAD + 1) if job.split.issue_halves > 1 else need)
+            # The body runs on thread 0 alone: the head's rest on thread 1 stays within the limit
+            # (``load`` already started the halves' thread, ``HALF_THREAD``, where a split asks).
+            issuer = self._issue_threads(max(threads, 2) if rest_of_head is not None else threads)
             head_issued = None
             if rest_of_head is not None:
                 head_issued = threading.Event()

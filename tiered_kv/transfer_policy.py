@@ -44,6 +44,12 @@ def _fraction(value_of, name: str, *, optional: bool) -> None:
     object.__setattr__(value_of, name, float(value))
 
 
+def _flag(value_of, name: str) -> None:
+    """Field ``name``: True or False (no 0 / 1, no text); ConfigError naming the field otherwise."""
+    if not isinstance(getattr(value_of, name), bool):
+        raise ConfigError(f"{type(value_of).__name__}.{name} must be True or False: {value_of}")
+
+
 def _count(value_of, name: str, *, low: int, optional: bool, high: int | None = None) -> None:
     """Field ``name``: an int in ``low..high`` (``as_int``: numpy ints and 0-d integer tensors
     too, never bools or floats), kept as a Python int; None where ``optional``."""
@@ -110,9 +116,10 @@ class LoadSplit:
         call of their own before the rest are planned in one call: copying starts while the
         issuing thread plans what follows; each call costs a sort of the ids and a table upload.
     body_ramp: with a head, the body's blocks ramp again from one layer (True) or start at their
-        full size (False); with ``ramp_step`` they continue the head's ramp either way. A staged copy-engine block of scattered slots costs its issuing
-        thread the same whatever its layers (one row per slot and component, about 2 us each),
-        so short blocks right after the head cost the most issue time per layer landed.
+        full size (False); with ``ramp_step`` they continue the head's ramp either way. A staged
+        copy-engine block of scattered slots costs its issuing thread the same whatever its
+        layers (one row per slot and component, about 2 us each), so short blocks right after
+        the head cost the most issue time per layer landed.
     """
 
     ce_fraction: float = 1.0
@@ -141,8 +148,7 @@ class LoadSplit:
             _count(self, name, low=0 if name == "head_layers" else 1, optional=name in _OPTIONAL_COUNTS)
         _count(self, "issue_halves", low=1, high=2, optional=False)
         for name in ("ramp", "body_ramp"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"LoadSplit.{name} must be True or False: {self}")
+            _flag(self, name)
         if self.kernel_tile is not None and (self.kernel_tile < 256 or self.kernel_tile & (self.kernel_tile - 1)):
             raise ConfigError(f"LoadSplit.kernel_tile must be a power of two >= 256: {self}")
         if self.head_layers < 0 or any(v is not None and v < 1 for v in (self.ramp_step, self.kernel_ctas)):
@@ -283,8 +289,7 @@ AUTO_PATHS_WITHOUT_BATCH = {(True, True, True, False): "kernel", (False, True, T
 #: page_first --slots scattered``, twice): 0.87 / 0.84 of the load hidden against 0.80 / 0.81, the
 #: compute 4.1 / 5.2 ms longer instead of 6.2 / 5.8, at a slowdown of 0.98-0.99; idle 52.2 / 52.2
 #: GB/s against 52.5 / 52.7. Step 5 hid 0.85 / 0.80, a head of 12 at step 4 0.84 / 0.85.
-SCATTERED_LOADS = {False: LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, ramp_step=4, head_layers=8,
-                                    body_ramp=False),
+SCATTERED_LOADS = {False: LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, ramp_step=4, head_layers=8),
                    True: LoadSplit(0.3, ce_path="batch", kernel_blocks=8, **HEAD)}
 #: The same beside a backup in flight: ``page_first`` loads keep to the copy engines after a short
 #: kernel head (UVA reads would cut into the backup; the head's only overlap its first layers),
@@ -358,8 +363,7 @@ class TransferOptions:
             _count(self, name, low=0, high=MAX_ISSUE_THREADS, optional=True)
         _count(self, "caller_head_blocks", low=1, optional=True)
         for name in ("pitched_batch", "device_tables"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"TransferOptions.{name} must be True or False: {self}")
+            _flag(self, name)
 
 
 #: The most library issue threads an engine starts.

@@ -581,7 +581,8 @@ def _step_everywhere(step: int):
     return lambda split: replace(split, ramp_step=step) if split.ramp else split
 
 
-#: Twenty-fourth probe (not run yet). The twenty-third's ``ramp_step`` 4 won for scattered
+#: Twenty-fourth probe (run 2026-12-02: two head blocks on the caller won, now ``CALLER_HEAD_BLOCKS``).
+#: The twenty-third's ``ramp_step`` 4 won for scattered
 #: ``page_first`` (0.87 / 0.84 hidden against 0.80 / 0.81); the other three cases still wait at
 #: layer 5, the 2-layer block [5, 6] of ``HEAD``'s step 5, and every case at layer 1, the head's
 #: second block, launched by library thread 1 after ``load`` returned. Candidates: step 4 in every
@@ -599,12 +600,23 @@ TWENTYFOURTH = [
 ]
 
 
+#: Twenty-fifth probe: the twenty-fourth's winner, now ``auto`` (``CALLER_HEAD_BLOCKS`` 2), against
+#: one block on the caller (as before) and three, in the same run: the A/B once more before the
+#: final benchmark, since the runs cases had moved the other way within the spread.
+TWENTYFIFTH = [
+    ("auto", "auto", None, {}, None),
+    ("auto, 1 head block on the caller", "auto", TransferOptions(caller_head_blocks=1), {}, None),
+    ("auto, 3 head blocks on the caller", "auto", TransferOptions(caller_head_blocks=3), {}, None),
+]
+
+
 CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH, "eleventh": ELEVENTH, "twelfth": TWELFTH,
                   "thirteenth": THIRTEENTH, "fourteenth": FOURTEENTH,
                   "fifteenth": FIFTEENTH, "sixteenth": SIXTEENTH, "eighteenth": EIGHTEENTH,
                   "nineteenth": NINETEENTH, "twentieth": TWENTIETH,
                   "twentyfirst": TWENTYFIRST, "twentysecond": TWENTYSECOND,
-                  "twentythird": TWENTYTHIRD, "twentyfourth": TWENTYFOURTH}
+                  "twentythird": TWENTYTHIRD, "twentyfourth": TWENTYFOURTH,
+                  "twentyfifth": TWENTYFIFTH}
 SETS = {"fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
         "fourth": ([], [], [], FOURTH_BESIDE),
         "second": (SECOND_LOADS, SECOND_BACKUPS, SECOND_BOTH, SECOND_BESIDE),

@@ -27,6 +27,7 @@ from tiered_kv import nsa_spec  # noqa: E402
 from tiered_kv.transfer import validate  # noqa: E402
 from tiered_kv.transfer_engine import COPY_PATHS, TransferEngine, TransferOptions, _blocks, _head_split, _Load  # noqa: E402
 from tiered_kv.transfer_policy import CALLER_HEAD_BLOCKS, HEAD, LoadSplit  # noqa: E402
+import tiered_kv.transfer_policy as tp  # noqa: E402
 
 from .fake_cuda import FakeEvent, FakeStream, patch_cuda  # noqa: E402
 from .kernels.pools import make_device_pool, make_host_pool, random_fill, random_ids  # noqa: E402
@@ -64,11 +65,14 @@ def test_start_load_launches_the_first_blocks_and_rest_the_others(blocks, split)
     assert not _landed(device, host, slots, pages, head)
 
 
-def test_the_caller_launches_one_layer_of_auto_s_head():
-    """With ``HEAD`` (blocks 1, 1, 1, 1, 1, 2, 1) the caller's share is layer 0 alone: the layer
-    a model waits on first, launched before the call returns."""
-    blocks = _blocks(HEAD["head_layers"], _head_split(LoadSplit(**HEAD)), kernel=True)
-    assert sum(len(b) for b in blocks[:CALLER_HEAD_BLOCKS]) == 1 and len(blocks) > CALLER_HEAD_BLOCKS
+@pytest.mark.parametrize("split", [LoadSplit(**HEAD), tp.SCATTERED_LOADS[False]], ids=["HEAD", "scattered page_first"])
+def test_the_caller_launches_the_first_two_layers_of_auto_s_head(split):
+    """With ``HEAD`` (blocks 1, 1, 1, 1, 1, 2, 1) and the scattered ``page_first`` split's head
+    (1, 1, 1, 1, 2, 2) the caller's share is layers 0 and 1: the layers a model waits on first,
+    launched before the call returns; the rest of the head is left to a library thread."""
+    blocks = _blocks(split.head_layers, _head_split(split), kernel=True)
+    assert [layer for b in blocks[:CALLER_HEAD_BLOCKS] for layer in b] == [0, 1]
+    assert len(blocks) > CALLER_HEAD_BLOCKS
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, 1.5])

@@ -159,8 +159,9 @@ def test_policy_changes_hit_only_the_entry_they_name():
 
 
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
-@pytest.mark.parametrize("entry", [e for e in serving_probe.TWENTYFOURTH if e[2] is not None], ids=lambda e: e[0])
-def test_twentyfourth_option_candidates_copy_every_byte(entry, layout):
+@pytest.mark.parametrize("entry", [e for e in serving_probe.TWENTYFOURTH + serving_probe.TWENTYFIFTH if e[2] is not None],
+                         ids=lambda e: e[0])
+def test_option_candidates_copy_every_byte(entry, layout):
     """The candidates that change options (head blocks on the caller, device tables), under the
     policy's scattered split through ``mixed`` (``auto`` is torch copies on CPU)."""
     import tiered_kv.transfer_policy as tp

@@ -185,7 +185,7 @@ class LoadSplit:
 #: 0.89 (page_first) / 0.91 (layer_first) of the load is hidden instead of 0.74 / 0.84, at a compute
 #: slowdown of 1.01-1.02; idle, 96.2 / 96.1% of the ceiling instead of 97.3 / 96.4%.
 HEAD = {"head_layers": 8, "ramp": True, "ramp_step": 5}
-#: Blocks of a head (its first layer with ``HEAD``) that the caller's thread launches when the rest
+#: Blocks of a head (its first two layers with ``HEAD``) that the caller's thread launches when the rest
 #: of the load goes to a library thread; a second library thread launches the rest of the head
 #: while the first plans the body. A model waiting on layer 0 can only start once ``load`` has
 #: returned, and with the whole head on the caller that was after layer 0 had landed (tenth
@@ -194,8 +194,16 @@ HEAD = {"head_layers": 8, "ramp": True, "ramp_step": 5}
 #: conditions, seventh round"): the call returns 0.2-0.9 ms sooner (1.30-1.41 ms for a 61-layer
 #: load against 1.63-2.31 idle), the idle loads are the same, and the share hidden beside the
 #: matmuls at 1.25x is the same within the spread (0.826 on average over 8 cells against 0.825
-#: with the whole head on the caller, 0.823 with 2 blocks).
-CALLER_HEAD_BLOCKS = 1
+#: with the whole head on the caller, 0.823 with 2 blocks). With the later splits (``ramp_step`` 4
+#: for scattered ``page_first``: head blocks 1, 1, 1, 1, 2, 2) the model waited at layer 1 in every
+#: case, for the head's second block that library thread 1 launched after ``load`` returned (0.2-1.6
+#: ms, ``issue_timeline.py``), so the caller now launches two blocks: layers 0 and 1. Measured on
+#: the H200 (2026-12-02, ``serving_probe.py --set twentyfourth``, docs/benchmarks.md "Serving
+#: conditions, ninth round"): hidden beside the matmuls at 1.25x 0.90 / 0.84 (scattered page_first
+#: / layer_first) instead of 0.81 / 0.76, the runs 0.85 / 0.88 instead of 0.88 / 0.85 (within the
+#: spread), at a compute slowdown of 0.99-1.03; idle loads the same (92.9-94.9% of the ceiling
+#: against 92.5-94.9%), the caller's issue 1.6-1.9 ms instead of 1.6-1.8.
+CALLER_HEAD_BLOCKS = 2
 MIXED_LOADS = {
     (True, True): LoadSplit(1.0, **HEAD),
     (True, False): LoadSplit(1.0, ce_path="batch"),

@@ -202,7 +202,7 @@ HEAD = {"head_layers": 8, "ramp": True, "ramp_step": 5}
 #: conditions, ninth round"): hidden beside the matmuls at 1.25x 0.90 / 0.84 (scattered page_first
 #: / layer_first) instead of 0.81 / 0.76, the runs 0.85 / 0.88 instead of 0.88 / 0.85 (within the
 #: spread), at a compute slowdown of 0.99-1.03; idle loads the same (92.9-94.9% of the ceiling
-#: against 92.5-94.9%), the caller's issue 1.6-1.9 ms instead of 1.6-1.8.
+#: against 92.5-94.9%), the caller's issue 1.6-2.0 ms instead of 1.6-1.8.
 CALLER_HEAD_BLOCKS = 2
 MIXED_LOADS = {
     (True, True): LoadSplit(1.0, **HEAD),
@@ -345,8 +345,11 @@ class TransferOptions:
         block of layers and components), and each load uploads only its ids, through a pinned
         ring the engine keeps (``kernels.ids_ring.IdsRing``), instead of packing tables and ids
         into a freshly pinned tensor per load. About 0.5 ms of the caller's path before a load's
-        first launch is that upload (H200, ``benchmarks/issue_timeline.py``, 2026-12-02); not
-        measured with this option yet, so off by default.
+        first launch is that upload (H200, ``benchmarks/issue_timeline.py``, 2026-12-02). Measured
+        (H200, 2026-12-02, ``serving_probe.py --set twentyfourth``): no gain. The load's start
+        beside the matmuls is the same (1.75-2.03 ms against 1.75-2.26), the share hidden at 1.25x
+        0.88 / 0.69 / 0.87 / 0.75 (page_first runs / scattered, layer_first runs / scattered)
+        against 0.88 / 0.81 / 0.85 / 0.76, idle loads the same; so off by default.
     """
 
     load_split: LoadSplit | None = None

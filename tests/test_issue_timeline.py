@@ -61,3 +61,40 @@ def test_bad_arguments_exit_2_before_any_device_work(monkeypatch, capsys):
             issue_timeline.main()
         assert exit_info.value.code == 2
         assert "error:" in capsys.readouterr().err
+
+
+def test_every_step_wraps_the_real_engine_and_undo_restores_it():
+    """Each entry of ``STEPS`` names an attribute that exists, so a rename in the engine fails here
+    and not on the H200. Wrapped, a CPU load copies the same bytes and counts its caller-side
+    steps once; ``undo`` puts every original back."""
+    import torch
+
+    from tiered_kv import nsa_spec
+    from tiered_kv.transfer_engine import TransferEngine
+
+    from .kernels.pools import make_device_pool, make_host_pool
+
+    def current(owner, name):
+        return owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+
+    originals = [(owner, name, current(owner, name)) for owner, name, _ in issue_timeline.STEPS]
+    spec = nsa_spec(num_layers=3, page_size=1)
+    device, host = make_device_pool(spec, 12), make_host_pool(spec, 10, "page_first")
+    timers = issue_timeline.Timers()
+    for owner, name, label in issue_timeline.STEPS:
+        timers.wrap(owner, name, label)
+    try:
+        timers.on = True
+        slots, pages = torch.tensor([7, 2, 5]), torch.tensor([3, 9, 1])
+        TransferEngine(device.pool, host, path="torch").load(slots, pages).synchronize()
+        timers.on = False
+    finally:
+        timers.undo()
+    counted = {r["step"]: r["calls_per_rep"] for r in timers.rows(reps=1) if r["thread"] == threading.current_thread().name}
+    assert counted["engine.load (whole call)"] == 1 and counted["engine: validate (ids, pools)"] == 1
+    assert counted["engine: path choice"] == 1 and counted["engine: _Load objects"] >= 1
+    for owner, name, original in originals:
+        assert current(owner, name) is original, name
+    for layer in range(spec.num_layers):
+        for ci in range(len(spec.components)):
+            assert torch.equal(device.pool.chunk_view(ci, layer)[pages], host.chunk_view(ci, layer)[slots])

@@ -28,8 +28,6 @@ LOAD_STREAM_PRIORITY = -100
 MAX_COPY_STREAMS = 4
 
 
-#: ``LoadSplit`` counts that may be None.
-_OPTIONAL_COUNTS = ("unit_rows", "staging_ctas", "ramp_step", "kernel_ctas", "kernel_tile")
 
 
 def _fraction(value_of, name: str, *, optional: bool) -> None:
@@ -61,6 +59,15 @@ def _count(value_of, name: str, *, low: int, optional: bool, high: int | None = 
         span = f"in {low}..{high}" if high is not None else f">= {low}"
         raise ConfigError(f"{type(value_of).__name__}.{name} must be an int {span}, got {value!r}: {value_of}")
     object.__setattr__(value_of, name, count)
+
+
+#: ``LoadSplit``'s counts: (lowest, highest or None, may be None).
+_SPLIT_COUNTS = {
+    "copy_streams": (1, MAX_COPY_STREAMS, False), "layers_per_copy": (1, None, False),
+    "kernel_blocks": (1, None, False), "head_layers": (0, None, False), "unit_rows": (1, None, True),
+    "staging_ctas": (1, None, True), "ramp_step": (1, None, True), "kernel_ctas": (1, None, True),
+    "kernel_tile": (1, None, True), "lead_blocks": (1, None, False), "issue_halves": (1, 2, False),
+}
 
 
 @dataclass(frozen=True)
@@ -143,25 +150,18 @@ class LoadSplit:
         # Types first, so the range checks below compare numbers (a str raised TypeError, a float
         # count failed deep inside a load): counts are ints (``as_int``), kept as Python ints.
         _fraction(self, "ce_fraction", optional=False)
-        for name in ("copy_streams", "layers_per_copy", "kernel_blocks", "head_layers",
-                     "unit_rows", "staging_ctas", "ramp_step", "kernel_ctas", "kernel_tile", "lead_blocks"):
-            _count(self, name, low=0 if name == "head_layers" else 1, optional=name in _OPTIONAL_COUNTS)
-        _count(self, "issue_halves", low=1, high=2, optional=False)
+        for name, (low, high, optional) in _SPLIT_COUNTS.items():
+            _count(self, name, low=low, high=high, optional=optional)
         for name in ("ramp", "body_ramp"):
             _flag(self, name)
         if self.kernel_tile is not None and (self.kernel_tile < 256 or self.kernel_tile & (self.kernel_tile - 1)):
             raise ConfigError(f"LoadSplit.kernel_tile must be a power of two >= 256: {self}")
-        if self.head_layers < 0 or any(v is not None and v < 1 for v in (self.ramp_step, self.kernel_ctas)):
-            raise ConfigError(f"LoadSplit needs head_layers >= 0 and positive ramp_step / kernel_ctas: {self}")
         if self.ramp_step is not None and not self.ramp:
             raise ConfigError(f"LoadSplit.ramp_step applies to a ramp: set ramp=True as well: {self}")
-        if self.by not in ("pages", "components") or not 0.0 <= self.ce_fraction <= 1.0:
-            raise ConfigError(f"LoadSplit needs by 'pages' or 'components' and 0 <= ce_fraction <= 1: {self}")
+        if self.by not in ("pages", "components"):
+            raise ConfigError(f"LoadSplit.by must be 'pages' or 'components': {self}")
         if self.ce_path not in ("staged", "batch"):
             raise ConfigError(f"LoadSplit.ce_path must be 'staged' or 'batch': {self}")
-        rows_ok = self.unit_rows is None or self.unit_rows >= 1
-        if not 1 <= self.copy_streams <= MAX_COPY_STREAMS or min(self.layers_per_copy, self.kernel_blocks) < 1 or not rows_ok:
-            raise ConfigError(f"LoadSplit needs 1..{MAX_COPY_STREAMS} copy streams, positive unit_rows and layers: {self}")
 
 
 #: ``mixed`` loads by (host rows dense, several layers), measured on the H200 (docs/benchmarks.md,

@@ -77,6 +77,17 @@ STEPS = [
 SCATTERED, MIXED = dict(tp.SCATTERED_LOADS), dict(tp.MIXED_LOADS)
 
 
+def use_lead_blocks(lead: int) -> None:
+    """``auto``'s split tables for one case: every split with ``lead_blocks`` ``lead``, or the
+    policy's own for 1. Set for every case, since the tables are read in the caller's ``load``
+    and a case with 1 after one with 3 must not keep 3."""
+    if lead == 1:
+        tp.SCATTERED_LOADS, tp.MIXED_LOADS = SCATTERED, MIXED
+    else:
+        tp.SCATTERED_LOADS = {dense: replace(split, lead_blocks=lead) for dense, split in SCATTERED.items()}
+        tp.MIXED_LOADS = {key: replace(split, lead_blocks=lead) for key, split in MIXED.items()}
+
+
 class Timers:
     """Wall and thread-CPU seconds per (step, thread), while ``on``."""
 
@@ -162,8 +173,6 @@ def main() -> int:
     device_pool, hosts = tg.random_pools(spec, args)
     page_sets, slot_sets = tg.id_sets(args, 4)
     timers = Timers()
-    for owner, name, label in STEPS:
-        timers.wrap(owner, name, label)
     # Each layer's availability to the caller: ``_Issued.layer`` is called by the issuing thread.
     issued_at: dict[int, float] = {}
     original_layer = te._Issued.layer
@@ -171,8 +180,24 @@ def main() -> int:
     def layer(self, index):
         issued_at.setdefault(index, time.perf_counter())
         return original_layer(self, index)
-    te._Issued.layer = layer
 
+    try:
+        for owner, name, label in STEPS:
+            timers.wrap(owner, name, label)
+        te._Issued.layer = layer
+        time_cases(args, candidates, spec, device_pool, hosts, page_sets, slot_sets, timers, issued_at)
+    finally:  # the engine's classes and the policy tables as they were, also after an error
+        timers.undo()
+        te._Issued.layer = original_layer
+        use_lead_blocks(1)
+        for host in hosts.values():
+            host.close()
+    return 0
+
+
+def time_cases(args, candidates, spec, device_pool, hosts, page_sets, slot_sets, timers: Timers,
+               issued_at: dict[int, float]) -> None:
+    """Time every (layout, candidate, slots, lead blocks) case and write ``args.out``."""
     k = 4096
     weight = torch.randn(k, k, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(32768, k, device="cuda", dtype=torch.bfloat16)
@@ -185,9 +210,7 @@ def main() -> int:
         engine = TransferEngine(device_pool, hosts[layout], path=path, timing=True, **kwargs)
         loader = serving_probe.PolicyVariant(engine, change) if change is not None else engine
         for kind, lead in [(k, int(v)) for k in args.slots.split(",") for v in args.lead_blocks.split(",")]:
-            if lead != 1:  # ``auto``'s split tables are read in the caller's ``load``: swapped for the case
-                tp.SCATTERED_LOADS = {dense: replace(split, lead_blocks=lead) for dense, split in SCATTERED.items()}
-                tp.MIXED_LOADS = {key: replace(split, lead_blocks=lead) for key, split in MIXED.items()}
+            use_lead_blocks(lead)
             rows = 0
             if args.beside:  # the load alone from the call, then rows for 1.25x of it
                 ms = []
@@ -277,12 +300,7 @@ def main() -> int:
     Path(args.out).write_text(json.dumps({"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                           "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                           "args": vars(args), "results": results}, indent=1))
-    timers.undo()
-    te._Issued.layer = original_layer
-    tp.SCATTERED_LOADS, tp.MIXED_LOADS = SCATTERED, MIXED
-    for host in hosts.values():
-        host.close()
-    return 0
+
 
 
 def _f(v) -> str:

@@ -98,3 +98,20 @@ def test_every_step_wraps_the_real_engine_and_undo_restores_it():
     for layer in range(spec.num_layers):
         for ci in range(len(spec.components)):
             assert torch.equal(device.pool.chunk_view(ci, layer)[pages], host.chunk_view(ci, layer)[slots])
+
+
+def test_lead_blocks_are_set_for_every_case_and_1_gives_the_policy_back():
+    """A case with ``--lead-blocks`` 1 after one with 3 measures the policy's own splits (the
+    tables are swapped per case, not only for leads other than 1)."""
+    import tiered_kv.transfer_policy as tp
+
+    policy = (tp.SCATTERED_LOADS, tp.MIXED_LOADS)
+    try:
+        issue_timeline.use_lead_blocks(3)
+        assert all(s.lead_blocks == 3 for table in (tp.SCATTERED_LOADS, tp.MIXED_LOADS) for s in table.values())
+        assert tp.SCATTERED_LOADS.keys() == policy[0].keys() and tp.MIXED_LOADS.keys() == policy[1].keys()
+        issue_timeline.use_lead_blocks(1)
+        assert tp.SCATTERED_LOADS == policy[0] and tp.MIXED_LOADS == policy[1]
+        assert all(s.lead_blocks == 1 for s in tp.SCATTERED_LOADS.values())
+    finally:
+        tp.SCATTERED_LOADS, tp.MIXED_LOADS = policy

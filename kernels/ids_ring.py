@@ -34,7 +34,7 @@ class IdsRing:
         self.device = torch.device(device)
         self._on_gpu = self.device.type == "cuda"
         self._row_ids = row_ids
-        self._host = torch.empty((rows, row_ids), dtype=torch.int64, pin_memory=self._on_gpu) if self._on_gpu else None
+        self._host = torch.empty((rows, row_ids), dtype=torch.int64, pin_memory=True) if self._on_gpu else None
         self._copied: list[torch.cuda.Event | None] = [None] * rows
         self._next = 0
         self._lock = threading.Lock()  # the caller's thread and library issue threads upload at once

@@ -60,6 +60,7 @@ STEPS = [
     (TransferEngine, "_parts", "engine._parts (split ids)"),
     (TransferEngine, "_load_plan", "engine._load_plan"),
     (te._Load, "kernel_half", "kernel_half (plans + upload)"),
+    (uva_copy, "upload", "uva upload (kernel tables + ids)"),
     (te._Load, "staged_half", "staged_half (whole body)"),
     (te._Load, "finish_layer", "finish_layer (kernel block launch + event)"),
     (staged_copy.StagedCopier, "_units", "staged._units (planning)"),

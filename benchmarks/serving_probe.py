@@ -610,13 +610,33 @@ TWENTYFIFTH = [
 ]
 
 
+def _lead_everywhere(lead: int):
+    """A change for ``PolicyVariant``: every several-layer split takes ``lead_blocks`` ``lead``
+    (only staged copy-engine halves read it; the others stay as they are)."""
+    return lambda split: replace(split, lead_blocks=lead)
+
+
+#: Twenty-sixth probe: the thirteenth session's issue timeline of a scattered ``page_first`` load
+#: beside the matmuls shows the body's thread planning all of the body after its first block in
+#: one call (2.4 ms of ``_units`` / ``_table`` for 8 blocks, then 0.4 ms of upload) before it
+#: issues the second block (layers 11-13): the copy engines sat idle from 9.0 to 10.4 ms and the
+#: model waited about 0.8 ms at layer 11. Candidates: the first 2, 3 or every block planned and
+#: issued one call each (``lead_blocks``), the rest in one call.
+TWENTYSIXTH = [
+    ("auto", "auto", None, {}, None),
+    ("auto, lead 2", "auto", None, {}, _lead_everywhere(2)),
+    ("auto, lead 3", "auto", None, {}, _lead_everywhere(3)),
+    ("auto, every block its own call", "auto", None, {}, _lead_everywhere(64)),
+]
+
+
 CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH, "eleventh": ELEVENTH, "twelfth": TWELFTH,
                   "thirteenth": THIRTEENTH, "fourteenth": FOURTEENTH,
                   "fifteenth": FIFTEENTH, "sixteenth": SIXTEENTH, "eighteenth": EIGHTEENTH,
                   "nineteenth": NINETEENTH, "twentieth": TWENTIETH,
                   "twentyfirst": TWENTYFIRST, "twentysecond": TWENTYSECOND,
                   "twentythird": TWENTYTHIRD, "twentyfourth": TWENTYFOURTH,
-                  "twentyfifth": TWENTYFIFTH}
+                  "twentyfifth": TWENTYFIFTH, "twentysixth": TWENTYSIXTH}
 SETS = {"fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
         "fourth": ([], [], [], FOURTH_BESIDE),
         "second": (SECOND_LOADS, SECOND_BACKUPS, SECOND_BOTH, SECOND_BESIDE),

@@ -630,13 +630,34 @@ TWENTYSIXTH = [
 ]
 
 
+def _head_changed(**fields):
+    """A change for ``PolicyVariant``: every split with a head takes ``fields`` (``head_ramp_step``,
+    ``head_ctas``); splits without one stay."""
+    return lambda split: replace(split, **fields) if split.head_layers else split
+
+
+#: Twenty-seventh probe: in the twenty-sixth's timelines the head lands about as fast as the model
+#: consumes it beside the matmuls (0.5-0.95 ms a layer against 0.85-0.9), so the model waits about
+#: 1 ms at layer 4 (scattered ``page_first``: head blocks 1, 1, 1, 1, 2, 2) and 0.2-0.35 ms at layer
+#: 5 (``HEAD``'s 1, 1, 1, 1, 1, 2, 2), the first layer of the head's first two-layer block.
+#: Candidates: the head in single-layer blocks (``head_ramp_step`` 8: two more launches), the head's
+#: launches at 32 CTAs (16 by default from the host; only the head's layers take the SMs), both.
+TWENTYSEVENTH = [
+    ("auto", "auto", None, {}, None),
+    ("auto, head in single layers", "auto", None, {}, _head_changed(head_ramp_step=8)),
+    ("auto, head at 32 ctas", "auto", None, {}, _head_changed(head_ctas=32)),
+    ("auto, head in single layers at 32 ctas", "auto", None, {}, _head_changed(head_ramp_step=8, head_ctas=32)),
+]
+
+
 CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH, "eleventh": ELEVENTH, "twelfth": TWELFTH,
                   "thirteenth": THIRTEENTH, "fourteenth": FOURTEENTH,
                   "fifteenth": FIFTEENTH, "sixteenth": SIXTEENTH, "eighteenth": EIGHTEENTH,
                   "nineteenth": NINETEENTH, "twentieth": TWENTIETH,
                   "twentyfirst": TWENTYFIRST, "twentysecond": TWENTYSECOND,
                   "twentythird": TWENTYTHIRD, "twentyfourth": TWENTYFOURTH,
-                  "twentyfifth": TWENTYFIFTH, "twentysixth": TWENTYSIXTH}
+                  "twentyfifth": TWENTYFIFTH, "twentysixth": TWENTYSIXTH,
+                  "twentyseventh": TWENTYSEVENTH}
 SETS = {"fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
         "fourth": ([], [], [], FOURTH_BESIDE),
         "second": (SECOND_LOADS, SECOND_BACKUPS, SECOND_BOTH, SECOND_BESIDE),

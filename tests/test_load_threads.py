@@ -331,3 +331,57 @@ def test_a_ramp_step_body_continues_the_heads_ramp_whatever_body_ramp_says():
         assert [i for block in body for i in block] == list(range(53))
         assert [len(b) for b in body] == [min(8, 1 + (8 + b[0]) // 4) for b in body][:-1] + [len(body[-1])]
         assert len(body[0]) == 3 and len(_blocks(8, _head_split(split), kernel=True)[0]) == 1
+
+
+# --- the head's own ramp and CTAs (``LoadSplit.head_ramp_step``, ``head_ctas``) ---------------------
+def test_head_ramp_step_changes_the_heads_blocks_and_not_the_bodys():
+    """A head of 8 at ``head_ramp_step`` 8 is 8 single-layer blocks where ``ramp_step`` 4 gave
+    1, 1, 1, 1, 2, 2; the body after it keeps ``ramp_step``'s blocks (they continue from layer 8)."""
+    split = tp.SCATTERED_LOADS[False]
+    assert split.ramp_step == 4 and split.head_layers == 8
+    single = replace(split, head_ramp_step=8)
+    assert [len(b) for b in _blocks(8, _head_split(split), kernel=True)] == [1, 1, 1, 1, 2, 2]
+    assert [len(b) for b in _blocks(8, _head_split(single), kernel=True)] == [1] * 8
+    for kernel in (False, True):
+        assert _blocks(53, single, kernel=kernel, offset=8) == _blocks(53, split, kernel=kernel, offset=8)
+
+
+def test_head_ctas_budget_the_heads_launches_only():
+    split = LoadSplit(0.8, layers_per_copy=4, kernel_blocks=4, ramp=True, head_layers=4, kernel_ctas=6, head_ctas=24)
+    assert _head_split(split).kernel_ctas == 24
+    assert _head_split(replace(split, head_ctas=None)).kernel_ctas == 6
+    spec = nsa_spec(num_layers=8, page_size=4)
+    device, host = make_device_pool(spec, 20, "cpu"), make_host_pool(spec, 16, "page_first")
+    engine = TransferEngine(device.pool, host, path="mixed")
+    copy = validate(device.pool, host, random_ids(3, 1, 20), torch.arange(3), to_host=False)
+    head = _Load(engine, [0, 1, 2, 3], copy, _head_split(split), engine.options)
+    body = _Load(engine, [4, 5, 6, 7], copy, split, engine.options)
+    assert (head.kernel_ctas, body.kernel_ctas) == (24, 6)
+    # A user's ``num_ctas`` still overrides both.
+    forced = replace(engine.options, num_ctas=3)
+    assert _Load(engine, [0], copy, _head_split(split), forced).kernel_ctas == 3
+
+
+@pytest.mark.parametrize("bad", [0, -2, True, 2.5])
+@pytest.mark.parametrize("name", ["head_ramp_step", "head_ctas"])
+def test_head_counts_are_positive_ints_or_none(name, bad):
+    from tiered_kv import ConfigError
+
+    with pytest.raises(ConfigError, match=name):
+        LoadSplit(0.8, ramp=True, head_layers=4, **{name: bad})
+    assert getattr(LoadSplit(0.8, ramp=True, head_layers=4, **{name: None}), name) is None
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_a_load_with_its_heads_own_ramp_and_ctas_lands_every_byte(layout):
+    from .kernels.pools import check_copy
+    from tiered_kv.transfer import load_pairs
+
+    split = LoadSplit(0.8, layers_per_copy=4, kernel_blocks=4, ramp=True, ramp_step=2, head_layers=6,
+                      head_ramp_step=6, head_ctas=5)
+    spec = nsa_spec(num_layers=13, page_size=4)
+    device, host = make_device_pool(spec, 20, "cpu"), make_host_pool(spec, 16, layout)
+    engine = TransferEngine(device.pool, host, path="mixed", options=TransferOptions(load_split=split))
+    slots, pages = torch.randperm(16)[:9], random_ids(9, 1, 20)
+    pairs = [pair for layer in range(13) for pair in load_pairs(host, device.pool, layer)]
+    check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages))

@@ -1295,9 +1295,11 @@ def _layer_indices(layers) -> list[int]:
 
 def _head_split(split: LoadSplit) -> LoadSplit:
     """The kernel blocks of a load's head: ramped like the load (a model waits on its layers one
-    by one), the whole head's pages through the kernel."""
-    return replace(KERNEL_LOADS, ramp=True, ramp_step=split.ramp_step, kernel_ctas=split.kernel_ctas,
-                   kernel_tile=split.kernel_tile)
+    by one) or by ``head_ramp_step``, the whole head's pages through the kernel, with
+    ``head_ctas`` CTAs where set."""
+    step = split.head_ramp_step if split.head_ramp_step is not None else split.ramp_step
+    ctas = split.head_ctas if split.head_ctas is not None else split.kernel_ctas
+    return replace(KERNEL_LOADS, ramp=True, ramp_step=step, kernel_ctas=ctas, kernel_tile=split.kernel_tile)
 
 
 def _tile_args(tile: int | None) -> dict:

@@ -67,6 +67,7 @@ _SPLIT_COUNTS = {
     "kernel_blocks": (1, None, False), "head_layers": (0, None, False), "unit_rows": (1, None, True),
     "staging_ctas": (1, None, True), "ramp_step": (1, None, True), "kernel_ctas": (1, None, True),
     "kernel_tile": (1, None, True), "lead_blocks": (1, None, False), "issue_halves": (1, 2, False),
+    "head_ramp_step": (1, None, True), "head_ctas": (1, None, True),
 }
 
 
@@ -122,6 +123,12 @@ class LoadSplit:
     lead_blocks: blocks of a staged copy-engine half that are each planned and enqueued by a
         call of their own before the rest are planned in one call: copying starts while the
         issuing thread plans what follows; each call costs a sort of the ids and a table upload.
+    head_ramp_step: the head's kernel blocks grow by one layer every this many layers (None:
+        ``ramp_step``); the body's blocks continue ``ramp_step``'s ramp from the head's end either
+        way. Beside the model the head lands about as fast as the model consumes it, so a head
+        block of two layers keeps the model waiting about one layer's copy at its first layer.
+    head_ctas: CTA budget of the head's kernel launches (None: ``kernel_ctas``); only the head's
+        layers are taken from the model's SMs by it.
     body_ramp: with a head, the body's blocks ramp again from one layer (True) or start at their
         full size (False); with ``ramp_step`` they continue the head's ramp either way. A staged
         copy-engine block of scattered slots costs its issuing thread the same whatever its
@@ -145,6 +152,8 @@ class LoadSplit:
     issue_halves: int = 1
     lead_blocks: int = 1
     body_ramp: bool = True
+    head_ramp_step: int | None = None
+    head_ctas: int | None = None
 
     def __post_init__(self) -> None:
         # Types first, so the range checks below compare numbers (a str raised TypeError, a float

@@ -165,6 +165,55 @@ def test_loads_take_the_head_streams_in_turn_and_record_ready_on_their_own(monke
     assert bodies == jobs
 
 
+def test_a_body_not_after_its_head_runs_while_the_head_is_still_launching(monkeypatch):
+    """``body_after_head`` False: the caller recorded ``ready`` on its own stream, the head's
+    thread records nothing, and the body's thread neither waits for the head's launches (here the
+    head blocks until the body has run) nor orders its streams after the head."""
+    import threading
+    import types
+
+    from tiered_kv.transfer_engine import _Issued
+
+    engine, load_streams, bodies = _threads_without_cuda(monkeypatch)
+    job = types.SimpleNamespace(issued=_Issued(), split=LoadSplit(body_after_head=False))
+    caller, ready = FakeStream(), FakeEvent()
+    ready.record(caller)
+    body_ran, head = threading.Event(), []
+    monkeypatch.setitem(COPY_PATHS, "mixed", types.SimpleNamespace(load=lambda j: (bodies.append(j), body_ran.set())))
+
+    def slow_head() -> None:
+        head.append(body_ran.wait(timeout=10))  # True only if the body ran first
+    try:
+        engine._load_on_threads(job, "mixed", 1, ready, slow_head, FakeStream())
+        job.issued.wait()
+    finally:
+        engine.close()
+    assert head == [True] and bodies == [job]
+    assert ready.records == [caller]
+    assert all(s.waited == [(ready, 1)] for s in load_streams)
+
+
+def test_body_after_head_is_a_flag():
+    from tiered_kv import ConfigError
+
+    with pytest.raises(ConfigError, match="body_after_head"):
+        LoadSplit(body_after_head=0)
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_a_load_whose_body_runs_beside_its_head_lands_every_byte(layout):
+    from .kernels.pools import check_copy
+    from tiered_kv.transfer import load_pairs
+
+    split = replace(tp.SCATTERED_LOADS[layout == "layer_first"], body_after_head=False)
+    spec = nsa_spec(num_layers=13, page_size=4)
+    device, host = make_device_pool(spec, 20, "cpu"), make_host_pool(spec, 16, layout)
+    engine = TransferEngine(device.pool, host, path="mixed", options=TransferOptions(load_split=split))
+    slots, pages = torch.randperm(16)[:9], random_ids(9, 1, 20)
+    pairs = [pair for layer in range(13) for pair in load_pairs(host, device.pool, layer)]
+    check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages))
+
+
 # --- the second half of a staged load on its own thread (``LoadSplit.issue_halves``) ----------------
 
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])

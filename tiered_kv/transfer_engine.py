@@ -995,11 +995,12 @@ class TransferEngine:
                     rest_of_head = head_path.start_load(head_job, blocks)
                 else:
                     head_path.load(head_job)
-                # The rest starts copying once the head has landed: layers reach PCIe in order.
-                ready_on = head_stream
+                # The rest starts copying once the head has landed: layers reach PCIe in order
+                # (unless the split lets the body's copies run beside the head's).
+                ready_on = head_stream if split.body_after_head else caller
             if threads:
                 ready = torch.cuda.Event()
-                if rest_of_head is None:
+                if rest_of_head is None or not split.body_after_head:
                     ready.record(ready_on)
                 self._load_on_threads(job, name, threads, ready, rest_of_head, head_stream)
                 return LoadHandle(self.device, layers, events, copy, name, issued)
@@ -1041,8 +1042,11 @@ class TransferEngine:
         runs on the second thread, which records ``ready`` on the head's stream once it
         launched them: the body's thread waits for that on the CPU before its streams wait on
         ``ready`` (a wait on an event not yet recorded would wait on nothing), so the body's
-        copies still reach PCIe after the head's.
+        copies still reach PCIe after the head's. With ``job.split.body_after_head`` False the
+        caller recorded ``ready`` on its own stream and the body's thread starts at once: its
+        copies run beside the head's.
         """
+        head_first = job.split.body_after_head
         if name != "batch":
             # The body runs on thread 0 alone: the head's rest on thread 1 stays within the limit
             # (``load`` already started the halves' thread, ``HALF_THREAD``, where a split asks).
@@ -1055,7 +1059,8 @@ class TransferEngine:
                 def run_head() -> None:
                     try:
                         rest_of_head()
-                        ready.record(head_stream if head_stream is not None else self.load_head_stream)
+                        if head_first:
+                            ready.record(head_stream if head_stream is not None else self.load_head_stream)
                     except BaseException as exc:
                         head_error.append(exc)
                         raise
@@ -1064,7 +1069,7 @@ class TransferEngine:
                 issuer.submit(1, run_head, job.issued)
 
             def run_whole() -> None:
-                if head_issued is not None:
+                if head_issued is not None and head_first:
                     head_issued.wait()
                     if head_error:  # ``ready`` unrecorded: a wait on it would order nothing
                         raise head_error[0]  # the body is not issued; the handle re-raises the head's error

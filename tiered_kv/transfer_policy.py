@@ -129,6 +129,11 @@ class LoadSplit:
         block of two layers keeps the model waiting about one layer's copy at its first layer.
     head_ctas: CTA budget of the head's kernel launches (None: ``kernel_ctas``); only the head's
         layers are taken from the model's SMs by it.
+    body_after_head: with a head, the body's copies start once the head has landed (True: layers
+        reach PCIe in order) or right away, beside the head's (False). Beside the model the head's
+        UVA kernel is held back by the model's CTAs and leaves part of the link idle, which the
+        body's copy engines could use; its thread then also plans without waiting for the
+        head's launches.
     body_ramp: with a head, the body's blocks ramp again from one layer (True) or start at their
         full size (False); with ``ramp_step`` they continue the head's ramp either way. A staged
         copy-engine block of scattered slots costs its issuing thread the same whatever its
@@ -154,6 +159,7 @@ class LoadSplit:
     body_ramp: bool = True
     head_ramp_step: int | None = None
     head_ctas: int | None = None
+    body_after_head: bool = True
 
     def __post_init__(self) -> None:
         # Types first, so the range checks below compare numbers (a str raised TypeError, a float
@@ -161,7 +167,7 @@ class LoadSplit:
         _fraction(self, "ce_fraction", optional=False)
         for name, (low, high, optional) in _SPLIT_COUNTS.items():
             _count(self, name, low=low, high=high, optional=optional)
-        for name in ("ramp", "body_ramp"):
+        for name in ("ramp", "body_ramp", "body_after_head"):
             _flag(self, name)
         if self.kernel_tile is not None and (self.kernel_tile < 256 or self.kernel_tile & (self.kernel_tile - 1)):
             raise ConfigError(f"LoadSplit.kernel_tile must be a power of two >= 256: {self}")

@@ -65,7 +65,8 @@ def test_start_load_launches_the_first_blocks_and_rest_the_others(blocks, split)
     assert not _landed(device, host, slots, pages, head)
 
 
-@pytest.mark.parametrize("split", [LoadSplit(**HEAD), tp.SCATTERED_LOADS[False]], ids=["HEAD", "scattered page_first"])
+@pytest.mark.parametrize("split", [LoadSplit(**HEAD), tp.SCATTERED_LOADS[False], tp.SCATTERED_LOADS[True]],
+                         ids=["HEAD", "scattered page_first", "scattered layer_first"])
 def test_the_caller_launches_the_first_two_layers_of_auto_s_head(split):
     """With ``HEAD`` (blocks 1, 1, 1, 1, 1, 2, 1) and the scattered ``page_first`` split's head
     (1, 1, 1, 1, 2, 2) the caller's share is layers 0 and 1: the layers a model waits on first,
@@ -383,6 +384,12 @@ def test_a_ramp_step_body_continues_the_heads_ramp_whatever_body_ramp_says():
 
 
 # --- the head's own ramp and CTAs (``LoadSplit.head_ramp_step``, ``head_ctas``) ---------------------
+def test_auto_s_scattered_layer_first_head_is_single_layers():
+    split = tp.SCATTERED_LOADS[True]
+    assert [len(b) for b in _blocks(split.head_layers, _head_split(split), kernel=True)] == [1] * 8
+    assert tp.SCATTERED_LOADS_BESIDE_BACKUP[True] == split
+
+
 def test_head_ramp_step_changes_the_heads_blocks_and_not_the_bodys():
     """A head of 8 at ``head_ramp_step`` 8 is 8 single-layer blocks where ``ramp_step`` 4 gave
     1, 1, 1, 1, 2, 2; the body after it keeps ``ramp_step``'s blocks (they continue from layer 8)."""

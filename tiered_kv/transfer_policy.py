@@ -312,8 +312,17 @@ AUTO_PATHS_WITHOUT_BATCH = {(True, True, True, False): "kernel", (False, True, T
 #: page_first --slots scattered``, twice): 0.87 / 0.84 of the load hidden against 0.80 / 0.81, the
 #: compute 4.1 / 5.2 ms longer instead of 6.2 / 5.8, at a slowdown of 0.98-0.99; idle 52.2 / 52.2
 #: GB/s against 52.5 / 52.7. Step 5 hid 0.85 / 0.80, a head of 12 at step 4 0.84 / 0.85.
+#: Since 2026-12-02 (fourteenth session) ``layer_first``'s head is 8 single-layer blocks
+#: (``head_ramp_step`` 8; ``HEAD``'s step 5 gave 1, 1, 1, 1, 1, 2, 2): beside the matmuls the head
+#: lands about as fast as the model takes it, so its 2-layer block kept the model waiting at
+#: layer 5. Measured at 1.25x against ``auto`` in the same runs (``serving_probe.py --set
+#: twentyseventh`` and ``twentyeighth``, ``--skip both --beside-reps 12``): scattered
+#: ``layer_first`` hid 0.84 / 0.82 against 0.72 / 0.71 (with the head at 32 CTAs or the body beside
+#: the head as well, 0.87 / 0.85), at a slowdown of 1.04-1.05 against 1.01-1.03; idle 51.6 / 51.4
+#: GB/s, as ``auto``. In the other cases the single-layer head moved hidden by -0.06 to +0.10
+#: between the two runs (``page_first`` runs lost in both), so they keep their heads.
 SCATTERED_LOADS = {False: LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, ramp_step=4, head_layers=8),
-                   True: LoadSplit(0.3, ce_path="batch", kernel_blocks=8, **HEAD)}
+                   True: LoadSplit(0.3, ce_path="batch", kernel_blocks=8, **HEAD, head_ramp_step=8)}
 #: The same beside a backup in flight: ``page_first`` loads keep to the copy engines after a short
 #: kernel head (UVA reads would cut into the backup; the head's only overlap its first layers),
 #: ``layer_first`` keeps its split (a staged copy-engine load of scattered dense rows is 8-11 GB/s).

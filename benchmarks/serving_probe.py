@@ -666,6 +666,14 @@ TWENTYEIGHTH = [
 ]
 
 
+#: Twenty-ninth probe: ``auto``'s scattered ``layer_first`` head of single layers (since the
+#: twenty-eighth) against ``HEAD``'s step-5 head it had before, once more in one run.
+TWENTYNINTH = [
+    ("auto", "auto", None, {}, None),
+    ("auto, HEAD's step-5 head", "auto", None, {}, _entry_changed("SCATTERED_LOADS", True, head_ramp_step=None)),
+]
+
+
 CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH, "eleventh": ELEVENTH, "twelfth": TWELFTH,
                   "thirteenth": THIRTEENTH, "fourteenth": FOURTEENTH,
                   "fifteenth": FIFTEENTH, "sixteenth": SIXTEENTH, "eighteenth": EIGHTEENTH,
@@ -673,7 +681,8 @@ CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH, "elevent
                   "twentyfirst": TWENTYFIRST, "twentysecond": TWENTYSECOND,
                   "twentythird": TWENTYTHIRD, "twentyfourth": TWENTYFOURTH,
                   "twentyfifth": TWENTYFIFTH, "twentysixth": TWENTYSIXTH,
-                  "twentyseventh": TWENTYSEVENTH, "twentyeighth": TWENTYEIGHTH}
+                  "twentyseventh": TWENTYSEVENTH, "twentyeighth": TWENTYEIGHTH,
+                  "twentyninth": TWENTYNINTH}
 SETS = {"fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
         "fourth": ([], [], [], FOURTH_BESIDE),
         "second": (SECOND_LOADS, SECOND_BACKUPS, SECOND_BOTH, SECOND_BESIDE),

@@ -71,7 +71,7 @@ def test_tenth_both_sides_copy_every_byte(entry, layout):
 VARIANTS = [e for e in serving_probe.ELEVENTH + serving_probe.TWELFTH + serving_probe.THIRTEENTH + serving_probe.FOURTEENTH
             + serving_probe.NINETEENTH + serving_probe.TWENTYFIRST + serving_probe.TWENTYSECOND + serving_probe.TWENTYTHIRD
             + serving_probe.TWENTYFOURTH + serving_probe.TWENTYSIXTH
-            + serving_probe.TWENTYSEVENTH + serving_probe.TWENTYEIGHTH if e[4] is not None]
+            + serving_probe.TWENTYSEVENTH + serving_probe.TWENTYEIGHTH + serving_probe.TWENTYNINTH if e[4] is not None]
 
 
 def _changed_splits(change):

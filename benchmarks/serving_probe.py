@@ -208,7 +208,9 @@ class PolicyVariant:
 def _head(layers: int, step: int | None = 5, few_ctas: bool = False):
     def change(split: LoadSplit) -> LoadSplit:
         ctas = 4 if few_ctas and split.ce_fraction >= 0.8 and split.ce_fraction < 1.0 else split.kernel_ctas
-        return replace(split, head_layers=layers, ramp=split.ramp or step is not None, ramp_step=step, kernel_ctas=ctas)
+        # ``head_ramp_step`` None: the head ramps by ``step`` as when the set was written.
+        return replace(split, head_layers=layers, ramp=split.ramp or step is not None, ramp_step=step, kernel_ctas=ctas,
+                       head_ramp_step=None)
     return change
 
 
@@ -577,8 +579,8 @@ TWENTYTHIRD = [
 
 def _step_everywhere(step: int):
     """A change for ``PolicyVariant``: every ramped several-layer split takes ``ramp_step`` ``step``
-    (head and body alike), the others stay."""
-    return lambda split: replace(split, ramp_step=step) if split.ramp else split
+    (head and body alike: ``head_ramp_step`` None), the others stay."""
+    return lambda split: replace(split, ramp_step=step, head_ramp_step=None) if split.ramp else split
 
 
 #: Twenty-fourth probe (run 2026-12-02: two head blocks on the caller won, now ``CALLER_HEAD_BLOCKS``).
@@ -639,7 +641,7 @@ def _head_changed(**fields):
 #: Twenty-seventh probe: in the twenty-sixth's timelines the head lands about as fast as the model
 #: consumes it beside the matmuls (0.5-0.95 ms a layer against 0.85-0.9), so the model waits about
 #: 1 ms at layer 4 (scattered ``page_first``: head blocks 1, 1, 1, 1, 2, 2) and 0.2-0.35 ms at layer
-#: 5 (``HEAD``'s 1, 1, 1, 1, 1, 2, 2), the first layer of the head's first two-layer block.
+#: 5 (``HEAD``'s 1, 1, 1, 1, 1, 2, 1), the first layer of the head's first two-layer block.
 #: Candidates: the head in single-layer blocks (``head_ramp_step`` 8: two more launches), the head's
 #: launches at 32 CTAs (16 by default from the host; only the head's layers take the SMs), both.
 TWENTYSEVENTH = [

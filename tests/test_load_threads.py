@@ -68,8 +68,8 @@ def test_start_load_launches_the_first_blocks_and_rest_the_others(blocks, split)
 @pytest.mark.parametrize("split", [LoadSplit(**HEAD), tp.SCATTERED_LOADS[False], tp.SCATTERED_LOADS[True]],
                          ids=["HEAD", "scattered page_first", "scattered layer_first"])
 def test_the_caller_launches_the_first_two_layers_of_auto_s_head(split):
-    """With ``HEAD`` (blocks 1, 1, 1, 1, 1, 2, 1) and the scattered ``page_first`` split's head
-    (1, 1, 1, 1, 2, 2) the caller's share is layers 0 and 1: the layers a model waits on first,
+    """With ``HEAD`` (blocks 1, 1, 1, 1, 1, 2, 1), the scattered ``page_first`` split's head
+    (1, 1, 1, 1, 2, 2) and the scattered ``layer_first`` one (8 single layers) the caller's share is layers 0 and 1: the layers a model waits on first,
     launched before the call returns; the rest of the head is left to a library thread."""
     blocks = _blocks(split.head_layers, _head_split(split), kernel=True)
     assert [layer for b in blocks[:CALLER_HEAD_BLOCKS] for layer in b] == [0, 1]
@@ -167,9 +167,10 @@ def test_loads_take_the_head_streams_in_turn_and_record_ready_on_their_own(monke
 
 
 def test_a_body_not_after_its_head_runs_while_the_head_is_still_launching(monkeypatch):
-    """``body_after_head`` False: the caller recorded ``ready`` on its own stream, the head's
-    thread records nothing, and the body's thread neither waits for the head's launches (here the
-    head blocks until the body has run) nor orders its streams after the head."""
+    """``body_after_head`` False: ``ready`` is recorded once, on the caller's stream, before the
+    hand-over; the head's thread records nothing, and the body's thread neither waits for the
+    head's launches (here the head blocks until the body has run) nor orders its streams after
+    the head."""
     import threading
     import types
 
@@ -178,14 +179,13 @@ def test_a_body_not_after_its_head_runs_while_the_head_is_still_launching(monkey
     engine, load_streams, bodies = _threads_without_cuda(monkeypatch)
     job = types.SimpleNamespace(issued=_Issued(), split=LoadSplit(body_after_head=False))
     caller, ready = FakeStream(), FakeEvent()
-    ready.record(caller)
     body_ran, head = threading.Event(), []
     monkeypatch.setitem(COPY_PATHS, "mixed", types.SimpleNamespace(load=lambda j: (bodies.append(j), body_ran.set())))
 
     def slow_head() -> None:
         head.append(body_ran.wait(timeout=10))  # True only if the body ran first
     try:
-        engine._load_on_threads(job, "mixed", 1, ready, slow_head, FakeStream())
+        engine._load_on_threads(job, "mixed", 1, ready, slow_head, FakeStream(), caller)
         job.issued.wait()
     finally:
         engine.close()

@@ -22,7 +22,8 @@ Rules this module keeps:
 - A load of several layers may start with a head (``LoadSplit.head_layers``, ``auto``'s policy):
   its first layers go through the UVA kernel from the caller's thread before anything else of
   the load is planned, so a model waiting on layer 0 starts about one layer's copy after the
-  call; the rest follows on its path, its copies ordered after the head's.
+  call; the rest follows on its path, its copies ordered after the head's (or, with
+  ``LoadSplit.body_after_head`` False, beside them).
 - A load records a CUDA event for each layer after *every* component of that layer (latent and
   indexer) has landed; ``wait_layer(i)`` waits on exactly that event (layers that land together,
   a kernel block, share one).
@@ -989,8 +990,9 @@ class TransferEngine:
                 head_stream.wait_stream(caller)
                 head_path = COPY_PATHS["kernel"]
                 if threads and name != "batch":
-                    # The caller launches the head's first block and returns; a library thread
-                    # launches the rest of the head while another plans the body.
+                    # The caller launches the head's first blocks and returns; a library thread
+                    # launches the rest of the head, and another plans the body once they are
+                    # launched (or at once, with ``body_after_head`` False).
                     blocks = options.caller_head_blocks or CALLER_HEAD_BLOCKS
                     rest_of_head = head_path.start_load(head_job, blocks)
                 else:
@@ -1000,9 +1002,9 @@ class TransferEngine:
                 ready_on = head_stream if split.body_after_head else caller
             if threads:
                 ready = torch.cuda.Event()
-                if rest_of_head is None or not split.body_after_head:
+                if rest_of_head is None:
                     ready.record(ready_on)
-                self._load_on_threads(job, name, threads, ready, rest_of_head, head_stream)
+                self._load_on_threads(job, name, threads, ready, rest_of_head, head_stream, caller)
                 return LoadHandle(self.device, layers, events, copy, name, issued)
             for stream in (self.load_stream, self.load_copy_stream, self.load_uva_stream):
                 stream.wait_stream(ready_on)
@@ -1032,7 +1034,8 @@ class TransferEngine:
 
     def _load_on_threads(self, job: _Load, name: str, threads: int, ready: torch.cuda.Event,
                          rest_of_head: Callable[[], None] | None = None,
-                         head_stream: torch.cuda.Stream | None = None) -> None:
+                         head_stream: torch.cuda.Stream | None = None,
+                         caller: torch.cuda.Stream | None = None) -> None:
         """Hand ``job`` to ``threads`` library threads, their streams ordered after ``ready`` (an
         event on the caller's stream, or on the head's stream after a head).
 
@@ -1042,11 +1045,13 @@ class TransferEngine:
         runs on the second thread, which records ``ready`` on the head's stream once it
         launched them: the body's thread waits for that on the CPU before its streams wait on
         ``ready`` (a wait on an event not yet recorded would wait on nothing), so the body's
-        copies still reach PCIe after the head's. With ``job.split.body_after_head`` False the
-        caller recorded ``ready`` on its own stream and the body's thread starts at once: its
-        copies run beside the head's.
+        copies still reach PCIe after the head's. With ``job.split.body_after_head`` False
+        ``ready`` is recorded here on ``caller`` (the caller's stream, before anything is
+        handed over) and the body's thread starts at once: its copies run beside the head's.
         """
         head_first = job.split.body_after_head
+        if rest_of_head is not None and not head_first:
+            ready.record(caller)
         if name != "batch":
             # The body runs on thread 0 alone: the head's rest on thread 1 stays within the limit
             # (``load`` already started the halves' thread, ``HALF_THREAD``, where a split asks).

@@ -104,7 +104,8 @@ class LoadSplit:
     head_layers: the load's first layers go through the UVA kernel from the caller's thread
         before anything else of the load is planned or issued, so layer 0 lands about one
         layer's copy after the call (the model waits for it anyway: the kernel's SMs cost it
-        nothing then); the rest follows on its path, its copies ordered after the head's.
+        nothing then); the rest follows on its path, its copies ordered after the head's (see
+        ``body_after_head``).
     kernel_ctas: CTA budget of the kernel half (None: ``TransferOptions.num_ctas``, else the
         measured default); a small share of the pages needs few CTAs, and every CTA is an SM the
         model does not get while the load runs.
@@ -127,15 +128,17 @@ class LoadSplit:
         ``ramp_step``); the body's blocks continue ``ramp_step``'s ramp from the head's end either
         way. Beside the model the head lands about as fast as the model consumes it, so a head
         block of two layers keeps the model waiting about one layer's copy at its first layer.
-    head_ctas: CTA budget of the head's kernel launches (None: ``kernel_ctas``); only the head's
-        layers are taken from the model's SMs by it.
+    head_ctas: CTA budget of the head's kernel launches (None: ``kernel_ctas``; a user's
+        ``TransferOptions.num_ctas`` overrides both); only the head's layers take the model's SMs
+        by it.
     body_after_head: with a head, the body's copies start once the head has landed (True: layers
         reach PCIe in order) or right away, beside the head's (False). Beside the model the head's
         UVA kernel is held back by the model's CTAs and leaves part of the link idle, which the
         body's copy engines could use; its thread then also plans without waiting for the
         head's launches.
     body_ramp: with a head, the body's blocks ramp again from one layer (True) or start at their
-        full size (False); with ``ramp_step`` they continue the head's ramp either way. A staged
+        full size (False); with ``ramp_step`` they continue ``ramp_step``'s ramp from the head's
+        end either way (whatever ``head_ramp_step`` made of the head). A staged
         copy-engine block of scattered slots costs its issuing thread the same whatever its
         layers (one row per slot and component, about 2 us each), so short blocks right after
         the head cost the most issue time per layer landed.
@@ -201,8 +204,8 @@ class LoadSplit:
 #: slowdown of 1.01-1.02; idle, 96.2 / 96.1% of the ceiling instead of 97.3 / 96.4%.
 HEAD = {"head_layers": 8, "ramp": True, "ramp_step": 5}
 #: Blocks of a head (its first two layers with ``HEAD``) that the caller's thread launches when the rest
-#: of the load goes to a library thread; a second library thread launches the rest of the head
-#: while the first plans the body. A model waiting on layer 0 can only start once ``load`` has
+#: of the load goes to a library thread; a second library thread launches the rest of the head,
+#: and the first plans the body once they are launched (at once with ``body_after_head`` False). A model waiting on layer 0 can only start once ``load`` has
 #: returned, and with the whole head on the caller that was after layer 0 had landed (tenth
 #: session, ``page_first`` runs: return at 2.15 ms, layer 0 at 2.02). Measured on the H200
 #: (eleventh session, ``serving_probe.py --set eighteenth``, two runs, docs/benchmarks.md "Serving
@@ -313,14 +316,18 @@ AUTO_PATHS_WITHOUT_BATCH = {(True, True, True, False): "kernel", (False, True, T
 #: compute 4.1 / 5.2 ms longer instead of 6.2 / 5.8, at a slowdown of 0.98-0.99; idle 52.2 / 52.2
 #: GB/s against 52.5 / 52.7. Step 5 hid 0.85 / 0.80, a head of 12 at step 4 0.84 / 0.85.
 #: Since 2026-12-02 (fourteenth session) ``layer_first``'s head is 8 single-layer blocks
-#: (``head_ramp_step`` 8; ``HEAD``'s step 5 gave 1, 1, 1, 1, 1, 2, 2): beside the matmuls the head
+#: (``head_ramp_step`` 8; ``HEAD``'s step 5 gave 1, 1, 1, 1, 1, 2, 1): beside the matmuls the head
 #: lands about as fast as the model takes it, so its 2-layer block kept the model waiting at
 #: layer 5. Measured at 1.25x against ``auto`` in the same runs (``serving_probe.py --set
 #: twentyseventh`` and ``twentyeighth``, ``--skip both --beside-reps 12``): scattered
 #: ``layer_first`` hid 0.84 / 0.82 against 0.72 / 0.71 (with the head at 32 CTAs or the body beside
 #: the head as well, 0.87 / 0.85), at a slowdown of 1.04-1.05 against 1.01-1.03; idle 51.6 / 51.4
-#: GB/s, as ``auto``. In the other cases the single-layer head moved hidden by -0.06 to +0.10
-#: between the two runs (``page_first`` runs lost in both), so they keep their heads.
+#: GB/s, as ``auto``; a third A/B (``--set twentyninth``) 0.77 / 1.059 against 0.75 / 1.029. In the
+#: two final runs of that session the cell was 0.81 and 0.76, inside the previous session's
+#: 0.77-0.90: the gain shows within a run, smaller than the spread between runs. Beside a backup
+#: (the same entry) load + backup moved 1.02x / 1.01x against 1.00x / 1.00x / 0.96x before. In the
+#: other cases the single-layer head moved hidden by -0.06 to +0.10 between the two runs
+#: (``page_first`` runs lost in both), so they keep their heads.
 SCATTERED_LOADS = {False: LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, ramp_step=4, head_layers=8),
                    True: LoadSplit(0.3, ce_path="batch", kernel_blocks=8, **HEAD, head_ramp_step=8)}
 #: The same beside a backup in flight: ``page_first`` loads keep to the copy engines after a short

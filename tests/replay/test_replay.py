@@ -29,7 +29,9 @@ def _all_tiers_hit(s: dict) -> None:
 
 def test_synthetic_chat_in_process_hits_every_tier_and_verifies_every_load():
     requests = synthetic_chat(TINY_CHAT)
-    s = checked_replay(requests, **TINY_TIERS)
+    # One request at a time: with 8 in flight the L3 hits depend on how far the backups got (0-448
+    # tokens on a loaded machine); one at a time gives the same hits on every run.
+    s = checked_replay(requests, inflight=1, **TINY_TIERS)
     _all_tiers_hit(s)
     assert s["requests"] == len(requests)
     assert s["input_tokens"] == sum(r.input_length for r in requests)

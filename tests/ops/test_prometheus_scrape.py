@@ -97,9 +97,12 @@ def test_prometheus_reads_the_replays_hit_counters(prometheus, metrics_port):
             "--turn-tokens", str(w.turn_tokens), "--answer-tokens", str(w.answer_tokens), "--seed", str(w.seed),
             "--gpu-mem", str(TINY_TIERS["l1_pages"] * spec.page_bytes),
             "--host-mem", str(L2_PAGES * slot_bytes(spec)), "--inflight", "1",
-            "--metrics-port", str(metrics_port), "--hold-s", "300"]  # ended by SIGINT below
+            "--metrics-port", str(metrics_port), "--hold-s", "30"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERED_KV_")}
-    replay = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    # SIGINT as a terminal delivers it, also when this suite runs from a shell that ignores it (an
+    # ignored SIGINT is inherited: ``nohup ... &`` from a script left the hold running out instead).
+    replay = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         line = replay.stdout.readline()  # printed (flushed) before the hold
         assert line, replay.stderr.read()

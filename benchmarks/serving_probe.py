@@ -577,10 +577,15 @@ TWENTYTHIRD = [
 
 
 
+def _fields_where(applies, **fields):
+    """A change for ``PolicyVariant``: every several-layer split that ``applies(split)`` takes
+    ``fields``; the others stay as they are."""
+    return lambda split: replace(split, **fields) if applies(split) else split
+
+
 def _step_everywhere(step: int):
-    """A change for ``PolicyVariant``: every ramped several-layer split takes ``ramp_step`` ``step``
-    (head and body alike: ``head_ramp_step`` None), the others stay."""
-    return lambda split: replace(split, ramp_step=step, head_ramp_step=None) if split.ramp else split
+    """Every ramped split takes ``ramp_step`` ``step`` (head and body alike: ``head_ramp_step`` None)."""
+    return _fields_where(lambda split: split.ramp, ramp_step=step, head_ramp_step=None)
 
 
 #: Twenty-fourth probe (run 2026-12-02: two head blocks on the caller won, now ``CALLER_HEAD_BLOCKS``).
@@ -613,9 +618,8 @@ TWENTYFIFTH = [
 
 
 def _lead_everywhere(lead: int):
-    """A change for ``PolicyVariant``: every several-layer split takes ``lead_blocks`` ``lead``
-    (only staged copy-engine halves read it; the others stay as they are)."""
-    return lambda split: replace(split, lead_blocks=lead)
+    """Every split takes ``lead_blocks`` ``lead`` (only staged copy-engine halves read it)."""
+    return _fields_where(lambda split: True, lead_blocks=lead)
 
 
 #: Twenty-sixth probe: the thirteenth session's issue timeline of a scattered ``page_first`` load
@@ -633,9 +637,8 @@ TWENTYSIXTH = [
 
 
 def _head_changed(**fields):
-    """A change for ``PolicyVariant``: every split with a head takes ``fields`` (``head_ramp_step``,
-    ``head_ctas``); splits without one stay."""
-    return lambda split: replace(split, **fields) if split.head_layers else split
+    """Every split with a head takes ``fields`` (``head_ramp_step``, ``head_ctas``, ``body_after_head``)."""
+    return _fields_where(lambda split: split.head_layers, **fields)
 
 
 #: Twenty-seventh probe: in the twenty-sixth's timelines the head lands about as fast as the model

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .uva_copy import upload
+from .uva_copy import unpack, upload
 
 #: Rows in the ring, and int64 ids a row holds (a load of 512 pages: 1,024 ids).
 RING_ROWS = 32
@@ -65,11 +65,7 @@ class IdsRing:
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(self.device))  # the stream the copy went on
             self._copied[k] = event
-        out, start = [], 0
-        for size in sizes:
-            out.append(packed[start:start + size])
-            start += size
-        return out
+        return unpack(packed, sizes)
 
 
 __all__ = ["IdsRing", "RING_ROWS", "ROW_IDS"]

@@ -204,10 +204,15 @@ def upload(device: torch.device, parts: Sequence[torch.Tensor]) -> list[torch.Te
     packed = torch.cat(flat) if flat else torch.zeros(0, dtype=torch.int64)
     if device.type != "cpu":
         packed = packed.pin_memory().to(device, non_blocking=True)
+    return unpack(packed, [p.numel() for p in flat])
+
+
+def unpack(packed: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:
+    """The consecutive slices of ``packed`` of ``sizes`` elements (an upload's parts, in order)."""
     out, start = [], 0
-    for p in flat:
-        out.append(packed[start:start + p.numel()])
-        start += p.numel()
+    for size in sizes:
+        out.append(packed[start:start + size])
+        start += size
     return out
 
 

@@ -1001,10 +1001,7 @@ class TransferEngine:
                 # (unless the split lets the body's copies run beside the head's).
                 ready_on = head_stream if split.body_after_head else caller
             if threads:
-                ready = torch.cuda.Event()
-                if rest_of_head is None:
-                    ready.record(ready_on)
-                self._load_on_threads(job, name, threads, ready, rest_of_head, head_stream, caller)
+                self._load_on_threads(job, name, threads, torch.cuda.Event(), rest_of_head, head_stream, ready_on)
                 return LoadHandle(self.device, layers, events, copy, name, issued)
             for stream in (self.load_stream, self.load_copy_stream, self.load_uva_stream):
                 stream.wait_stream(ready_on)
@@ -1035,7 +1032,7 @@ class TransferEngine:
     def _load_on_threads(self, job: _Load, name: str, threads: int, ready: torch.cuda.Event,
                          rest_of_head: Callable[[], None] | None = None,
                          head_stream: torch.cuda.Stream | None = None,
-                         caller: torch.cuda.Stream | None = None) -> None:
+                         ready_on: torch.cuda.Stream | None = None) -> None:
         """Hand ``job`` to ``threads`` library threads, their streams ordered after ``ready`` (an
         event on the caller's stream, or on the head's stream after a head).
 
@@ -1045,13 +1042,14 @@ class TransferEngine:
         runs on the second thread, which records ``ready`` on the head's stream once it
         launched them: the body's thread waits for that on the CPU before its streams wait on
         ``ready`` (a wait on an event not yet recorded would wait on nothing), so the body's
-        copies still reach PCIe after the head's. With ``job.split.body_after_head`` False
-        ``ready`` is recorded here on ``caller`` (the caller's stream, before anything is
-        handed over) and the body's thread starts at once: its copies run beside the head's.
+        copies still reach PCIe after the head's. Without a handed-over head, or with
+        ``job.split.body_after_head`` False, ``ready`` is recorded here on ``ready_on`` (the
+        caller's stream, or the head's when the caller launched all of it), before anything is
+        handed over, and the body's thread starts at once (beside the head's copies for False).
         """
         head_first = job.split.body_after_head
-        if rest_of_head is not None and not head_first:
-            ready.record(caller)
+        if rest_of_head is None or not head_first:
+            ready.record(ready_on)
         if name != "batch":
             # The body runs on thread 0 alone: the head's rest on thread 1 stays within the limit
             # (``load`` already started the halves' thread, ``HALF_THREAD``, where a split asks).

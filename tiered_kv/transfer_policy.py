@@ -28,8 +28,6 @@ LOAD_STREAM_PRIORITY = -100
 MAX_COPY_STREAMS = 4
 
 
-
-
 def _fraction(value_of, name: str, *, optional: bool) -> None:
     """Field ``name`` of a frozen options value: a real number in [0, 1] (no bool, no text), kept
     as a float; None where ``optional``. ConfigError naming the field otherwise."""

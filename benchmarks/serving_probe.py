@@ -679,6 +679,25 @@ TWENTYNINTH = [
 ]
 
 
+def _waves_everywhere(first: int):
+    """Every split's staged calls plan, upload and enqueue in waves from ``first`` blocks (``plan_wave``)."""
+    return _fields_where(lambda split: True, plan_wave=first)
+
+
+#: Thirtieth probe: the fifteenth session's issue timelines (slots in runs, idle and beside the
+#: matmuls) show the body's thread issuing layer 9 3.3-4.4 ms after layer 8: it plans the 52 blocks
+#: after its first one in one call before the first of them copies, and the link idles about 3 ms
+#: (the model waits at layer 9 beside the matmuls). Candidates: the staged calls in waves from 1
+#: block (``plan_wave``), and with the kernel half's tables kept on the device as well
+#: (``device_tables``: the body's kernel half of ``page_first`` runs uploaded 53 tables first).
+#: Scattered ``layer_first`` loads (a ``batch`` body) do not use the ring: a control.
+THIRTIETH = [
+    ("auto", "auto", None, {}, None),
+    ("auto, waves from 1", "auto", None, {}, _waves_everywhere(1)),
+    ("auto, waves from 1, device tables", "auto", TransferOptions(device_tables=True), {}, _waves_everywhere(1)),
+]
+
+
 CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH, "eleventh": ELEVENTH, "twelfth": TWELFTH,
                   "thirteenth": THIRTEENTH, "fourteenth": FOURTEENTH,
                   "fifteenth": FIFTEENTH, "sixteenth": SIXTEENTH, "eighteenth": EIGHTEENTH,
@@ -687,7 +706,7 @@ CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH, "elevent
                   "twentythird": TWENTYTHIRD, "twentyfourth": TWENTYFOURTH,
                   "twentyfifth": TWENTYFIFTH, "twentysixth": TWENTYSIXTH,
                   "twentyseventh": TWENTYSEVENTH, "twentyeighth": TWENTYEIGHTH,
-                  "twentyninth": TWENTYNINTH}
+                  "twentyninth": TWENTYNINTH, "thirtieth": THIRTIETH}
 SETS = {"fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
         "fourth": ([], [], [], FOURTH_BESIDE),
         "second": (SECOND_LOADS, SECOND_BACKUPS, SECOND_BOTH, SECOND_BESIDE),

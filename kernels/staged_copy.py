@@ -43,7 +43,9 @@ event above stays on it); copy engines working side by side hide the per-row cos
 its scatter runs behind the copy of the next unit instead of after the whole layer.
 
 CPU cost matters as much as bytes: everything a call's kernels need (tables, ids) goes to the
-device in one pinned copy, so a unit costs one launch, a few copies and a few event operations.
+device in one pinned copy (one per wave with ``first_wave``: the first groups are planned, sent and
+enqueued before the rest are planned, so they copy meanwhile), so a unit costs one launch, a few
+copies and a few event operations.
 Planning is numpy, per group of pairs: the call's runs are cut at unit boundaries at once, and a
 unit's host copies are a slice of one int64 table (a row per span or pair and piece of a run);
 copy lists, stream shares and the ``cudaMemcpy2DAsync`` loop read those tables, so scattered
@@ -237,16 +239,20 @@ class StagedCopier:
         unit_rows: int | None = None,
         num_ctas: int | None = None,
         pitched: bool = False,
+        first_wave: int | None = None,
     ) -> None:
         """``to_device`` of several groups of pairs (e.g. one group per layer) in one call.
 
         Groups run in order; ``on_group_done(g)`` is called right after the last work of group g
-        was enqueued on ``kernel_stream`` (record a per-layer event there). Sorting, runs and the
-        upload of every table happen once for the whole call. ``num_ctas``: the scatter's budget
-        for this call (default: the copier's).
+        was enqueued on ``kernel_stream`` (record a per-layer event there). Sorting and runs happen
+        once for the whole call. ``num_ctas``: the scatter's budget for this call (default: the
+        copier's). ``first_wave``: the groups are planned, their tables uploaded and their work
+        enqueued in waves of ``first_wave``, then twice as many groups each time (``waves``), so
+        the first groups copy while the rest are planned (None: one wave, every group planned
+        and uploaded before the first copy).
         """
         self._run(groups, host_ids, device_ids, True, copy_stream, kernel_stream, on_group_done, unit_rows, num_ctas,
-                  pitched)
+                  pitched, first_wave)
 
     def to_host(
         self,
@@ -419,7 +425,7 @@ class StagedCopier:
 
     # --- running ---------------------------------------------------------------------------------
     def _run(self, groups, host_ids, device_ids, to_device, copy_stream, kernel_stream, on_group_done,
-             unit_rows=None, num_ctas=None, pitched=False) -> None:
+             unit_rows=None, num_ctas=None, pitched=False, first_wave=None) -> None:
         if host_ids.numel() != device_ids.numel():
             raise ValueError(f"host_ids has {host_ids.numel()} ids, device_ids {device_ids.numel()}")
         if host_ids.numel() == 0 or not groups:
@@ -430,7 +436,6 @@ class StagedCopier:
         copy_streams = [copy_stream] if copy_stream is None or isinstance(copy_stream, torch.cuda.Stream) else list(copy_stream)
         if self._on_gpu and (not copy_streams or any(s is None for s in copy_streams) or kernel_stream is None):
             raise ValueError("staged copies on a GPU need an explicit copy_stream and kernel_stream")
-        copy_stream = copy_streams[0]
         pitched = pitched and (not self._on_gpu or _pitched_available())  # else ignored, units included
         while self._on_gpu and len(self._join) < len(copy_streams) - 1:
             self._join.append(torch.cuda.Event())
@@ -443,13 +448,35 @@ class StagedCopier:
         run_starts = np.concatenate(([0], breaks))
         run_ends = np.concatenate((breaks, [host_sorted.size]))
 
-        # Plan every unit of every group, then send all tables and ids in one upload. Units with
-        # the same group, slot, rows and pairs have the same table (a span backup has at most one
-        # per buffer), so each distinct table is built and sent once.
+        # The ids go to the device once; each wave's tables go with its first upload. A unit stages
+        # at most every row of the call, so one row list serves every unit.
+        device_dev = stage_dev = None
+        done_groups = 0
+        for g0, g1 in waves(len(groups), first_wave):
+            work, plans, tables = self._plan_wave(groups, g0, g1, to_device, host_sorted, run_starts, run_ends,
+                                                  unit_rows, pitched)
+            extra = [device_sorted, torch.arange(host_sorted.size, dtype=torch.int64)] if device_dev is None else []
+            to_send = [p.table for p in plans] + extra
+            with torch.cuda.stream(kernel_stream) if self._on_gpu else nullcontext():
+                uploaded = upload(self.device, to_send) if to_send else []
+            if device_dev is None:
+                uploaded, (device_dev, stage_dev) = uploaded[:-2], uploaded[-2:]
+            done_groups = self._issue_wave(work, plans, uploaded, device_dev, stage_dev, to_device, copy_streams,
+                                           kernel_stream, on_group_done, done_groups, num_ctas, pitched)
+        while on_group_done is not None and done_groups < len(groups):
+            on_group_done(done_groups)
+            done_groups += 1
+
+    def _plan_wave(self, groups, g0: int, g1: int, to_device: bool, host_sorted, run_starts, run_ends, unit_rows,
+                   pitched) -> tuple[list, list[UvaPlan], list[np.ndarray]]:
+        """Plan every unit of groups ``g0..g1``: the work (group, unit, slot, table index), a kernel
+        plan per distinct table and the tables. Units with the same group, slot, rows and pairs have
+        the same table (a span backup has at most one per buffer), so each is built and sent once."""
         work = []  # (group, unit, slot, table index)
         tables: list[np.ndarray] = []
         table_index: dict[tuple, int] = {}
-        for g, pairs in enumerate(groups):
+        for g in range(g0, g1):
+            pairs = groups[g]
             if not pairs:
                 continue
             host_views = [pair[0] if to_device else pair[1] for pair in pairs]
@@ -462,6 +489,8 @@ class StagedCopier:
                     table_index[key] = len(tables)
                     tables.append(self._table(unit, slot, device_views, to_device))
                 work.append((g, unit, slot, table_index[key]))
+        if not tables:
+            return work, [], tables
         common = int(np.gcd.reduce(np.concatenate([t.reshape(-1) for t in tables] + [np.array([self._storage.data_ptr()])])))
         word = 4 if common % 4 == 0 else 1
         align = 16 // word if common % 16 == 0 else 1
@@ -470,13 +499,14 @@ class StagedCopier:
             anchor = anchor.view(torch.int32)
         plans = [UvaPlan(anchor, torch.from_numpy(t // word), word, align, int(t[:, 4].max()) // word, self.num_ctas)
                  for t in tables]
-        stage_rows = torch.arange(max(w[1].r1 - w[1].r0 for w in work), dtype=torch.int64)
-        with torch.cuda.stream(kernel_stream) if self._on_gpu else nullcontext():
-            uploaded = upload(self.device, [p.table for p in plans] + [device_sorted, stage_rows])
-        device_dev, stage_dev = uploaded[-2], uploaded[-1]
+        return work, plans, tables
 
+    def _issue_wave(self, work, plans, uploaded, device_dev, stage_dev, to_device, copy_streams, kernel_stream,
+                    on_group_done, done_groups: int, num_ctas, pitched) -> int:
+        """Enqueue a planned wave's units in order; ``on_group_done`` after each group's last unit
+        (and for the groups without pairs before it). Returns the groups done so far."""
+        copy_stream = copy_streams[0]
         producer, consumer = (copy_stream, kernel_stream) if to_device else (kernel_stream, copy_stream)
-        done_groups = 0
         for index, (g, unit, slot, t) in enumerate(work):
             plan, table = plans[t], uploaded[t]
             rows = unit.r1 - unit.r0
@@ -500,9 +530,7 @@ class StagedCopier:
                 while done_groups <= g:  # groups without pairs are done as soon as reached
                     on_group_done(done_groups)
                     done_groups += 1
-        while on_group_done is not None and done_groups < len(groups):
-            on_group_done(done_groups)
-            done_groups += 1
+        return done_groups
 
     def _batched(self, copies, to_device: bool) -> bool:
         """Whether ``copies`` (one unit's share) go out as one memcpy batch (see ``host_batch``)."""
@@ -633,6 +661,22 @@ class StagedCopier:
         if self._on_gpu:
             self._ready[slot].record(producer)
             consumer.wait_event(self._ready[slot])
+
+
+def waves(count: int, first: int | None) -> list[tuple[int, int]]:
+    """``[start, end)`` ranges of ``count`` groups in waves of ``first``, then twice as many each
+    time (``first`` None: one wave of all). Doubling keeps the uploads few (about log2 of the
+    groups) while the first wave is small enough to be planned in a fraction of one group's copy."""
+    if count <= 0:
+        return []
+    if first is None:
+        return [(0, count)]
+    out, start, size = [], 0, max(1, first)
+    while start < count:
+        out.append((start, min(count, start + size)))
+        start += size
+        size *= 2
+    return out
 
 
 def _batch_available() -> bool:

@@ -211,6 +211,7 @@ def test_body_after_head_is_a_flag():
     ("staged", LoadSplit(1.0, layers_per_copy=2, ramp=True, issue_halves=2, lead_blocks=3)),
     ("mixed", LoadSplit(0.8, layers_per_copy=4, kernel_blocks=4, ramp=True, head_layers=2, body_ramp=False,
                         issue_halves=2, lead_blocks=2)),
+    ("staged", LoadSplit(1.0, layers_per_copy=2, ramp=True, issue_halves=2, plan_wave=1)),
 ])
 @pytest.mark.parametrize("pages", [1, 2, 7])
 def test_a_load_in_two_halves_lands_every_layer_and_nothing_else(layout, path, split, pages):
@@ -338,6 +339,44 @@ def test_lead_blocks_plans_the_first_blocks_one_call_each(monkeypatch, lead, cal
     assert seen == calls and finished == list(range(20))
 
 
+@pytest.mark.parametrize(("lead", "wave"), [(1, None), (1, 1), (3, 2)])
+def test_staged_half_hands_its_plan_wave_to_every_call_into_the_ring(monkeypatch, lead, wave):
+    """``LoadSplit.plan_wave`` reaches the staging ring's calls (lead blocks and the rest alike)."""
+    spec = nsa_spec(num_layers=20, page_size=4)
+    device, host = make_device_pool(spec, 20, "cpu"), make_host_pool(spec, 16, "page_first")
+    engine = TransferEngine(device.pool, host)
+    seen = []
+
+    def groups_done(groups, host_ids, device_ids, *, on_group_done=None, first_wave="missing", **_):
+        seen.append(first_wave)
+        for g in range(len(groups)):
+            on_group_done(g)
+    monkeypatch.setattr(engine.staging_copier("load"), "to_device_groups", groups_done)
+    copy = validate(device.pool, host, random_ids(6, 1, 20), random_ids(6, 0, 16), to_host=False)
+    job = _Load(engine, list(range(20)), copy, LoadSplit(1.0, layers_per_copy=2, lead_blocks=lead, plan_wave=wave),
+                TransferOptions())
+    monkeypatch.setattr(job, "finish_layer", lambda index: None)
+    job.staged_half((copy.host_slots, copy.device_pages), (0, 1))
+    assert seen == [wave] * (lead + 1)
+
+
+def test_a_kernel_half_without_pages_plans_and_uploads_nothing(monkeypatch):
+    """A ``mixed`` split whose copy engines take every page (``ce_fraction`` 1) leaves the kernel
+    half empty: no plans, no upload (about 1 ms of the body's thread on the H200's host), no launch."""
+    from tiered_kv.kernels import uva_copy
+
+    spec = nsa_spec(num_layers=6, page_size=4)
+    device, host = make_device_pool(spec, 20, "cpu"), make_host_pool(spec, 16, "layer_first")
+    engine = TransferEngine(device.pool, host)
+    copy = validate(device.pool, host, random_ids(6, 1, 20), random_ids(6, 0, 16), to_host=False)
+    uploads = []
+    monkeypatch.setattr(uva_copy, "upload", lambda *a, **k: uploads.append(a))
+    monkeypatch.setattr(engine, "_load_plan", lambda *a, **k: pytest.fail("planned a kernel half without pages"))
+    job = _Load(engine, list(range(6)), copy, LoadSplit(1.0), TransferOptions())
+    job.kernel_half((copy.host_slots[:0], copy.device_pages[:0]), None, None)
+    assert job.uva is None and uploads == []
+
+
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
 @pytest.mark.parametrize("split", [
     LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, head_layers=8, body_ramp=False),
@@ -347,8 +386,12 @@ def test_lead_blocks_plans_the_first_blocks_one_call_each(monkeypatch, lead, cal
               head_ctas=5),
     replace(tp.SCATTERED_LOADS[False], body_after_head=False),
     replace(tp.SCATTERED_LOADS[True], body_after_head=False),
+    replace(tp.SCATTERED_LOADS[False], plan_wave=1),
+    replace(tp.MIXED_LOADS[(False, True)], plan_wave=1),
+    replace(tp.MIXED_LOADS[(True, True)], plan_wave=2, lead_blocks=2),
 ], ids=["head 8 unramped", "head 2 unramped lead 3", "lead 4", "head's own ramp and ctas",
-        "pf scattered, body beside the head", "lf scattered, body beside the head"])
+        "pf scattered, body beside the head", "lf scattered, body beside the head",
+        "pf scattered, waves of 1", "pf runs, waves of 1", "lf runs, lead 2, waves of 2"])
 def test_loads_of_these_splits_land_every_byte(layout, split):
     """Loads with an unramped body, lead blocks, the head's own ramp and CTAs, or the body beside
     the head (on CPU only the bytes: the ordering is tested with stand-in streams above)."""

@@ -71,7 +71,8 @@ def test_tenth_both_sides_copy_every_byte(entry, layout):
 VARIANTS = [e for e in serving_probe.ELEVENTH + serving_probe.TWELFTH + serving_probe.THIRTEENTH + serving_probe.FOURTEENTH
             + serving_probe.NINETEENTH + serving_probe.TWENTYFIRST + serving_probe.TWENTYSECOND + serving_probe.TWENTYTHIRD
             + serving_probe.TWENTYFOURTH + serving_probe.TWENTYSIXTH
-            + serving_probe.TWENTYSEVENTH + serving_probe.TWENTYEIGHTH + serving_probe.TWENTYNINTH if e[4] is not None]
+            + serving_probe.TWENTYSEVENTH + serving_probe.TWENTYEIGHTH + serving_probe.TWENTYNINTH
+            + serving_probe.THIRTIETH if e[4] is not None]
 
 
 def _changed_splits(change):
@@ -160,7 +161,8 @@ def test_policy_changes_hit_only_the_entry_they_name():
 
 
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
-@pytest.mark.parametrize("entry", [e for e in serving_probe.TWENTYFOURTH + serving_probe.TWENTYFIFTH if e[2] is not None],
+@pytest.mark.parametrize("entry", [e for e in serving_probe.TWENTYFOURTH + serving_probe.TWENTYFIFTH
+                                   + serving_probe.THIRTIETH if e[2] is not None],
                          ids=lambda e: e[0])
 def test_option_candidates_copy_every_byte(entry, layout):
     """The candidates that change options (head blocks on the caller, device tables), under the

@@ -740,6 +740,7 @@ def test_options_that_are_not_transfer_options_are_refused(options):
     ("lead_blocks", 0), ("lead_blocks", 1.5), ("lead_blocks", "2"), ("body_ramp", "no"), ("body_ramp", 0),
     ("head_ramp_step", "8"), ("head_ramp_step", 1.5), ("head_ctas", 1.5), ("head_ctas", "4"),
     ("body_after_head", None), ("body_after_head", 1),
+    ("plan_wave", 0), ("plan_wave", 1.5), ("plan_wave", "2"), ("plan_wave", True),
 ])
 def test_load_split_fields_of_wrong_types_are_config_errors(field, value):
     """A ``LoadSplit`` field of the wrong type is a ConfigError naming the field (it was a bare

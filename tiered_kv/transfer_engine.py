@@ -470,13 +470,17 @@ class _Load:
         each) while a ramp keeps the first layer ready after one layer's copy."""
         from .kernels.uva_copy import upload
 
+        if not len(kernel_part[0]):
+            # The copy engines take every page (``ce_fraction`` 1): no tables to plan or send, which
+            # cost the body's thread about 1 ms on the H200's host before its first copy.
+            return
         engine = self.engine
         blocks = _blocks(len(self.layers), self.split, kernel=True, offset=self.first_index)
         keys = [tuple(self.layers[i] for i in block) for block in blocks]
         plans = [engine._load_plan(key, components) for key in keys]
         device = engine.device if engine.on_gpu else torch.device("cpu")
         with torch.cuda.stream(stream) if stream is not None else _nothing():
-            if self.options.device_tables and len(kernel_part[0]):
+            if self.options.device_tables:
                 # Tables uploaded once and kept; only the ids travel (``IdsRing``).
                 tables = [engine._device_table(key, components) for key in keys]
                 if stream is not None:
@@ -485,10 +489,9 @@ class _Load:
                 uploaded = tables + engine._upload_ids(kernel_part)
             else:
                 uploaded = upload(device, [p.table for p in plans] + list(kernel_part))
-        if len(kernel_part[0]):
-            self.uva = _KernelHalf(stream, plans, uploaded[:-2], uploaded[-2], uploaded[-1],
-                                   block_of=[b for b, block in enumerate(blocks) for _ in block],
-                                   last_of=[block[-1] for block in blocks])
+        self.uva = _KernelHalf(stream, plans, uploaded[:-2], uploaded[-2], uploaded[-1],
+                               block_of=[b for b, block in enumerate(blocks) for _ in block],
+                               last_of=[block[-1] for block in blocks])
 
     def staged_half(self, ce_ids, ce_components) -> None:
         """Copy engines into the staging ring, scattered by its kernel on ``load_stream``; blocks
@@ -523,7 +526,7 @@ class _Load:
             copier.to_device_groups(
                 groups[first:last], *ce_ids, copy_stream=copy_streams, kernel_stream=self.load_stream,
                 on_group_done=finish_block, unit_rows=split.unit_rows, num_ctas=split.staging_ctas,
-                pitched=self.options.pitched_batch)
+                pitched=self.options.pitched_batch, first_wave=split.plan_wave)
 
     def _other_half(self, groups, parts, ids) -> Callable[[int], None]:
         """The second half of ``staged_half``'s pages (``LoadSplit.issue_halves``): the same groups
@@ -536,7 +539,7 @@ class _Load:
         if not engine.on_gpu:
             for first, last in parts:
                 copier.to_device_groups(groups[first:last], *ids, unit_rows=split.unit_rows, num_ctas=split.staging_ctas,
-                                        pitched=self.options.pitched_batch)
+                                        pitched=self.options.pitched_batch, first_wave=split.plan_wave)
             return lambda g: None
         kernel_stream, copy_stream = engine._half_streams
         for stream in engine._half_streams:
@@ -553,7 +556,7 @@ class _Load:
                         progress.layer(first + b)
                     copier.to_device_groups(groups[first:last], *ids, copy_stream=[copy_stream], kernel_stream=kernel_stream,
                                             on_group_done=done, unit_rows=split.unit_rows, num_ctas=split.staging_ctas,
-                                            pitched=self.options.pitched_batch)
+                                            pitched=self.options.pitched_batch, first_wave=split.plan_wave)
             except BaseException as exc:
                 progress.job_done(exc)
                 raise

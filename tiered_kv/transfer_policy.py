@@ -65,7 +65,7 @@ _SPLIT_COUNTS = {
     "kernel_blocks": (1, None, False), "head_layers": (0, None, False), "unit_rows": (1, None, True),
     "staging_ctas": (1, None, True), "ramp_step": (1, None, True), "kernel_ctas": (1, None, True),
     "kernel_tile": (1, None, True), "lead_blocks": (1, None, False), "issue_halves": (1, 2, False),
-    "head_ramp_step": (1, None, True), "head_ctas": (1, None, True),
+    "head_ramp_step": (1, None, True), "head_ctas": (1, None, True), "plan_wave": (1, None, True),
 }
 
 
@@ -134,6 +134,12 @@ class LoadSplit:
         UVA kernel is held back by the model's CTAs and leaves part of the link idle, which the
         body's copy engines could use; its thread then also plans without waiting for the
         head's launches.
+    plan_wave: a staged copy-engine half's call into the staging ring (the blocks after the
+        ``lead_blocks``) plans, uploads and enqueues its blocks in waves of this many blocks, then
+        twice as many each time, instead of planning every block before its first copy (None).
+        With slots in runs the body's thread planned the 52 blocks after its first in 3.3-4.4 ms
+        on the H200's host while only that first block (0.5 ms) was copying (2026-12-02 issue
+        timeline, fifteenth session).
     body_ramp: with a head, the body's blocks ramp again from one layer (True) or start at their
         full size (False); with ``ramp_step`` they continue ``ramp_step``'s ramp from the head's
         end either way (whatever ``head_ramp_step`` made of the head). A staged
@@ -161,6 +167,7 @@ class LoadSplit:
     head_ramp_step: int | None = None
     head_ctas: int | None = None
     body_after_head: bool = True
+    plan_wave: int | None = None
 
     def __post_init__(self) -> None:
         # Types first, so the range checks below compare numbers (a str raised TypeError, a float

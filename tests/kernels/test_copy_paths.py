@@ -212,6 +212,59 @@ def test_staged_groups_call_back_in_order(layout):
     assert done == list(range(len(groups)))
 
 
+@pytest.mark.parametrize(("count", "first", "expected"), [
+    (0, 1, []), (1, None, [(0, 1)]), (7, None, [(0, 7)]), (1, 1, [(0, 1)]),
+    (7, 1, [(0, 1), (1, 3), (3, 7)]), (8, 1, [(0, 1), (1, 3), (3, 7), (7, 8)]),
+    (10, 2, [(0, 2), (2, 6), (6, 10)]), (3, 8, [(0, 3)]),
+])
+def test_waves_tile_the_groups_in_doubling_ranges(count, first, expected):
+    from tiered_kv.kernels.staged_copy import waves
+
+    assert waves(count, first) == expected
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("first_wave", [1, 2, 64])
+def test_staged_waves_plan_the_first_groups_then_enqueue_them_before_planning_the_rest(monkeypatch, layout,
+                                                                                    first_wave):
+    """With ``first_wave`` the ring plans a wave of groups, sends its tables (one upload per wave,
+    the ids with the first) and enqueues its work before it plans the next wave; every byte lands
+    and every group reports done once, in order, as in one wave."""
+    from tiered_kv.kernels import staged_copy
+    from tiered_kv.kernels.staged_copy import waves
+
+    spec = SPECS["nsa"]
+    device = make_device_pool(spec, NUM_PAGES)
+    host = make_host_pool(spec, NUM_SLOTS, layout)
+    slots, pages = random_ids(9, 0, NUM_SLOTS), random_ids(9, 1, NUM_PAGES)
+    groups = [load_pairs(host, device.pool, layer) for layer in range(spec.num_layers)] * 3  # 9 groups
+    copier = StagedCopier("cpu", buffer_bytes=4 * 2624, num_buffers=3)
+    events, uploads = [], []
+    units, real_upload = copier._units, staged_copy.upload
+
+    def planned(host_views, *args, **kwargs):
+        events.append("plan")
+        return units(host_views, *args, **kwargs)
+
+    def counted(device, tensors):
+        uploads.append(len(tensors))
+        return real_upload(device, tensors)
+    monkeypatch.setattr(copier, "_units", planned)
+    monkeypatch.setattr(staged_copy, "upload", counted)
+    pairs = [pair for group in groups for pair in group]
+    check_copy(pairs, slots, pages, device.roots,
+               lambda: copier.to_device_groups(groups, slots, pages, on_group_done=lambda g: events.append(g),
+                                               first_wave=first_wave))
+    expected = []
+    for g0, g1 in waves(len(groups), first_wave):
+        expected += ["plan"] * (g1 - g0) + list(range(g0, g1))
+    assert events == expected
+    assert len(uploads) == len(waves(len(groups), first_wave))
+    # The first upload carries the ids (device pages, staging rows) besides its tables; later ones only tables.
+    tables_first = sum(1 for e in expected[:expected.index(0)] if e == "plan")
+    assert uploads[0] >= tables_first + 2
+
+
 def test_staged_split_shares_every_row_once():
     """Rows of each copy split over k streams: pieces tile the copy, in order, none empty."""
     from tiered_kv.kernels.staged_copy import _share

@@ -698,6 +698,15 @@ THIRTIETH = [
 ]
 
 
+#: Thirty-first probe: the thirtieth's waves closed the body's gap at layer 9 (runs: layers 8, 9, 10
+#: issued at 3.4, 4.1, 4.6 ms) but cost idle 61-layer loads 1-2% (scattered ``page_first`` 51.1
+#: against 52.1 GB/s), their later uploads enqueued on the scatter's stream behind the data copies;
+#: beside the matmuls the cells moved within the spread (the ``layer_first`` scattered control, not
+#: a ring user, 0.79 / 0.86 / 0.79). Now the waves' uploads go on the ring's own stream.
+#: Candidates as the thirtieth, and the device tables alone.
+THIRTYFIRST = THIRTIETH + [("auto, device tables", "auto", TransferOptions(device_tables=True), {}, None)]
+
+
 CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH, "eleventh": ELEVENTH, "twelfth": TWELFTH,
                   "thirteenth": THIRTEENTH, "fourteenth": FOURTEENTH,
                   "fifteenth": FIFTEENTH, "sixteenth": SIXTEENTH, "eighteenth": EIGHTEENTH,
@@ -706,7 +715,8 @@ CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH, "elevent
                   "twentythird": TWENTYTHIRD, "twentyfourth": TWENTYFOURTH,
                   "twentyfifth": TWENTYFIFTH, "twentysixth": TWENTYSIXTH,
                   "twentyseventh": TWENTYSEVENTH, "twentyeighth": TWENTYEIGHTH,
-                  "twentyninth": TWENTYNINTH, "thirtieth": THIRTIETH}
+                  "twentyninth": TWENTYNINTH, "thirtieth": THIRTIETH,
+                  "thirtyfirst": THIRTYFIRST}
 SETS = {"fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
         "fourth": ([], [], [], FOURTH_BESIDE),
         "second": (SECOND_LOADS, SECOND_BACKUPS, SECOND_BOTH, SECOND_BESIDE),

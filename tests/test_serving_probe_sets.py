@@ -162,7 +162,7 @@ def test_policy_changes_hit_only_the_entry_they_name():
 
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
 @pytest.mark.parametrize("entry", [e for e in serving_probe.TWENTYFOURTH + serving_probe.TWENTYFIFTH
-                                   + serving_probe.THIRTIETH if e[2] is not None],
+                                   + serving_probe.THIRTYFIRST if e[2] is not None],
                          ids=lambda e: e[0])
 def test_option_candidates_copy_every_byte(entry, layout):
     """The candidates that change options (head blocks on the caller, device tables), under the

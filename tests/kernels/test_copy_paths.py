@@ -265,6 +265,50 @@ def test_staged_waves_plan_the_first_groups_then_enqueue_them_before_planning_th
     assert uploads[0] >= tables_first + 2
 
 
+def test_waves_upload_on_the_copiers_own_stream_and_the_kernel_stream_waits_for_each(monkeypatch):
+    """On a GPU a wave's upload goes on the copier's upload stream (which waits for nothing), and
+    the kernel stream waits on that upload's event, recorded after it; the device copy is kept for
+    the kernel stream. One wave (``first_wave`` None) stays on the kernel stream. Stand-in streams."""
+    from tests.fake_cuda import FakeStream, patch_cuda
+    from tiered_kv.kernels import staged_copy
+
+    copier = StagedCopier("cpu", buffer_bytes=4 * 2624, num_buffers=3)
+    patch_cuda(monkeypatch)
+    copier._on_gpu = True
+    current, kept, entered = [], [], [None]
+
+    class Sent(torch.Tensor):
+        def record_stream(self, stream):
+            kept.append(stream)
+
+    def upload(device, parts):
+        current.append(entered[0])  # the stream current while the upload is enqueued
+        return [torch.zeros(1).as_subclass(Sent) for _ in parts]
+
+    class Entered:  # ``torch.cuda.stream(s)``: remembers ``s`` while entered
+        def __init__(self, stream):
+            self.stream = stream
+
+        def __enter__(self):
+            entered[0] = self.stream
+
+        def __exit__(self, *exc):
+            entered[0] = None
+    monkeypatch.setattr(torch.cuda, "stream", Entered)
+    monkeypatch.setattr(staged_copy, "upload", upload)
+    kernel_stream = FakeStream()
+    copier._send([torch.zeros(2)], kernel_stream, own_stream=False)
+    assert current == [kernel_stream] and kernel_stream.waited == [] and kept == []
+    for _ in range(2):
+        copier._send([torch.zeros(2), torch.zeros(3)], kernel_stream, own_stream=True)
+    assert current[1] is copier._upload_stream and current[2] is copier._upload_stream
+    assert copier._upload_stream is not kernel_stream
+    # Each wait binds to the record made right after its own upload (one record per event).
+    assert [count for _, count in kernel_stream.waited] == [1, 1]
+    assert all(event.records == [copier._upload_stream] for event, _ in kernel_stream.waited)
+    assert kept == [kernel_stream, kernel_stream]
+
+
 def test_staged_split_shares_every_row_once():
     """Rows of each copy split over k streams: pieces tile the copy, in order, none empty."""
     from tiered_kv.kernels.staged_copy import _share

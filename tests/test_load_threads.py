@@ -426,6 +426,22 @@ def test_auto_s_scattered_layer_first_head_is_single_layers():
     assert tp.SCATTERED_LOADS_BESIDE_BACKUP[True] == split
 
 
+def test_auto_s_idle_staged_bodies_plan_in_waves_and_loads_beside_a_backup_in_one_call():
+    """``auto``'s several-layer loads whose body goes through the staging ring start their waves at
+    one block (``plan_wave`` 1); beside a backup (not measured with waves) and single layers they
+    keep one call."""
+    def split(**case):
+        return tp.choose_split(num_layers=61, has_batch=True, **case)
+
+    for dense in (False, True):
+        for scattered in (False, True):
+            idle = split(dense_host_rows=dense, scattered=scattered, backup_in_flight=False)
+            assert idle.plan_wave == (1 if idle.ce_path == "staged" else None), (dense, scattered)
+            assert split(dense_host_rows=dense, scattered=scattered, backup_in_flight=True).plan_wave is None
+    assert tp.choose_split(dense_host_rows=True, scattered=False, backup_in_flight=False, num_layers=1,
+                           has_batch=True).plan_wave is None
+
+
 def test_head_ramp_step_changes_the_heads_blocks_and_not_the_bodys():
     """A head of 8 at ``head_ramp_step`` 8 is 8 single-layer blocks where ``ramp_step`` 4 gave
     1, 1, 1, 1, 2, 2; the body after it keeps ``ramp_step``'s blocks (they continue from layer 8)."""

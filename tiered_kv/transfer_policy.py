@@ -227,10 +227,22 @@ HEAD = {"head_layers": 8, "ramp": True, "ramp_step": 5}
 #: spread), at a compute slowdown of 0.99-1.03; idle loads the same (92.9-94.9% of the ceiling
 #: against 92.5-94.9%), the caller's issue 1.6-2.0 ms instead of 1.6-1.8.
 CALLER_HEAD_BLOCKS = 2
+#: The staged bodies of idle loads plan, upload and enqueue their blocks in waves from one block
+#: (``plan_wave``): with slots in runs the body's thread had issued layer 9 3.3-4.4 ms after layer
+#: 8 (it planned the other 52 blocks first), the link idle about 3 ms of it. Measured on the H200
+#: (2026-12-02, fifteenth session, ``serving_probe.py --set thirtieth`` / ``thirtyfirst``,
+#: docs/benchmarks.md "Serving conditions, eleventh round"): layers 8, 9, 10 issued at 3.4, 4.1,
+#: 4.6 ms; idle 61-layer loads the same once the waves' uploads left the scatter's stream (52.7 /
+#: 51.9 / 53.2 GB/s against 52.8 / 52.0 / 52.8, ``page_first`` runs / scattered, ``layer_first``
+#: runs); beside the matmuls at 1.25x hidden 0.90 / 0.88 against 0.91 / 0.90 (``page_first``
+#: runs), 0.79 / 0.88 against 0.82 / 0.80 (scattered), 0.90 / 0.97 against 0.85 / 0.93
+#: (``layer_first`` runs), within a spread the unchanged control showed as 0.74-0.88. Loads beside
+#: a backup were not measured with waves and keep one call.
+WAVES = {"plan_wave": 1}
 MIXED_LOADS = {
-    (True, True): LoadSplit(1.0, **HEAD),
+    (True, True): LoadSplit(1.0, **HEAD, **WAVES),
     (True, False): LoadSplit(1.0, ce_path="batch"),
-    (False, True): LoadSplit(0.6, by="components", **HEAD),
+    (False, True): LoadSplit(0.6, by="components", **HEAD, **WAVES),
     (False, False): LoadSplit(by="components", ce_path="batch"),
 }
 #: Single-layer splits where ``cudaMemcpyBatchAsync`` cannot run (runtime or driver before 12.8): the
@@ -333,7 +345,8 @@ AUTO_PATHS_WITHOUT_BATCH = {(True, True, True, False): "kernel", (False, True, T
 #: (the same entry) load + backup moved 1.02x / 1.01x against 1.00x / 1.00x / 0.96x before. In the
 #: other cases the single-layer head moved hidden by -0.06 to +0.10 between the two runs
 #: (``page_first`` runs lost in both), so they keep their heads.
-SCATTERED_LOADS = {False: LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, ramp_step=4, head_layers=8),
+SCATTERED_LOADS = {False: LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, ramp_step=4, head_layers=8,
+                                    **WAVES),
                    True: LoadSplit(0.3, ce_path="batch", kernel_blocks=8, **HEAD, head_ramp_step=8)}
 #: The same beside a backup in flight: ``page_first`` loads keep to the copy engines after a short
 #: kernel head (UVA reads would cut into the backup; the head's only overlap its first layers),

@@ -450,13 +450,13 @@ class StagedCopier:
         run_starts = np.concatenate(([0], breaks))
         run_ends = np.concatenate((breaks, [host_sorted.size]))
 
-        # The ids go to the device once; each wave's tables go with its first upload. A unit stages
-        # at most every row of the call, so one row list serves every unit.
+        # Each wave's tables go in one upload; the ids go with the first. A unit stages at most every
+        # row of the call, so one row list serves every unit.
         device_dev = stage_dev = None
         done_groups = 0
         for g0, g1 in waves(len(groups), first_wave):
-            work, plans, tables = self._plan_wave(groups, g0, g1, to_device, host_sorted, run_starts, run_ends,
-                                                  unit_rows, pitched)
+            work, plans = self._plan_wave(groups, g0, g1, to_device, host_sorted, run_starts, run_ends, unit_rows,
+                                          pitched)
             extra = [device_sorted, torch.arange(host_sorted.size, dtype=torch.int64)] if device_dev is None else []
             to_send = [p.table for p in plans] + extra
             uploaded = self._send(to_send, kernel_stream, own_stream=first_wave is not None) if to_send else []
@@ -469,17 +469,18 @@ class StagedCopier:
             done_groups += 1
 
     def _send(self, parts: list, kernel_stream, *, own_stream: bool) -> list[torch.Tensor]:
-        """Upload ``parts`` (``upload``) for ``kernel_stream``'s kernels. In one wave the copy is
-        enqueued on ``kernel_stream`` itself. With waves (``own_stream``) it goes on a stream of
-        the copier's that waits for nothing, and ``kernel_stream`` waits for it: on
-        ``kernel_stream`` a later wave's copy could start only after the scatters before it and
-        then queue behind the data copies on the copy engines (H200, fifteenth session: waves
-        uploaded there cost idle 61-layer loads 1-2%)."""
+        """Upload ``parts`` (``upload``) for ``kernel_stream``'s kernels. Without ``first_wave`` the
+        copy is enqueued on ``kernel_stream`` itself, as before waves existed. With it
+        (``own_stream``; every call then, a call of one wave too) it goes on a stream of the
+        copier's that waits for nothing, and ``kernel_stream`` waits for it: on ``kernel_stream`` a
+        later wave's copy could start only after the scatters before it and then queue behind the
+        data copies on the copy engines (H200, fifteenth session: waves uploaded there cost idle
+        61-layer loads 1-2%)."""
         if not self._on_gpu or not own_stream:
             with torch.cuda.stream(kernel_stream) if self._on_gpu else nullcontext():
                 return upload(self.device, parts)
         if self._upload_stream is None:
-            self._upload_stream = torch.cuda.Stream(self.device)
+            self._upload_stream = torch.cuda.Stream(self._storage.device)  # the ring's own device, with its index
         with torch.cuda.stream(self._upload_stream):
             sent = upload(self.device, parts)
         landed = torch.cuda.Event()
@@ -490,9 +491,9 @@ class StagedCopier:
         return sent
 
     def _plan_wave(self, groups, g0: int, g1: int, to_device: bool, host_sorted, run_starts, run_ends, unit_rows,
-                   pitched) -> tuple[list, list[UvaPlan], list[np.ndarray]]:
-        """Plan every unit of groups ``g0..g1``: the work (group, unit, slot, table index), a kernel
-        plan per distinct table and the tables. Units with the same group, slot, rows and pairs have
+                   pitched) -> tuple[list, list[UvaPlan]]:
+        """Plan every unit of groups ``g0..g1``: the work (group, unit, slot, table index) and a
+        kernel plan per distinct table. Units with the same group, slot, rows and pairs have
         the same table (a span backup has at most one per buffer), so each is built and sent once."""
         work = []  # (group, unit, slot, table index)
         tables: list[np.ndarray] = []
@@ -512,7 +513,7 @@ class StagedCopier:
                     tables.append(self._table(unit, slot, device_views, to_device))
                 work.append((g, unit, slot, table_index[key]))
         if not tables:
-            return work, [], tables
+            return work, []
         common = int(np.gcd.reduce(np.concatenate([t.reshape(-1) for t in tables] + [np.array([self._storage.data_ptr()])])))
         word = 4 if common % 4 == 0 else 1
         align = 16 // word if common % 16 == 0 else 1
@@ -521,7 +522,7 @@ class StagedCopier:
             anchor = anchor.view(torch.int32)
         plans = [UvaPlan(anchor, torch.from_numpy(t // word), word, align, int(t[:, 4].max()) // word, self.num_ctas)
                  for t in tables]
-        return work, plans, tables
+        return work, plans
 
     def _issue_wave(self, work, plans, uploaded, device_dev, stage_dev, to_device, copy_streams, kernel_stream,
                     on_group_done, done_groups: int, num_ctas, pitched) -> int:

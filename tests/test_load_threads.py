@@ -339,25 +339,31 @@ def test_lead_blocks_plans_the_first_blocks_one_call_each(monkeypatch, lead, cal
     assert seen == calls and finished == list(range(20))
 
 
-@pytest.mark.parametrize(("lead", "wave"), [(1, None), (1, 1), (3, 2)])
-def test_staged_half_hands_its_plan_wave_to_every_call_into_the_ring(monkeypatch, lead, wave):
-    """``LoadSplit.plan_wave`` reaches the staging ring's calls (lead blocks and the rest alike)."""
+@pytest.mark.parametrize(("lead", "wave", "halves"), [(1, None, 1), (1, 1, 1), (3, 2, 1), (2, 1, 2)])
+def test_staged_half_hands_its_plan_wave_to_every_call_into_the_ring(monkeypatch, lead, wave, halves):
+    """``LoadSplit.plan_wave`` reaches the staging ring's calls (lead blocks and the rest alike),
+    and with ``issue_halves`` 2 the second half's ring as well (on CPU it runs in turn)."""
     spec = nsa_spec(num_layers=20, page_size=4)
     device, host = make_device_pool(spec, 20, "cpu"), make_host_pool(spec, 16, "page_first")
     engine = TransferEngine(device.pool, host)
-    seen = []
+    seen = {"load": [], "load_half": []}
 
-    def groups_done(groups, host_ids, device_ids, *, on_group_done=None, first_wave="missing", **_):
-        seen.append(first_wave)
-        for g in range(len(groups)):
-            on_group_done(g)
-    monkeypatch.setattr(engine.staging_copier("load"), "to_device_groups", groups_done)
+    def groups_done(ring):
+        def run(groups, host_ids, device_ids, *, on_group_done=None, first_wave="missing", **_):
+            seen[ring].append(first_wave)
+            for g in range(len(groups)):
+                if on_group_done is not None:
+                    on_group_done(g)
+        return run
+    for ring in seen:
+        monkeypatch.setattr(engine.staging_copier(ring), "to_device_groups", groups_done(ring))
     copy = validate(device.pool, host, random_ids(6, 1, 20), random_ids(6, 0, 16), to_host=False)
-    job = _Load(engine, list(range(20)), copy, LoadSplit(1.0, layers_per_copy=2, lead_blocks=lead, plan_wave=wave),
-                TransferOptions())
+    split = LoadSplit(1.0, layers_per_copy=2, lead_blocks=lead, plan_wave=wave, issue_halves=halves)
+    job = _Load(engine, list(range(20)), copy, split, TransferOptions())
     monkeypatch.setattr(job, "finish_layer", lambda index: None)
     job.staged_half((copy.host_slots, copy.device_pages), (0, 1))
-    assert seen == [wave] * (lead + 1)
+    assert seen["load"] == [wave] * (lead + 1)
+    assert seen["load_half"] == ([wave] * (lead + 1) if halves == 2 else [])
 
 
 def test_a_kernel_half_without_pages_plans_and_uploads_nothing(monkeypatch):

@@ -522,7 +522,8 @@ class _Load:
                 for index in blocks[first + b]:
                     self.finish_layer(index)
 
-            # One call per part: sorting, runs and the table upload happen once per part.
+            # One call per part: sorting and runs happen once per part, the table upload once per part
+            # or, with ``plan_wave``, once per wave of it.
             copier.to_device_groups(
                 groups[first:last], *ce_ids, copy_stream=copy_streams, kernel_stream=self.load_stream,
                 on_group_done=finish_block, unit_rows=split.unit_rows, num_ctas=split.staging_ctas,

@@ -120,8 +120,9 @@ class LoadSplit:
         at 1.25x, scattered ``page_first``: 0.67 of the load hidden against 0.78), so no table
         sets it.
     lead_blocks: blocks of a staged copy-engine half that are each planned and enqueued by a
-        call of their own before the rest are planned in one call: copying starts while the
-        issuing thread plans what follows; each call costs a sort of the ids and a table upload.
+        call of their own before the rest go in one call (planned whole, or in waves with
+        ``plan_wave``): copying starts while the issuing thread plans what follows; each call
+        costs a sort of the ids and a table upload.
     head_ramp_step: the head's kernel blocks grow by one layer every this many layers (None:
         ``ramp_step``); the body's blocks continue ``ramp_step``'s ramp from the head's end either
         way. Beside the model the head lands about as fast as the model consumes it, so a head
@@ -134,9 +135,10 @@ class LoadSplit:
         UVA kernel is held back by the model's CTAs and leaves part of the link idle, which the
         body's copy engines could use; its thread then also plans without waiting for the
         head's launches.
-    plan_wave: a staged copy-engine half's call into the staging ring (the blocks after the
-        ``lead_blocks``) plans, uploads and enqueues its blocks in waves of this many blocks, then
-        twice as many each time, instead of planning every block before its first copy (None).
+    plan_wave: every call of a staged copy-engine half into the staging ring (the lead blocks'
+        calls, the rest's, and the second half's with ``issue_halves``) plans, uploads and enqueues
+        its blocks in waves of this many blocks, then twice as many each time, instead of planning
+        every block before its first copy (None); the uploads then go on the ring's own stream.
         With slots in runs the body's thread planned the 52 blocks after its first in 3.3-4.4 ms
         on the H200's host while only that first block (0.5 ms) was copying (2026-12-02 issue
         timeline, fifteenth session).

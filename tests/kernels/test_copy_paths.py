@@ -239,17 +239,23 @@ def test_staged_waves_plan_the_first_groups_then_enqueue_them_before_planning_th
     slots, pages = random_ids(9, 0, NUM_SLOTS), random_ids(9, 1, NUM_PAGES)
     groups = [load_pairs(host, device.pool, layer) for layer in range(spec.num_layers)] * 3  # 9 groups
     copier = StagedCopier("cpu", buffer_bytes=4 * 2624, num_buffers=3)
-    events, uploads = [], []
-    units, real_upload = copier._units, staged_copy.upload
+    events, uploads, sent = [], [], []
+    units, table, real_upload = copier._units, copier._table, staged_copy.upload
 
     def planned(host_views, *args, **kwargs):
         events.append("plan")
         return units(host_views, *args, **kwargs)
 
+    def tabled(*args, **kwargs):
+        sent.append("table")
+        return table(*args, **kwargs)
+
     def counted(device, tensors):
         uploads.append(len(tensors))
+        sent.append(("upload", len(tensors)))
         return real_upload(device, tensors)
     monkeypatch.setattr(copier, "_units", planned)
+    monkeypatch.setattr(copier, "_table", tabled)
     monkeypatch.setattr(staged_copy, "upload", counted)
     pairs = [pair for group in groups for pair in group]
     check_copy(pairs, slots, pages, device.roots,
@@ -260,9 +266,52 @@ def test_staged_waves_plan_the_first_groups_then_enqueue_them_before_planning_th
         expected += ["plan"] * (g1 - g0) + list(range(g0, g1))
     assert events == expected
     assert len(uploads) == len(waves(len(groups), first_wave))
-    # The first upload carries the ids (device pages, staging rows) besides its tables; later ones only tables.
-    tables_first = sum(1 for e in expected[:expected.index(0)] if e == "plan")
-    assert uploads[0] >= tables_first + 2
+    # Each upload carries the tables built since the last one; the first also the ids (device
+    # pages, staging rows), the later ones nothing else.
+    built, first = 0, True
+    for item in sent:
+        if item == "table":
+            built += 1
+            continue
+        assert item[1] == built + (2 if first else 0), sent
+        built, first = 0, False
+    assert built == 0
+
+
+@pytest.mark.parametrize(("first_wave", "own"), [(None, False), (1, True), (64, True)])
+def test_only_calls_with_waves_upload_on_the_rings_own_stream(monkeypatch, first_wave, own):
+    """``_run`` asks ``_send`` for the ring's own stream exactly when the call has ``first_wave``
+    (a call without it uploads on the kernel stream, as before waves)."""
+    spec = SPECS["nsa"]
+    device, host = make_device_pool(spec, NUM_PAGES), make_host_pool(spec, NUM_SLOTS, "page_first")
+    slots, pages = random_ids(9, 0, NUM_SLOTS), random_ids(9, 1, NUM_PAGES)
+    groups = [load_pairs(host, device.pool, layer) for layer in range(spec.num_layers)]
+    copier = StagedCopier("cpu", buffer_bytes=4 * 2624, num_buffers=3)
+    asked, send = [], copier._send
+
+    def recorded(parts, kernel_stream, *, own_stream):
+        asked.append(own_stream)
+        return send(parts, kernel_stream, own_stream=own_stream)
+    monkeypatch.setattr(copier, "_send", recorded)
+    pairs = [pair for group in groups for pair in group]
+    check_copy(pairs, slots, pages, device.roots,
+               lambda: copier.to_device_groups(groups, slots, pages, first_wave=first_wave))
+    assert asked and all(flag is own for flag in asked)
+
+
+@pytest.mark.parametrize("first_wave", [None, 1])
+def test_groups_without_pairs_are_reported_done_and_copy_nothing(first_wave):
+    """A call whose groups hold no pairs (ids given) reports each group done and changes no byte
+    (the planner once failed on it: no unit to size the staging rows by)."""
+    spec = SPECS["nsa"]
+    device = make_device_pool(spec, NUM_PAGES)
+    copier = StagedCopier("cpu", buffer_bytes=4 * 2624, num_buffers=3)
+    before = [root.clone() for root in device.roots]
+    done = []
+    copier.to_device_groups([[], [], []], random_ids(5, 0, NUM_SLOTS), random_ids(5, 1, NUM_PAGES),
+                            on_group_done=done.append, first_wave=first_wave)
+    assert done == [0, 1, 2]
+    assert all(torch.equal(a, b) for a, b in zip(before, device.roots))
 
 
 def test_waves_upload_on_the_copiers_own_stream_and_the_kernel_stream_waits_for_each(monkeypatch):

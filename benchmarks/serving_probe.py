@@ -617,9 +617,10 @@ TWENTYFIFTH = [
 ]
 
 
-def _lead_everywhere(lead: int):
-    """Every split takes ``lead_blocks`` ``lead`` (only staged copy-engine halves read it)."""
-    return _fields_where(lambda split: True, lead_blocks=lead)
+def _everywhere(**fields):
+    """Every several-layer split takes ``fields`` (``lead_blocks``, ``plan_wave``: only staged
+    copy-engine halves read them)."""
+    return _fields_where(lambda split: True, **fields)
 
 
 #: Twenty-sixth probe: the thirteenth session's issue timeline of a scattered ``page_first`` load
@@ -630,9 +631,9 @@ def _lead_everywhere(lead: int):
 #: issued one call each (``lead_blocks``), the rest in one call.
 TWENTYSIXTH = [
     ("auto", "auto", None, {}, None),
-    ("auto, lead 2", "auto", None, {}, _lead_everywhere(2)),
-    ("auto, lead 3", "auto", None, {}, _lead_everywhere(3)),
-    ("auto, every block its own call", "auto", None, {}, _lead_everywhere(64)),
+    ("auto, lead 2", "auto", None, {}, _everywhere(lead_blocks=2)),
+    ("auto, lead 3", "auto", None, {}, _everywhere(lead_blocks=3)),
+    ("auto, every block its own call", "auto", None, {}, _everywhere(lead_blocks=64)),
 ]
 
 
@@ -679,11 +680,6 @@ TWENTYNINTH = [
 ]
 
 
-def _waves_everywhere(first: int):
-    """Every split's staged calls plan, upload and enqueue in waves from ``first`` blocks (``plan_wave``)."""
-    return _fields_where(lambda split: True, plan_wave=first)
-
-
 #: Thirtieth probe: the fifteenth session's issue timelines (slots in runs, idle and beside the
 #: matmuls) show the body's thread issuing layer 9 3.3-4.4 ms after layer 8: it plans the 52 blocks
 #: after its first one in one call before the first of them copies, and the link idles about 3 ms
@@ -693,8 +689,8 @@ def _waves_everywhere(first: int):
 #: Scattered ``layer_first`` loads (a ``batch`` body) do not use the ring: a control.
 THIRTIETH = [
     ("auto", "auto", None, {}, None),
-    ("auto, waves from 1", "auto", None, {}, _waves_everywhere(1)),
-    ("auto, waves from 1, device tables", "auto", TransferOptions(device_tables=True), {}, _waves_everywhere(1)),
+    ("auto, waves from 1", "auto", None, {}, _everywhere(plan_wave=1)),
+    ("auto, waves from 1, device tables", "auto", TransferOptions(device_tables=True), {}, _everywhere(plan_wave=1)),
 ]
 
 

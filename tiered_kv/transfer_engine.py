@@ -524,10 +524,14 @@ class _Load:
 
             # One call per part: sorting and runs happen once per part, the table upload once per part
             # or, with ``plan_wave``, once per wave of it.
-            copier.to_device_groups(
-                groups[first:last], *ce_ids, copy_stream=copy_streams, kernel_stream=self.load_stream,
-                on_group_done=finish_block, unit_rows=split.unit_rows, num_ctas=split.staging_ctas,
-                pitched=self.options.pitched_batch, first_wave=split.plan_wave)
+            copier.to_device_groups(groups[first:last], *ce_ids, copy_stream=copy_streams,
+                                    kernel_stream=self.load_stream, on_group_done=finish_block, **self._ring_options())
+
+    def _ring_options(self) -> dict:
+        """The split's and options' arguments of every call into a staging ring (both halves)."""
+        split = self.split
+        return {"unit_rows": split.unit_rows, "num_ctas": split.staging_ctas, "pitched": self.options.pitched_batch,
+                "first_wave": split.plan_wave}
 
     def _other_half(self, groups, parts, ids) -> Callable[[int], None]:
         """The second half of ``staged_half``'s pages (``LoadSplit.issue_halves``): the same groups
@@ -535,12 +539,11 @@ class _Load:
         of its own, each group's landing recorded on an event. Returns ``join(g)``: the caller's
         ``load_stream`` waits for group g of this half (after waiting on the CPU until the thread
         has issued it; re-raises its error). On CPU this half runs here and now."""
-        engine, split = self.engine, self.split
+        engine = self.engine
         copier = engine.staging_copier("load_half")
         if not engine.on_gpu:
             for first, last in parts:
-                copier.to_device_groups(groups[first:last], *ids, unit_rows=split.unit_rows, num_ctas=split.staging_ctas,
-                                        pitched=self.options.pitched_batch, first_wave=split.plan_wave)
+                copier.to_device_groups(groups[first:last], *ids, **self._ring_options())
             return lambda g: None
         kernel_stream, copy_stream = engine._half_streams
         for stream in engine._half_streams:
@@ -556,8 +559,7 @@ class _Load:
                         landed[first + b].record(kernel_stream)
                         progress.layer(first + b)
                     copier.to_device_groups(groups[first:last], *ids, copy_stream=[copy_stream], kernel_stream=kernel_stream,
-                                            on_group_done=done, unit_rows=split.unit_rows, num_ctas=split.staging_ctas,
-                                            pitched=self.options.pitched_batch, first_wave=split.plan_wave)
+                                            on_group_done=done, **self._ring_options())
             except BaseException as exc:
                 progress.job_done(exc)
                 raise

@@ -69,6 +69,7 @@ import torch
 
 from . import cudart
 from .reference import ChunkPair, copy_pages_reference
+from .streams import on_stream
 from .uva_copy import DEFAULT_CTAS_ON_DEVICE, UvaPlan, launch_uva, upload
 
 #: Default ring: two 32 MiB buffers hold one DeepSeek-V3.2 layer (latent + indexer) of 512 pages
@@ -477,11 +478,11 @@ class StagedCopier:
         data copies on the copy engines (H200, fifteenth session: waves uploaded there cost idle
         61-layer loads 1-2%)."""
         if not self._on_gpu or not own_stream:
-            with torch.cuda.stream(kernel_stream) if self._on_gpu else nullcontext():
+            with on_stream(kernel_stream) if self._on_gpu else nullcontext():
                 return upload(self.device, parts)
         if self._upload_stream is None:
             self._upload_stream = torch.cuda.Stream(self._storage.device)  # the ring's own device, with its index
-        with torch.cuda.stream(self._upload_stream):
+        with on_stream(self._upload_stream):
             sent = upload(self.device, parts)
         landed = torch.cuda.Event()
         landed.record(self._upload_stream)
@@ -676,7 +677,7 @@ class StagedCopier:
             primary.wait_event(joined)
 
     def _kernel(self, plan, table, src_ids, dst_ids, stream, num_ctas=None) -> None:
-        with torch.cuda.stream(stream) if self._on_gpu else nullcontext():
+        with on_stream(stream) if self._on_gpu else nullcontext():
             launch_uva(plan, table, src_ids, dst_ids, num_ctas=num_ctas or self.num_ctas, block=self.block,
                        num_warps=self.num_warps)
 

@@ -27,6 +27,8 @@ class FakeStream:
     """A CUDA stream stand-in: each wait remembers how many records of the event it binds to
     (0: a wait on an event never recorded, which waits on nothing)."""
 
+    device_index = 0
+
     def __init__(self, *args, **kwargs) -> None:
         self.waited: list = []
 
@@ -50,7 +52,15 @@ class Nothing:
         return False
 
 
-def patch_cuda(monkeypatch) -> None:
-    """Streams, events and the device / stream contexts of ``torch.cuda`` as the stand-ins above."""
+def patch_cuda(monkeypatch) -> FakeStream:
+    """Streams, events and the device / stream contexts of ``torch.cuda`` as the stand-ins above;
+    device 0 is current, with a current stream that ``torch.cuda.set_stream`` changes (what
+    ``kernels.streams.on_stream`` uses). Returns the device's default stream."""
     for name, fake in (("Stream", FakeStream), ("Event", FakeEvent), ("device", Nothing), ("stream", Nothing)):
         monkeypatch.setattr(torch.cuda, name, fake)
+    default = FakeStream()
+    current = [default]
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current[0])
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: current.__setitem__(0, stream))
+    return default

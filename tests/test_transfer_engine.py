@@ -867,6 +867,45 @@ def test_device_tables_load_every_byte_and_upload_each_table_once(layout, path, 
         assert torch.equal(table.cpu(), engine._load_plan(layers, components).table.reshape(-1))
 
 
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_a_heads_tables_stay_on_the_device_without_the_option(layout):
+    """Without ``device_tables`` a load's head still keeps its blocks' tables (its upload is on
+    the caller's path to layer 0): after a load exactly the head's blocks are kept, a second load
+    of other ids reuses them, the body's tables travel with each call, and both land every byte."""
+    from tiered_kv.transfer import load_pairs
+    from tiered_kv.transfer_engine import _blocks, _head_split
+
+    spec = nsa_spec(num_layers=9, page_size=4)
+    device, host = make_device_pool(spec, 20, "cpu"), make_host_pool(spec, 16, layout)
+    split = LoadSplit(0.0, kernel_blocks=2, head_layers=3, ramp=True)
+    engine = TransferEngine(device.pool, host, path="mixed", options=TransferOptions(load_split=split))
+    pairs = [pair for layer in range(9) for pair in load_pairs(host, device.pool, layer)]
+    slots, pages = torch.randperm(16)[:7], random_ids(7, 1, 20)
+    check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages))
+    head_blocks = {tuple(block) for block in _blocks(3, _head_split(split), kernel=True)}
+    assert {layers for layers, _ in engine._device_tables} == head_blocks
+    kept = dict(engine._device_tables)
+    slots, pages = torch.randperm(16)[:5], random_ids(5, 1, 20)
+    check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages))
+    assert engine._device_tables.keys() == kept.keys()
+    assert all(engine._device_tables[k] is t for k, t in kept.items())
+
+
+def test_derived_splits_are_made_once_per_split():
+    """The body's and the head's splits come from a cache: equal splits give the same objects,
+    and each says what it should (the body without the head; the head ramped through the kernel)."""
+    from tiered_kv.transfer_engine import _body_split, _head_split
+
+    split = LoadSplit(0.5, head_layers=8, ramp=True, ramp_step=5, head_ctas=24, kernel_tile=8192)
+    assert _body_split(split) is _body_split(LoadSplit(0.5, head_layers=8, ramp=True, ramp_step=5, head_ctas=24,
+                                                       kernel_tile=8192))
+    assert _body_split(split).head_layers == 0 and _body_split(split).ce_fraction == 0.5
+    head = _head_split(split)
+    assert head is _head_split(split)
+    assert (head.ramp, head.ramp_step, head.kernel_ctas, head.kernel_tile) == (True, 5, 24, 8192)
+    assert _head_split(LoadSplit(head_layers=2)) is not head
+
+
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])

@@ -47,6 +47,7 @@ choose a path.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -59,6 +60,7 @@ from .errors import ConfigError, IndexValidationError, PoolError, SpecMismatchEr
 from .host_pool import HostPool
 from .integers import as_int
 from .kernels import copy_pages_reference
+from .kernels.streams import on_stream
 from .transfer import IdsLike, PageCopy, backup_pairs, load_pairs, validate
 from .transfer_policy import (
     KERNEL_LOADS,
@@ -412,6 +414,8 @@ class _Load:
     # from it; a doubling ramp starts again at one layer only with ``split.body_ramp`` (else the
     # body starts at full blocks).
     first_index: int = 0
+    # A load's head (``LoadSplit.head_layers``): its kernel tables stay on the device (``kernel_half``).
+    head: bool = False
 
     def __post_init__(self) -> None:
         if self.engine.on_gpu and self.load_stream is None:
@@ -438,7 +442,7 @@ class _Load:
             if index != half.last_of[block]:
                 return
             indices, half.waiting = half.waiting, []
-            with torch.cuda.stream(stream) if stream is not None else _nothing():
+            with on_stream(stream):
                 launch_uva(half.plans[block], half.tables[block], half.slots, half.pages, num_ctas=self.kernel_ctas,
                            **_tile_args(self.split.kernel_tile))
             if stream is not None and stream is not self.load_stream:
@@ -479,9 +483,13 @@ class _Load:
         keys = [tuple(self.layers[i] for i in block) for block in blocks]
         plans = [engine._load_plan(key, components) for key in keys]
         device = engine.device if engine.on_gpu else torch.device("cpu")
-        with torch.cuda.stream(stream) if stream is not None else _nothing():
-            if self.options.device_tables:
-                # Tables uploaded once and kept; only the ids travel (``IdsRing``).
+        with on_stream(stream):
+            if self.options.device_tables or self.head:
+                # Tables uploaded once and kept; only the ids travel (``IdsRing``). A head always
+                # keeps them: its upload is on the caller's path to layer 0 (a packed, freshly
+                # pinned upload of tables and ids was 0.37 ms of the caller's 1.3 ms there on the
+                # H200's host, ``benchmarks/caller_profile.py``), and its blocks are the same few
+                # for every load.
                 tables = [engine._device_table(key, components) for key in keys]
                 if stream is not None:
                     for table in tables:  # read here too: its memory stays until this stream is done
@@ -966,11 +974,11 @@ class TransferEngine:
         name = self._choose(path, copy, to_host=False, single_layer=len(layers) == 1)
         split = COPY_PATHS[name].load_split(self, len(layers), options, copy if auto else None)
         head = min(split.head_layers, len(layers) - 1) if len(copy) and COPY_PATHS[name].takes_head else 0
-        job = _Load(self, layers[head:], copy, replace(split, head_layers=0), options, first_index=head)
+        job = _Load(self, layers[head:], copy, _body_split(split), options, first_index=head)
         # The head has a stream of its own (see below).
         head_stream = self._next_head_stream() if self.on_gpu and head else None
         head_job = _Load(self, layers[:head], copy, _head_split(split), options,
-                         load_stream=head_stream) if head else None
+                         load_stream=head_stream, head=True) if head else None
         if not self.on_gpu:
             if head_job is not None:
                 COPY_PATHS["kernel"].load(head_job)
@@ -1307,6 +1315,16 @@ def _layer_indices(layers) -> list[int]:
     return [_layer_index(layer, "layers") for layer in layers]
 
 
+# Both splits below are derived from the load's split on the caller's path before its first
+# launch, where a ``replace`` (the new split's checks in ``LoadSplit.__post_init__``) cost about
+# 0.1 ms each on the H200's host (``benchmarks/caller_profile.py``); splits are frozen and few.
+@functools.lru_cache(maxsize=256)
+def _body_split(split: LoadSplit) -> LoadSplit:
+    """The rest of a load after its head: ``split`` without the head."""
+    return replace(split, head_layers=0)
+
+
+@functools.lru_cache(maxsize=256)
 def _head_split(split: LoadSplit) -> LoadSplit:
     """The kernel blocks of a load's head: ramped like the load (a model waits on its layers one
     by one) or by ``head_ramp_step``, the whole head's pages through the kernel, with

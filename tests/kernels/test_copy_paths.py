@@ -322,28 +322,18 @@ def test_waves_upload_on_the_copiers_own_stream_and_the_kernel_stream_waits_for_
     from tiered_kv.kernels import staged_copy
 
     copier = StagedCopier("cpu", buffer_bytes=4 * 2624, num_buffers=3)
-    patch_cuda(monkeypatch)
+    default = patch_cuda(monkeypatch)
     copier._on_gpu = True
-    current, kept, entered = [], [], [None]
+    current, kept = [], []
 
     class Sent(torch.Tensor):
         def record_stream(self, stream):
             kept.append(stream)
 
     def upload(device, parts):
-        current.append(entered[0])  # the stream current while the upload is enqueued
+        current.append(torch.cuda.current_stream())  # the stream current while the upload is enqueued
         return [torch.zeros(1).as_subclass(Sent) for _ in parts]
 
-    class Entered:  # ``torch.cuda.stream(s)``: remembers ``s`` while entered
-        def __init__(self, stream):
-            self.stream = stream
-
-        def __enter__(self):
-            entered[0] = self.stream
-
-        def __exit__(self, *exc):
-            entered[0] = None
-    monkeypatch.setattr(torch.cuda, "stream", Entered)
     monkeypatch.setattr(staged_copy, "upload", upload)
     kernel_stream = FakeStream()
     copier._send([torch.zeros(2)], kernel_stream, own_stream=False)
@@ -356,6 +346,7 @@ def test_waves_upload_on_the_copiers_own_stream_and_the_kernel_stream_waits_for_
     assert [count for _, count in kernel_stream.waited] == [1, 1]
     assert all(event.records == [copier._upload_stream] for event, _ in kernel_stream.waited)
     assert kept == [kernel_stream, kernel_stream]
+    assert torch.cuda.current_stream() is default  # each upload's stream made current only for it
 
 
 def test_staged_split_shares_every_row_once():

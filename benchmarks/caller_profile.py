@@ -8,7 +8,7 @@ CPU. ``issue_timeline.py`` times the named steps; this script runs the caller's 
 it) for ``--reps`` loads per (layout, slots) and records the functions with the most own and
 cumulative time, plus the call's wall time and layer 0's issue time without the profiler.
 
-    python3 benchmarks/caller_profile.py [--reps 30] [--top 40] [--out docs/benchmarks/caller_profile.json]
+    python3 benchmarks/caller_profile.py [--reps 30] [--top 40] [--timing] [--out docs/benchmarks/caller_profile.json]
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ def main() -> int:
     parser.add_argument("--out", default="docs/benchmarks/caller_profile.json")
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--timing", action="store_true",
+                        help="engines with timing events, as benchmarks/transfer_gpu.py makes them")
     tg.add_shape_arguments(parser)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -67,7 +69,7 @@ def main() -> int:
     results = []
     try:
         for layout, host in hosts.items():
-            engine = TransferEngine(device_pool, host, path="auto")
+            engine = TransferEngine(device_pool, host, path="auto", timing=args.timing)
             for kind in ("runs", "scattered"):
                 walls, firsts = [], []
                 profile = cProfile.Profile()

@@ -59,3 +59,27 @@ def test_a_stream_of_another_device_goes_through_torch_cuda_stream(monkeypatch):
     with on_stream(mine):
         assert torch.cuda.current_stream() is mine
     assert len(used) == 3  # a stream of the current device never goes through torch's context
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_work_inside_goes_on_the_stream_and_the_callers_stream_comes_back():
+    """On a device: the stream is current inside (a copy enqueued there runs on it: the caller's
+    stream, which waited for nothing, sees it only after a wait), and the caller's stream after."""
+    caller = torch.cuda.Stream()
+    side = torch.cuda.Stream()
+    source = torch.arange(1 << 20, dtype=torch.int64, device="cuda")
+    target = torch.zeros_like(source)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(caller):
+        with on_stream(side):
+            assert torch.cuda.current_stream() == side
+            target.copy_(source)
+            done = torch.cuda.Event()
+            done.record()  # on the current stream: ``side``
+        assert torch.cuda.current_stream() == caller
+        caller.wait_event(done)
+        total = target.sum()
+    torch.cuda.synchronize()
+    assert done.query() and int(total) == int(source.sum())
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()

@@ -13,7 +13,9 @@ Shared semantics, implemented here once so backends cannot drift:
 - a get counts only the leading run of hits: once a key misses, later ones are reported False;
 - a slot counts as filled only after its record verifies (``record.verify``). A corrupt, truncated
   or unreadable record is counted (``stats.corrupt``), deleted from the backend and reported as a
-  miss. A *foreign* one (intact, but of another spec, key or page size: another reader's page,
+  miss; where the backend can compare (``capabilities.compares_before_delete``), only while the
+  medium still holds the bytes read, so a page put again since, or an intact one whose read was
+  damaged on the way, stays (``_delete_corrupt``). A *foreign* one (intact, but of another spec, key or page size: another reader's page,
   e.g. a pool of another model or layer range on the same medium) is counted apart
   (``stats.foreign``), reported as a miss and left where it is: a reader never deletes a page it
   merely cannot use;
@@ -80,6 +82,9 @@ class Capabilities:
     persistent: bool  # pages survive a restart of every process (and of the server)
     shared_across_processes: bool
     shared_across_nodes: bool
+    # A corrupt record is deleted only while the medium still holds the bytes the get read
+    # (``Backend._delete_corrupt``); False: deleted whatever is stored under the key by then.
+    compares_before_delete: bool = False
 
 
 @dataclass
@@ -105,6 +110,16 @@ class OtherLength:
 
     length: int
     expected: int
+
+
+def matches_read(stored, stored_length: int, read, read_length: int) -> bool:
+    """Whether a stored value is still the one a get read: ``stored`` its first bytes (at least as
+    many as the get read), ``stored_length`` its length on the medium; ``read`` the slot's view the
+    get filled and ``read_length`` the value's length the get saw. The same length, and the same
+    bytes as far as the read went. ``_delete_corrupt`` deletes only where this holds."""
+    stored, read = memoryview(stored).cast("B"), memoryview(read).cast("B")
+    n = min(read_length, len(read))
+    return stored_length == read_length and len(stored) >= n and stored[:n] == read[:n]
 
 
 @dataclass(frozen=True)
@@ -248,6 +263,18 @@ class Backend(ABC):
     async def _delete(self, keys: list[str]) -> None:
         """Remove keys; absent keys are not an error."""
 
+    async def _delete_corrupt(self, found: list[tuple[str, int, "OtherLength | None"]]) -> None:
+        """Delete the corrupt records a get found: ``(key, slot, other)``, the slot holding what
+        was read (``other``: its ``OtherLength``, None for a value of the record size).
+
+        Between the read and this call another reader may have deleted the record and a writer
+        put it again, intact; or the stored record was intact and only the read was damaged on
+        its way. A backend that can compare (``capabilities.compares_before_delete``) deletes a
+        record only while the medium still holds the bytes read (``matches_read``), atomically
+        against other writers. Default: delete the keys, whatever they hold by now.
+        """
+        await self._delete([key for key, _, _ in found])
+
     # --- helpers for subclasses --------------------------------------------------------------
     async def run_blocking(self, fn: Callable[..., T], *args: Any, hold_slots: Sequence[int] = ()) -> T:
         """Run ``fn`` on this backend's executor, with this backend's timeout.
@@ -312,9 +339,9 @@ class Backend(ABC):
         rejected = await self._verify_all(landed)
         verified = {k for k, _, other in landed if other is None and k not in rejected}
         ok = {k: k in verified for k in unique}
-        corrupt = [k for k in unique if rejected.get(k) == "corrupt"]
+        corrupt = [(k, s, other) for k, s, other in landed if rejected.get(k) == "corrupt"]
         if corrupt:
-            await self._guard(self._delete(corrupt))
+            await self._guard(self._delete_corrupt(corrupt))
         results: list[bool] = []
         for k, s in zip(keys, slots):
             hit = ok[k] and (not results or results[-1])

@@ -51,7 +51,7 @@ from pydantic import Field
 from ..errors import BackendError, BackendUnavailableError, ConfigError, PoolError
 from ..host_pool import HostPool
 from ..host_layouts import round_up
-from .base import Backend, Capabilities, NotARecord, OtherLength
+from .base import Backend, Capabilities, NotARecord, OtherLength, matches_read
 from .url_options import MAX_TTL_S, ByteSize, TimeoutSeconds, Workers, check_fields, options_from_url, split_url
 
 SUFFIX = ".page"
@@ -105,7 +105,8 @@ def page_name(key: str) -> str:
 
 class FileBackend(Backend):
     scheme = "file"
-    capabilities = Capabilities(zero_copy=True, persistent=True, shared_across_processes=True, shared_across_nodes=False)
+    capabilities = Capabilities(zero_copy=True, persistent=True, shared_across_processes=True, shared_across_nodes=False,
+                                compares_before_delete=True)
 
     def __init__(self, pool: HostPool | None, options: FileOptions, *, read_only: bool = False) -> None:
         if read_only and pool is not None:
@@ -399,6 +400,37 @@ class FileBackend(Backend):
             if size is not None:
                 self._used -= size
 
+    def _delete_if_as_read(self, key: str, slot: int, other: OtherLength | None) -> None:
+        """Delete ``key``'s file only while it holds what a get read into ``slot``. The file is
+        renamed aside first (one atomic step against every process), compared there, and linked
+        back under its name when it differs: a page put again since the read, or an intact one
+        whose read was damaged, stays (and a page another process linked under the name
+        meanwhile wins over the one linked back). Under ``_lock``, as ``_delete_one``: no put of
+        this process links the name in between."""
+        path = self.path_of(key)
+        view = self.pool.slot_view(slot) if self.direct_io else self.pool.record_view(slot)
+        aside = path.parent / f"{TEMP_PREFIX}{path.name}-corrupt-{secrets.token_hex(6)}"
+        with self._lock:
+            try:
+                os.rename(path, aside)
+            except FileNotFoundError:
+                return  # deleted meanwhile
+            try:
+                with open(aside, "rb") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    stored = f.read(len(view))  # never more than the slot: a huge file is read no further
+                if matches_read(stored, size, view, other.length if other is not None else self.file_bytes):
+                    entry = self._index.pop(path.name, None)
+                    if entry is not None:
+                        self._used -= entry
+                    return
+                try:
+                    os.link(aside, path)
+                except FileExistsError:
+                    pass  # a newer page took the name: it stays, and the index still counts one page there
+            finally:
+                aside.unlink(missing_ok=True)
+
     def _batch(self, fn, keys: list[str], slots: list[int]) -> list:
         try:
             return [fn(k, s) for k, s in zip(keys, slots)]
@@ -431,6 +463,15 @@ class FileBackend(Backend):
         if self.read_only:
             raise BackendError(f"file backend at {self.root} was opened read-only: it deletes nothing")
         await self._spread(lambda k, _s: self._delete_one(k), keys, [0] * len(keys), hold=False)
+
+    async def _delete_corrupt(self, found: list[tuple[str, int, OtherLength | None]]) -> None:
+        if self.read_only:
+            await self._delete([key for key, _, _ in found])  # refused, as every delete of a read-only store
+            return
+        others = {key: other for key, _, other in found}
+        # The slots hold what was read until the compare: held in the pool like a get's.
+        await self._spread(lambda k, s: self._delete_if_as_read(k, s, others[k]), [k for k, _, _ in found],
+                           [s for _, s, _ in found], hold=True)
 
 
 def direct_io_works(root: Path) -> bool:

@@ -19,7 +19,7 @@ from pydantic import Field
 from ..errors import ConfigError
 from ..host_pool import HostPool
 from ..sizes import MAX_SIZE
-from .base import Backend, Capabilities, OtherLength
+from .base import Backend, Capabilities, OtherLength, matches_read
 from .url_options import check_fields, options_from_url, split_url
 
 
@@ -44,7 +44,8 @@ class _Store:
 
 class MemoryBackend(Backend):
     scheme = "memory"
-    capabilities = Capabilities(zero_copy=False, persistent=False, shared_across_processes=False, shared_across_nodes=False)
+    capabilities = Capabilities(zero_copy=False, persistent=False, shared_across_processes=False, shared_across_nodes=False,
+                                compares_before_delete=True)
 
     def __init__(self, pool: HostPool | None, options: MemoryOptions = MemoryOptions(), *, store: "_Store | None" = None) -> None:
         super().__init__(pool, max_workers=1, timeout_s=None)
@@ -111,6 +112,14 @@ class MemoryBackend(Backend):
     async def _delete(self, keys: list[str]) -> None:
         for key in keys:
             self._delete_now(key)
+
+    async def _delete_corrupt(self, found: list[tuple[str, int, OtherLength | None]]) -> None:
+        # One event loop step, no await: nothing can put the key between the compare and the delete.
+        for key, slot, other in found:
+            data = self._records.get(key)
+            view = self.pool.record_view(slot)
+            if data is not None and matches_read(data, len(data), view, other.length if other else len(view)):
+                self._delete_now(key)
 
     # --- listing, for inspection -------------------------------------------------------------
     async def scan(self) -> AsyncIterator[tuple[str, int | None]]:

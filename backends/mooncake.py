@@ -26,6 +26,8 @@ What the store is, and what that means here:
   backend object serves again (earlier pages read as misses).
 - a put of a key already present stores nothing (the store answers OK or OBJECT_ALREADY_EXISTS):
   success, as records are immutable and put-if-absent.
+- the store has no compare-and-delete: a corrupt record is removed whatever the key holds by the
+  time of the remove (``capabilities.compares_before_delete`` False; see ``Backend._delete_corrupt``).
 - error codes: absent / evicted / not yet readable keys are misses; an object of another length
   is read up to the slot (for a larger one, its size and header only) and classified by the base:
   another spec's page is a foreign miss left in place, a damaged one is counted and deleted; RPC and transfer failures (master or segment holder

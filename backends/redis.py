@@ -67,6 +67,7 @@ Server settings it needs:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
@@ -82,6 +83,14 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 _WRONG_TYPE = -2  # a GET's answer for a key holding another Redis type
 _NOT_A_STRING = NotARecord("the key holds a Redis value of another type (not a string): someone else's")
+# Deletes KEYS[1] only while it holds the value a get read: of length ARGV[1], its first ARGV[2]
+# bytes hashing to ARGV[3] (SHA-1). A script runs atomically: no client writes the key in between.
+_DELETE_IF_AS_READ = """
+local value = redis.pcall('GET', KEYS[1])
+if type(value) ~= 'string' or string.len(value) ~= tonumber(ARGV[1]) then return 0 end
+if redis.sha1hex(string.sub(value, 1, tonumber(ARGV[2]))) ~= ARGV[3] then return 0 end
+return redis.call('DEL', KEYS[1])
+"""
 
 
 def _text(value: object) -> str:
@@ -109,7 +118,8 @@ def _glob_escape(prefix: bytes) -> bytes:
 
 class RedisBackend(Backend):
     scheme = "redis"
-    capabilities = Capabilities(zero_copy=True, persistent=False, shared_across_processes=True, shared_across_nodes=True)
+    capabilities = Capabilities(zero_copy=True, persistent=False, shared_across_processes=True, shared_across_nodes=True,
+                                compares_before_delete=True)
 
     def __init__(self, pool: HostPool | None, options: RedisOptions) -> None:
         import redis.asyncio  # only whoever opens a redis URL needs redis-py
@@ -123,6 +133,7 @@ class RedisBackend(Backend):
         self._idle: list[RespConnection] = []
         self._client = redis.asyncio.Redis.from_pool(self._redis_py_pool(options))  # owns and closes the pool
         self._server_checked = False
+        self._warned_no_scripts = False
 
     @staticmethod
     def _redis_py_pool(options: RedisOptions):
@@ -314,6 +325,36 @@ class RedisBackend(Backend):
     async def _delete(self, keys: list[str]) -> None:
         await self._check_server_once()
         await self._py("DEL", lambda: self._client.delete(*(self._key(k) for k in keys)))
+
+    async def _delete_corrupt(self, found: list[tuple[str, int, OtherLength | None]]) -> None:
+        """One script per key (``_DELETE_IF_AS_READ``, atomic on the server): deleted only while it
+        holds the value the get read. A server that refuses scripts (an ACL without EVAL) gets the
+        plain DEL of before, with one warning."""
+        import redis.exceptions as rex
+
+        await self._check_server_once()
+        calls = []
+        for key, slot, other in found:
+            view = self.pool.record_view(slot)
+            length = other.length if other is not None else len(view)
+            n = min(length, len(view))
+            calls.append((self._key(key), length, n, hashlib.sha1(view[:n]).hexdigest()))
+
+        async def run() -> None:
+            async with self._client.pipeline(transaction=False) as pipe:
+                for call in calls:
+                    pipe.eval(_DELETE_IF_AS_READ, 1, *call)
+                await pipe.execute()
+        try:
+            await self._py("EVAL", run)
+        except (BackendError, ConfigError) as exc:
+            if not isinstance(exc.__cause__, rex.ResponseError):
+                raise
+            if not self._warned_no_scripts:
+                self._warned_no_scripts = True
+                log.warning("redis at %s refused the compare-and-delete script (%s): corrupt pages are deleted "
+                            "whatever the key holds by then", self.options.address, exc)
+            await self._delete([key for key, _, _ in found])
 
     async def _get(self, keys: list[str], slots: list[int]) -> list[bool | OtherLength | NotARecord]:
         await self._check_server_once()

@@ -327,7 +327,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("tiered_kv_backend_misses", "counter", ("backend",), "Keys the backend read as misses (corrupt and foreign included).",
            _backend_field("misses")),
     Metric("tiered_kv_backend_corrupt_records", "counter", ("backend",),
-           "Damaged, truncated or unreadable records (deleted).", _backend_field("corrupt")),
+           "Damaged, truncated or unreadable records read (deleted while the medium holds them as read).", _backend_field("corrupt")),
     Metric("tiered_kv_backend_foreign_records", "counter", ("backend",),
            "Intact records of another spec / key / size, or values that are no record (left in place).",
            _backend_field("foreign")),

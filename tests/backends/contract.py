@@ -278,3 +278,74 @@ class BackendContract:
         assert backend.stats.corrupt == corrupt_before
         pool.free(slots + back)
         assert_settled(pool, free_before)
+
+    # --- a corrupt record is deleted only while it is what the get read (``_delete_corrupt``) ----
+    async def test_a_damaged_read_of_an_intact_record_deletes_nothing(self, backend, pool, monkeypatch):
+        """The stored record is intact and only what the get read is damaged (on the wire, in a
+        faulty buffer): a corrupt miss, and the stored page stays where the backend can compare,
+        so the next get hits. A backend that cannot compare deletes it (documented)."""
+        free_before = pool.free_slots
+        keys = new_keys(1)
+        slots = pool.allocate(1)
+        records = fill_and_seal(pool, slots, keys)
+        assert await backend.put_from(keys, slots) == [True]
+        real_get = backend._get
+
+        async def damaged_get(keys, slots):
+            found = await real_get(keys, slots)
+            for slot in slots:
+                view = pool.record_view(slot)
+                view[5000] = view[5000] ^ 0xFF
+            return found
+        monkeypatch.setattr(backend, "_get", damaged_get)
+        corrupt = backend.stats.corrupt
+        dst = pool.allocate(1)
+        assert await backend.get_into(keys, dst) == [False]
+        assert backend.stats.corrupt == corrupt + 1
+        monkeypatch.setattr(backend, "_get", real_get)
+        if backend.capabilities.compares_before_delete:
+            assert await backend.exists(keys) == 1
+            assert await backend.get_into(keys, dst) == [True]
+            assert bytes(pool.record_view(dst[0])) == records[keys[0]]
+        else:
+            assert await backend.exists(keys) == 0
+        pool.free(slots + dst)
+        assert_settled(pool, free_before)
+
+    async def test_a_page_put_again_after_the_corrupt_read_stays(self, backend, pool, monkeypatch):
+        """A corrupt stored record is read; before the get deletes it, another reader deletes it
+        and a writer puts the page again, intact. The get is a corrupt miss, and the new page stays
+        where the backend can compare (its next get returns the new bytes); a backend that cannot
+        compare deletes it (documented). A corrupt record nobody replaced is still deleted."""
+        free_before = pool.free_slots
+        keys = new_keys(2)
+        slots = pool.allocate(2)
+        fill_and_seal(pool, slots, keys)
+        for slot in slots:  # sealed, then damaged: stored as it is (put checks the header only)
+            view = pool.record_view(slot)
+            view[6000] = view[6000] ^ 0xFF
+        assert await backend.put_from(keys, slots) == [True, True]
+        fresh = pool.allocate(1)
+        again = fill_and_seal(pool, fresh, keys[:1])
+        real_verify = backend._verify_all
+
+        async def verify_then_replace(landed):
+            rejected = await real_verify(landed)
+            await backend.delete(keys[:1])
+            assert await backend.put_from(keys[:1], fresh) == [True]
+            return rejected
+        monkeypatch.setattr(backend, "_verify_all", verify_then_replace)
+        corrupt = backend.stats.corrupt
+        dst = pool.allocate(2)
+        assert await backend.get_into(keys, dst) == [False, False]
+        assert backend.stats.corrupt == corrupt + 2
+        monkeypatch.setattr(backend, "_verify_all", real_verify)
+        assert await backend.exists(keys[1:]) == 0  # the damaged page nobody replaced is gone
+        if backend.capabilities.compares_before_delete:
+            assert await backend.exists(keys[:1]) == 1
+            assert await backend.get_into(keys[:1], dst[:1]) == [True]
+            assert bytes(pool.record_view(dst[0])) == again[keys[0]]
+        else:
+            assert await backend.exists(keys[:1]) == 0
+        pool.free(slots + fresh + dst)
+        assert_settled(pool, free_before)

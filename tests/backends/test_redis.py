@@ -279,6 +279,32 @@ async def test_a_server_that_refuses_config_is_not_warned_about(caplog):
         assert_settled(pool, pool.num_slots)
 
 
+@pytest.mark.parametrize("zero_copy", [True, False])
+async def test_a_server_without_scripts_deletes_corrupt_pages_plainly_with_one_warning(zero_copy, caplog):
+    """Where EVAL is refused (renamed away here, as an ACL or a managed server may), a corrupt
+    page is still a counted miss and deleted with a plain DEL, as before the compare-and-delete
+    script; one warning says so, and the get is no error."""
+    with RedisServer(extra=("--rename-command", "EVAL", "")) as srv, HostPool(SPEC, 8) as pool:
+        async with open_backend(srv.url, pool, zero_copy=zero_copy) as backend:
+            keys = new_keys(2)
+            slots = pool.allocate(2)
+            fill_and_seal(pool, slots, keys)
+            for slot in slots:  # sealed, then damaged: stored as it is
+                view = pool.record_view(slot)
+                view[7000] = view[7000] ^ 0xFF
+            assert await backend.put_from(keys, slots) == [True, True]
+            dst = pool.allocate(1)
+            with caplog.at_level("WARNING", logger="tiered_kv.backends.redis"):
+                for key in keys:
+                    assert await backend.get_into([key], dst) == [False]
+            assert backend.stats.corrupt == 2 and backend.stats.errors == 0
+            assert await backend.exists(keys[:1]) == 0 and await backend.exists(keys[1:]) == 0
+            warnings = [r.getMessage() for r in caplog.records if r.name == "tiered_kv.backends.redis"]
+            assert len(warnings) == 1 and "compare-and-delete" in warnings[0]
+            pool.free(slots + dst)
+        assert_settled(pool, pool.num_slots)
+
+
 # --- failures -----------------------------------------------------------------------------------
 BIG = nsa_spec(num_layers=61)  # 3 MB pages: a batch takes long enough to kill the server under it
 

@@ -192,3 +192,35 @@ def test_a_fingerprint_that_is_no_spec_fingerprint_is_refused_when_encoding(fing
 def test_a_payload_that_is_no_buffer_is_a_record_error_when_encoding(payload):
     with pytest.raises(NotARecordError):
         record.encode(payload, fingerprint=nsa_spec(num_layers=1).fingerprint, key="k")
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_decode_record_refuses_a_slot_being_freed_and_writes_a_free_one(layout):
+    """A slot freed while its transfer may still run (a completion not done) is not written: the
+    in-flight copy would read or land over the decoded page. Once the completion is done and reaped
+    the slot is free, and a free slot (nobody holds it) is written as before."""
+    import concurrent.futures
+
+    from tiered_kv.errors import ForeignSlotError
+
+    spec = PRESETS["nsa-bf16"]
+    with HostPool(spec, 4, "page_first") as src, HostPool(spec, 4, layout) as pool:
+        randomize(src, 1)
+        data = src.encode_record(1, "k")
+        slots = pool.allocate(2)
+        randomize(pool, slots[0])
+        before = slot_payload(pool, slots[0])
+        in_flight = concurrent.futures.Future()
+        pool.free(slots[:1], in_flight)
+        assert pool.is_pending(slots[0]) and not pool.is_pending(slots[1])
+        with pytest.raises(ForeignSlotError, match=f"slot {slots[0]}, which is being freed"):
+            pool.decode_record(slots[0], data, "k")
+        assert slot_payload(pool, slots[0]) == before
+        pool.decode_record(slots[1], data, "k")  # allocated: written
+        assert slot_payload(pool, slots[1]) == slot_payload(src, 1)
+        in_flight.set_result(None)
+        pool.reap()
+        assert not pool.is_pending(slots[0])
+        pool.decode_record(slots[0], data, "k")  # free now: written
+        assert slot_payload(pool, slots[0]) == slot_payload(src, 1)
+        pool.free(slots[1:])

@@ -144,9 +144,14 @@ class HostPool:
     def decode_record(self, slot: int, data, key: str) -> None:
         """Verify ``data`` as the record of ``key`` and, only if it is intact, write it into ``slot``.
 
-        Raises a RecordError (the slot is untouched) for truncated, corrupt or foreign records.
+        Raises a RecordError (the slot is untouched) for truncated, corrupt or foreign records, and
+        ForeignSlotError for a slot that is being freed (its transfers may still read or write it)
+        when the pool owns its slots. A free slot is written: nobody holds it.
         """
         slot = self.check_slot(slot)
+        if self.own_slots and self.is_pending(slot):
+            raise ForeignSlotError(f"decode_record into slot {slot}, which is being freed: "
+                                   "a transfer of it may still be in flight")
         payload = record.verify(data, fingerprint=self.spec.fingerprint, key=key, payload_len=self.spec.page_bytes)
         if self.holds_records:
             self.record_view(slot)[:] = memoryview(data).cast("B")[:self.record_bytes]
@@ -182,6 +187,11 @@ class HostPool:
     def is_allocated(self, slot: int) -> bool:
         with self._lock:
             return self._allocator.is_allocated(self.check_slot(slot))
+
+    def is_pending(self, slot: int) -> bool:
+        """Whether ``slot`` was freed and waits for the completion of work that may still touch it."""
+        with self._lock:
+            return self._allocator.is_pending(self.check_slot(slot))
 
     def allocated_slots(self) -> list[int]:
         """Slots handed out and not waiting to be freed."""

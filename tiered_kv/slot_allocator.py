@@ -90,6 +90,10 @@ class SlotAllocator:
         slot = slot_id(slot, self.num_slots)
         return bool(self._allocated[slot]) and slot not in self._pending_slots
 
+    def is_pending(self, slot: int) -> bool:
+        """True while ``slot`` was freed but waits for the completion of work that may still touch it."""
+        return slot_id(slot, self.num_slots) in self._pending_slots
+
     def allocated_slots(self) -> list[int]:
         """Slots handed out and not waiting to be freed (for tests, stats and shutdown)."""
         pending = self._pending_slots

@@ -112,6 +112,12 @@ class OtherLength:
     expected: int
 
 
+def read_length(other: OtherLength | None, full: int) -> int:
+    """The stored value's length a get saw: ``other``'s where ``_get`` answered ``OtherLength``,
+    else the backend's full record length ``full`` (a hit)."""
+    return other.length if other is not None else full
+
+
 def matches_read(stored, stored_length: int, read, read_length: int) -> bool:
     """Whether a stored value is still the one a get read: ``stored`` its first bytes (at least as
     many as the get read), ``stored_length`` its length on the medium; ``read`` the slot's view the

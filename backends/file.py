@@ -51,7 +51,7 @@ from pydantic import Field
 from ..errors import BackendError, BackendUnavailableError, ConfigError, PoolError
 from ..host_pool import HostPool
 from ..host_layouts import round_up
-from .base import Backend, Capabilities, NotARecord, OtherLength, matches_read
+from .base import Backend, Capabilities, NotARecord, OtherLength, matches_read, read_length
 from .url_options import MAX_TTL_S, ByteSize, TimeoutSeconds, Workers, check_fields, options_from_url, split_url
 
 SUFFIX = ".page"
@@ -288,6 +288,11 @@ class FileBackend(Backend):
     def _open_flags(self) -> int:
         return os.O_DIRECT if self.direct_io else 0
 
+    def _read_view(self, slot: int) -> memoryview:
+        """Where a get reads a page file into ``slot``: the whole padded slot for direct I/O (aligned
+        reads), else the record."""
+        return self.pool.slot_view(slot) if self.direct_io else self.pool.record_view(slot)
+
     def _read_one(self, key: str, slot: int) -> bool | OtherLength | NotARecord:
         path = self.path_of(key)
         try:
@@ -298,7 +303,7 @@ class FileBackend(Backend):
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 return NotARecord(f"{path} is not a regular file")
-            view = self.pool.slot_view(slot) if self.direct_io else self.pool.record_view(slot)
+            view = self._read_view(slot)
             # Never past the slot: a larger file is another spec's page, of which the header
             # (its first bytes) is all the base needs. One read for a short file, so direct I/O
             # never reads from an unaligned offset.
@@ -408,7 +413,7 @@ class FileBackend(Backend):
         meanwhile wins over the one linked back). Under ``_lock``, as ``_delete_one``: no put of
         this process links the name in between."""
         path = self.path_of(key)
-        view = self.pool.slot_view(slot) if self.direct_io else self.pool.record_view(slot)
+        view = self._read_view(slot)
         aside = path.parent / f"{TEMP_PREFIX}{path.name}-corrupt-{secrets.token_hex(6)}"
         with self._lock:
             try:
@@ -419,7 +424,7 @@ class FileBackend(Backend):
                 with open(aside, "rb") as f:
                     size = os.fstat(f.fileno()).st_size
                     stored = f.read(len(view))  # never more than the slot: a huge file is read no further
-                if matches_read(stored, size, view, other.length if other is not None else self.file_bytes):
+                if matches_read(stored, size, view, read_length(other, self.file_bytes)):
                     entry = self._index.pop(path.name, None)
                     if entry is not None:
                         self._used -= entry

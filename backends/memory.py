@@ -19,7 +19,7 @@ from pydantic import Field
 from ..errors import ConfigError
 from ..host_pool import HostPool
 from ..sizes import MAX_SIZE
-from .base import Backend, Capabilities, OtherLength, matches_read
+from .base import Backend, Capabilities, OtherLength, matches_read, read_length
 from .url_options import check_fields, options_from_url, split_url
 
 
@@ -118,7 +118,7 @@ class MemoryBackend(Backend):
         for key, slot, other in found:
             data = self._records.get(key)
             view = self.pool.record_view(slot)
-            if data is not None and matches_read(data, len(data), view, other.length if other else len(view)):
+            if data is not None and matches_read(data, len(data), view, read_length(other, len(view))):
                 self._delete_now(key)
 
     # --- listing, for inspection -------------------------------------------------------------

@@ -75,7 +75,7 @@ from typing import Any, TypeVar
 
 from ..errors import BackendError, BackendTimeoutError, BackendUnavailableError, ConfigError
 from ..host_pool import HostPool
-from .base import Backend, Capabilities, NotARecord, OtherLength, all_or_nothing
+from .base import Backend, Capabilities, NotARecord, OtherLength, all_or_nothing, read_length
 from .redis_options import RedisOptions, parse_redis_url
 from .resp import RespConnection, RespError, encode_command
 
@@ -336,7 +336,7 @@ class RedisBackend(Backend):
         calls = []
         for key, slot, other in found:
             view = self.pool.record_view(slot)
-            length = other.length if other is not None else len(view)
+            length = read_length(other, len(view))
             n = min(length, len(view))
             calls.append((self._key(key), length, n, hashlib.sha1(view[:n]).hexdigest()))
 

@@ -1,0 +1,334 @@
+"""Probe: what any load can hide beside the model's compute (issue 13's beside target, its floor).
+
+The target: a 61-layer load consumed layer by layer by the model's matmuls (about 1.25x the load's
+time) hides >= 90% of the load (``hidden_fraction``) while the matmuls run at most 5% slower than
+alone (``compute_slowdown``). ``transfer_gpu.beside_compute`` measures our paths. This probe runs
+the same measurement (its matmuls, calibration, timeline and ``beside_metrics``) with a loader no
+path can beat, beside ``auto``'s loads in the same run:
+
+- ``floor``: the same bytes as one contiguous pinned region per layer, one ``copy_`` per layer on
+  a stream of the device's highest priority (the copy engines; no SM taken, nothing scattered, no
+  planning: the whole load is issued in well under a millisecond). What it adds to the compute is
+  what moving these bytes over PCIe beside these matmuls costs, whatever the path.
+- ``auto``: the engine's own loads, both host layouts, slots in one run and scattered.
+
+Each (loader, factor) is measured two ways, so the order of the measurements shows:
+``sequential`` (every compute-alone rep, then every both rep: ``beside_compute``'s order) and
+``interleaved`` (alone, both, alone, both, ...: the GPU's clocks drift over seconds of matmuls, and
+each pair shares the drift). Rows carry ``transfer_gpu.beside_metrics``'s keys.
+
+    python3 benchmarks/beside_floor.py [--reps 8] [--rounds 2] [--out docs/benchmarks/beside_floor.json]
+
+Never imported by the library or the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import transfer_gpu as tg  # noqa: E402  (the main benchmark's pools, matmuls and beside metrics)
+
+from tiered_kv import HostPool  # noqa: E402
+from tiered_kv.transfer_engine import TransferEngine  # noqa: E402
+from tiered_kv.transfer_policy import (HEAD, LOAD_STREAM_PRIORITY, MIXED_LOADS, SCATTERED_LOADS, WAVES,  # noqa: E402
+                                       LoadSplit, TransferOptions)
+
+FACTORS = (0.5, 1.25)
+LOW = {"high_priority_loads": False}
+
+#: Loaders beside the floor, by set: (name, layout, slots, path, options, engine kwargs).
+SETS = {
+    "auto": [(f"auto {layout} {kind}", layout, kind, "auto", None, {})
+             for layout in ("page_first", "layer_first") for kind in ("runs", "scattered")],
+    # Copy engines only after (or without) the kernel head, staging scatter CTAs, stream priority.
+    "first": [
+        ("auto page_first runs", "page_first", "runs", "auto", None, {}),
+        ("auto low priority page_first runs", "page_first", "runs", "auto", None, LOW),
+        ("ce staged + head page_first runs", "page_first", "runs", "mixed",
+         TransferOptions(load_split=LoadSplit(1.0, **HEAD, **WAVES)), {}),
+        ("ce staged, no head page_first runs", "page_first", "runs", "mixed",
+         TransferOptions(load_split=LoadSplit(1.0, **WAVES)), {}),
+        ("ce staged, no head, low page_first runs", "page_first", "runs", "mixed",
+         TransferOptions(load_split=LoadSplit(1.0, **WAVES)), LOW),
+        ("auto page_first scattered", "page_first", "scattered", "auto", None, {}),
+        ("ce blocks + head page_first scattered", "page_first", "scattered", "mixed",
+         TransferOptions(load_split=LoadSplit(1.0, layers_per_copy=8, ramp=True, ramp_step=4, head_layers=8, **WAVES)), {}),
+        ("ce blocks, no head page_first scattered", "page_first", "scattered", "mixed",
+         TransferOptions(load_split=LoadSplit(1.0, layers_per_copy=8, ramp=True, ramp_step=4, **WAVES)), {}),
+        ("auto layer_first runs", "layer_first", "runs", "auto", None, {}),
+        ("auto low priority layer_first runs", "layer_first", "runs", "auto", None, LOW),
+        ("ce staged, no head layer_first runs", "layer_first", "runs", "mixed",
+         TransferOptions(load_split=LoadSplit(1.0, **WAVES)), {}),
+        ("auto layer_first scattered", "layer_first", "scattered", "auto", None, {}),
+        ("auto low priority layer_first scattered", "layer_first", "scattered", "auto", None, LOW),
+        ("batch 4 threads layer_first scattered", "layer_first", "scattered", "batch",
+         TransferOptions(issue_threads=4), {}),
+    ],
+    # Fewer CTAs for the UVA kernel's share of the body (the head keeps 16), staging scatter CTAs.
+    "second": [
+        ("auto page_first runs", "page_first", "runs", "auto", None, {}),
+        *[(f"body kernel {c} ctas page_first runs", "page_first", "runs", "mixed",
+           TransferOptions(load_split=replace(MIXED_LOADS[(False, True)], kernel_ctas=c, head_ctas=16)), {})
+          for c in (2, 4, 8)],
+        ("auto page_first scattered", "page_first", "scattered", "auto", None, {}),
+        *[(f"body kernel {c} ctas page_first scattered", "page_first", "scattered", "mixed",
+           TransferOptions(load_split=replace(SCATTERED_LOADS[False], kernel_ctas=c, head_ctas=16)), {})
+          for c in (2, 4)],
+        ("auto layer_first runs", "layer_first", "runs", "auto", None, {}),
+        *[(f"staging {c} ctas layer_first runs", "layer_first", "runs", "mixed",
+           TransferOptions(load_split=replace(MIXED_LOADS[(True, True)], staging_ctas=c)), {}) for c in (1, 16)],
+        ("staged blocks 4 layer_first runs", "layer_first", "runs", "mixed",
+         TransferOptions(load_split=replace(MIXED_LOADS[(True, True)], layers_per_copy=4, ramp_step=4)), {}),
+        ("auto layer_first scattered", "layer_first", "scattered", "auto", None, {}),
+        *[(f"body kernel {c} ctas tile {t} layer_first scattered", "layer_first", "scattered", "mixed",
+           TransferOptions(load_split=replace(SCATTERED_LOADS[True], kernel_ctas=c, kernel_tile=t, head_ctas=16)), {})
+          for c, t in ((8, 8192), (8, 16384), (4, 16384))],
+    ],
+    # The staging scatter's CTAs (16 beat 4 and 1 for layer_first runs in the second set) with the
+    # kernel share's CTAs; a larger batch share for scattered layer_first.
+    "third": [
+        ("auto page_first runs", "page_first", "runs", "auto", None, {}),
+        *[(f"staging 16, body kernel {c} ctas page_first runs", "page_first", "runs", "mixed",
+           TransferOptions(load_split=replace(MIXED_LOADS[(False, True)], staging_ctas=16, kernel_ctas=c, head_ctas=16)), {})
+          for c in (16, 6, 4)],
+        ("auto page_first scattered", "page_first", "scattered", "auto", None, {}),
+        *[(f"staging 16, body kernel {c} ctas page_first scattered", "page_first", "scattered", "mixed",
+           TransferOptions(load_split=replace(SCATTERED_LOADS[False], staging_ctas=16, kernel_ctas=c, head_ctas=16)), {})
+          for c in (16, 4)],
+        ("auto layer_first runs", "layer_first", "runs", "auto", None, {}),
+        *[(f"staging {c} ctas layer_first runs", "layer_first", "runs", "mixed",
+           TransferOptions(load_split=replace(MIXED_LOADS[(True, True)], staging_ctas=c)), {}) for c in (16, 32)],
+        ("auto layer_first scattered", "layer_first", "scattered", "auto", None, {}),
+        ("batch 0.5 on 2 threads + kernel 8 ctas layer_first scattered", "layer_first", "scattered", "mixed",
+         TransferOptions(load_split=replace(SCATTERED_LOADS[True], ce_fraction=0.5, kernel_ctas=8, head_ctas=16),
+                         issue_threads=2), {}),
+    ],
+}
+ROWS_MAX = 32768
+K = 4096
+
+
+class FloorLoad:
+    """A load handle of the floor loader: an event per layer, the engine's handle's interface."""
+
+    def __init__(self, events: list[torch.cuda.Event]) -> None:
+        self.events = events
+        self.layers = tuple(range(len(events)))
+
+    def event(self, layer: int) -> torch.cuda.Event:
+        return self.events[layer]
+
+    def wait_layer(self, layer: int, stream: torch.cuda.Stream | None = None) -> None:
+        (stream or torch.cuda.current_stream()).wait_event(self.events[layer])
+
+    def synchronize(self) -> None:
+        self.events[-1].synchronize()
+
+
+class FloorLoader:
+    """The same bytes per layer as a load of ``pages`` pages, contiguous on both sides: one copy
+    per layer from a pinned host region into a device region, each with its event."""
+
+    def __init__(self, num_layers: int, layer_bytes: int) -> None:
+        self.host = torch.empty(num_layers, layer_bytes, dtype=torch.uint8, pin_memory=True)
+        tg.fill_random(self.host)
+        self.device = torch.empty(num_layers, layer_bytes, dtype=torch.uint8, device="cuda")
+        self.stream = torch.cuda.Stream(priority=LOAD_STREAM_PRIORITY)
+
+    def load(self, slots=None, pages=None, options=None) -> FloorLoad:
+        self.stream.wait_stream(torch.cuda.current_stream())
+        events = []
+        with torch.cuda.stream(self.stream):
+            for layer in range(self.host.shape[0]):
+                self.device[layer].copy_(self.host[layer], non_blocking=True)
+                event = torch.cuda.Event(enable_timing=True)
+                event.record(self.stream)
+                events.append(event)
+        return FloorLoad(events)
+
+    def copied_every_byte(self) -> bool:
+        self.device.zero_()
+        self.load().synchronize()
+        return torch.equal(self.device.cpu(), self.host)
+
+
+class Model:
+    """The model's stream and its per-layer matmul (``transfer_gpu.beside_compute``'s)."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.num_layers = num_layers
+        self.weight = torch.randn(K, K, device="cuda", dtype=torch.bfloat16)
+        self.x = torch.randn(ROWS_MAX, K, device="cuda", dtype=torch.bfloat16)
+        self.y = torch.empty(ROWS_MAX, K, device="cuda", dtype=torch.bfloat16)
+        self.stream = torch.cuda.Stream()
+
+    def rows_for(self, per_layer_ms: float) -> int:
+        return tg.matmul_rows_for(per_layer_ms, self.x, self.weight, self.y, self.stream)
+
+    def rep(self, load, m: int) -> dict:
+        """One rep (``load``: a callable issuing the load, or None; ``m``: matmul rows, 0 for
+        none), every time relative to the start event, in ms."""
+        torch.cuda.synchronize()
+        with torch.cuda.stream(self.stream):
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            t0 = time.perf_counter()
+            handle = load() if load is not None else None
+            issue_ms = (time.perf_counter() - t0) * 1e3
+            marks = []
+            for layer in range(self.num_layers if m else 0):
+                if handle is not None:
+                    handle.wait_layer(layer)
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                torch.matmul(self.x[:m], self.weight, out=self.y[:m])
+                e1.record()
+                marks.append((e0, e1))
+        if handle is not None:
+            handle.synchronize()
+        torch.cuda.synchronize()
+        out = {"load_ms": max(start.elapsed_time(handle.event(layer)) for layer in handle.layers) if handle else 0.0,
+               "first_layer_ms": start.elapsed_time(handle.event(handle.layers[0])) if handle else 0.0,
+               "issue_ms": issue_ms if handle else 0.0}
+        if marks:
+            out.update(tg.compute_timeline([start.elapsed_time(a) for a, _ in marks],
+                                           [start.elapsed_time(b) for _, b in marks]))
+        return out
+
+
+def idle_load(load, nbytes: int, reps: int) -> dict:
+    """The loader's 61-layer load alone, device time after a sleep (``transfer_gpu.measure``)."""
+    timing = tg.measure(lambda i: [load()], reps)
+    return {"idle_ms": timing["ms"], "idle_gbps": nbytes / timing["ms"] / 1e6, "idle_issue_ms": timing["issue_ms"]}
+
+
+def measure_loader(model: Model, name: str, load, reps: int, fields: dict, factors=FACTORS) -> list[dict]:
+    """Rows for one loader: its load alone, then per factor the compute calibrated to it and both
+    at once, measured sequentially and interleaved."""
+    alone = tg.median_rows([model.rep(load, 0) for _ in range(reps + 1)][1:])
+    load_ms = alone["load_ms"]
+    rows = []
+    for factor in factors:
+        target = factor * load_ms
+        m, _ = tg.calibrated_rows(model.rows_for(target / model.num_layers), target,
+                                  lambda m: tg.median_rows([model.rep(None, m) for _ in range(reps + 1)][1:]), ROWS_MAX)
+        model.rep(load, m)  # warm-up of the pair
+        sequential_alone = [model.rep(None, m) for _ in range(reps)]
+        sequential_both = [model.rep(load, m) for _ in range(reps)]
+        pairs = [(model.rep(None, m), model.rep(load, m)) for _ in range(reps)]
+        for order, computes, boths in (("sequential", sequential_alone, sequential_both),
+                                       ("interleaved", [a for a, _ in pairs], [b for _, b in pairs])):
+            compute, both = tg.median_rows(computes), tg.median_rows(boths)
+            row = {"group": "beside_floor", "loader": name, "factor": factor, "order": order, "rows": m, **fields,
+                   **tg.beside_metrics(load_ms, compute, both),
+                   "first_layer_ms": both["first_layer_ms"], "first_layer_alone_ms": alone["first_layer_ms"],
+                   "issue_ms": both["issue_ms"], "late_at": tg.late_layers_at(both["gaps"]),
+                   # Per pair (interleaved) or per rep index (sequential): the spread behind the medians.
+                   "slowdown_each": [b["busy"] / a["busy"] for a, b in zip(computes, boths)],
+                   "hidden_each": [(load_ms + a["compute_end"] - max(b["load_ms"], b["compute_end"])) / load_ms
+                                   for a, b in zip(computes, boths)]}
+            row["met"] = row["hidden_fraction"] >= 0.9 and row["compute_slowdown"] <= 1.05
+            rows.append(row)
+            print(f"{name:42s} {factor:4.2f}x {order:11s} load {load_ms:6.2f} compute {row['compute_ms']:6.2f} "
+                  f"both {row['both_ms']:6.2f} hidden {row['hidden_fraction']:5.3f} slowdown {row['compute_slowdown']:5.3f}"
+                  f" | start {row['start_delay_ms']:5.2f} stall {row['stall_ms']:5.2f} busy+ {row['busy_extra_ms']:5.2f}"
+                  f" layer0 {row['first_layer_ms']:5.2f} | hidden each {min(row['hidden_each']):.3f}-"
+                  f"{max(row['hidden_each']):.3f} slowdown each {min(row['slowdown_each']):.3f}-"
+                  f"{max(row['slowdown_each']):.3f}", flush=True)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="docs/benchmarks/beside_floor.json")
+    parser.add_argument("--reps", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2, help="times the whole set of loaders is measured")
+    parser.add_argument("--set", default="auto", choices=sorted(SETS), help="the loaders beside the floor")
+    parser.add_argument("--factors", default="0.5,1.25", help="compute per load, comma-separated")
+    tg.add_shape_arguments(parser)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    b = tg.Bench(argparse.Namespace(reps=args.reps))
+    spec, n = b.spec, args.pages
+    layer_bytes = n * sum(c.bytes_per_layer for c in spec.components)
+    h2d, d2h, both, _, _ = tg.measure_ceilings(b, layer_bytes)
+    torch.cuda.empty_cache()
+    factors = tuple(float(x) for x in args.factors.split(","))
+    loaders = SETS[args.set]
+    device_pool = tg.allocate_engine_like(spec, args.device_pages, "cuda")
+    hosts = {layout: HostPool(spec, args.host_slots, layout) for layout in sorted({entry[1] for entry in loaders})}
+    for host in hosts.values():
+        tg.fill_random(host.buffer)
+    engines = {}
+    for _, layout, _, path, _, kwargs in loaders:
+        key = (layout, path, tuple(sorted(kwargs.items())))
+        if key not in engines:
+            engines[key] = TransferEngine(device_pool, hosts[layout], path=path, timing=True, **kwargs)
+    sets = 4
+    page_sets, slot_sets = tg.id_sets(args, sets)
+    floor = FloorLoader(spec.num_layers, layer_bytes)
+    checks = {"floor": floor.copied_every_byte()}
+
+    def engine_of(entry):
+        _, layout, _, path, _, kwargs = entry
+        return engines[(layout, path, tuple(sorted(kwargs.items())))]
+
+    for entry in loaders:
+        name, layout, kind, _, options, _ = entry
+        checks[name] = tg.load_copies_every_byte(engine_of(entry), device_pool, hosts[layout], slot_sets[kind][0],
+                                                 page_sets[0], options)
+    print(f"bytes checked: {checks}", flush=True)
+    if not all(checks.values()):
+        print("a loader lost bytes: not timed", file=sys.stderr)
+        return 1
+
+    model = Model(spec.num_layers)
+    results = []
+
+    def cycling(engine, kind, options):
+        state = {"i": 0}
+
+        def load():
+            i = state["i"] = state["i"] + 1
+            return engine.load(slot_sets[kind][i % sets], page_sets[i % sets], options=options)
+        return load
+
+    nbytes = n * spec.page_bytes
+    for round_ in range(args.rounds):
+        floor_fields = {"round": round_, "layout": None, "slots": None, **idle_load(floor.load, nbytes, args.reps)}
+        results += measure_loader(model, "floor (contiguous per layer)", floor.load, args.reps, floor_fields, factors)
+        for entry in loaders:
+            name, layout, kind, path, options, kwargs = entry
+            load = cycling(engine_of(entry), kind, options)
+            fields = {"round": round_, "layout": layout, "slots": kind, "path": path,
+                      "options": repr(options), "engine": kwargs, **idle_load(load, nbytes, args.reps)}
+            results += measure_loader(model, name, load, args.reps, fields, factors)
+        out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": torch.cuda.get_device_name(),
+               "torch": torch.__version__, "python": platform.python_version(), "spec": spec.describe(),
+               "pages_per_transfer": n, "reps": args.reps, "set": args.set, "rounds_done": round_ + 1, "bytes_checked": checks,
+               "ceiling_gbps": {"h2d": h2d["gbps"], "d2h": d2h["gbps"], "both": both["gbps"]}, "results": results}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(out, indent=1))
+    for row in results:
+        if row["factor"] == max(factors):
+            print(f"{row['round']} {row['loader']:42s} {row['order']:11s} idle {row['idle_gbps']:5.2f} hidden {row['hidden_fraction']:5.3f} "
+                  f"slowdown {row['compute_slowdown']:5.3f} {'met' if row['met'] else 'not met'}")
+    print(f"wrote {args.out}")
+    for host in hosts.values():
+        host.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

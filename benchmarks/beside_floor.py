@@ -6,16 +6,20 @@ alone (``compute_slowdown``). ``transfer_gpu.beside_compute`` measures our paths
 the same measurement (its matmuls, calibration, timeline and ``beside_metrics``) with a loader no
 path can beat, beside ``auto``'s loads in the same run:
 
-- ``floor``: the same bytes as one contiguous pinned region per layer, one ``copy_`` per layer on
-  a stream of the device's highest priority (the copy engines; no SM taken, nothing scattered, no
-  planning: the whole load is issued in well under a millisecond). What it adds to the compute is
-  what moving these bytes over PCIe beside these matmuls costs, whatever the path.
-- ``auto``: the engine's own loads, both host layouts, slots in one run and scattered.
+- ``floor`` (``transfer_gpu.FloorLoader``): the same bytes as one contiguous pinned region per
+  layer, one ``copy_`` per layer on a stream of the device's highest priority (the copy engines;
+  no SM taken, nothing scattered, no planning: the whole load is issued in well under a
+  millisecond). What it adds to the compute is what moving these bytes over PCIe beside these
+  matmuls costs, whatever the path.
+- ``auto`` and candidate splits (``--set``): the engine's own loads, both host layouts, slots in
+  one run and scattered.
 
 Each (loader, factor) is measured two ways, so the order of the measurements shows:
-``sequential`` (every compute-alone rep, then every both rep: ``beside_compute``'s order) and
-``interleaved`` (alone, both, alone, both, ...: the GPU's clocks drift over seconds of matmuls, and
-each pair shares the drift). Rows carry ``transfer_gpu.beside_metrics``'s keys.
+``sequential`` (every compute-alone rep, then every both rep: ``beside_compute``'s order until
+2026-12-02) and ``interleaved`` (alone, both, alone, both, ...: the GPU's clocks drift over seconds
+of matmuls, and each pair shares the drift; ``beside_compute``'s order since). Rows carry
+``transfer_gpu.beside_metrics``'s keys, the loader's idle 61-layer load (``idle_gbps``, device
+time after a sleep) and the spread of the reps.
 
     python3 benchmarks/beside_floor.py [--reps 8] [--rounds 2] [--out docs/benchmarks/beside_floor.json]
 
@@ -41,7 +45,7 @@ import transfer_gpu as tg  # noqa: E402  (the main benchmark's pools, matmuls an
 
 from tiered_kv import HostPool  # noqa: E402
 from tiered_kv.transfer_engine import TransferEngine  # noqa: E402
-from tiered_kv.transfer_policy import (HEAD, LOAD_STREAM_PRIORITY, MIXED_LOADS, SCATTERED_LOADS, WAVES,  # noqa: E402
+from tiered_kv.transfer_policy import (HEAD, MIXED_LOADS, SCATTERED_LOADS, WAVES,  # noqa: E402
                                        LoadSplit, TransferOptions)
 
 FACTORS = (0.5, 1.25)
@@ -117,50 +121,6 @@ SETS = {
 }
 ROWS_MAX = 32768
 K = 4096
-
-
-class FloorLoad:
-    """A load handle of the floor loader: an event per layer, the engine's handle's interface."""
-
-    def __init__(self, events: list[torch.cuda.Event]) -> None:
-        self.events = events
-        self.layers = tuple(range(len(events)))
-
-    def event(self, layer: int) -> torch.cuda.Event:
-        return self.events[layer]
-
-    def wait_layer(self, layer: int, stream: torch.cuda.Stream | None = None) -> None:
-        (stream or torch.cuda.current_stream()).wait_event(self.events[layer])
-
-    def synchronize(self) -> None:
-        self.events[-1].synchronize()
-
-
-class FloorLoader:
-    """The same bytes per layer as a load of ``pages`` pages, contiguous on both sides: one copy
-    per layer from a pinned host region into a device region, each with its event."""
-
-    def __init__(self, num_layers: int, layer_bytes: int) -> None:
-        self.host = torch.empty(num_layers, layer_bytes, dtype=torch.uint8, pin_memory=True)
-        tg.fill_random(self.host)
-        self.device = torch.empty(num_layers, layer_bytes, dtype=torch.uint8, device="cuda")
-        self.stream = torch.cuda.Stream(priority=LOAD_STREAM_PRIORITY)
-
-    def load(self, slots=None, pages=None, options=None) -> FloorLoad:
-        self.stream.wait_stream(torch.cuda.current_stream())
-        events = []
-        with torch.cuda.stream(self.stream):
-            for layer in range(self.host.shape[0]):
-                self.device[layer].copy_(self.host[layer], non_blocking=True)
-                event = torch.cuda.Event(enable_timing=True)
-                event.record(self.stream)
-                events.append(event)
-        return FloorLoad(events)
-
-    def copied_every_byte(self) -> bool:
-        self.device.zero_()
-        self.load().synchronize()
-        return torch.equal(self.device.cpu(), self.host)
 
 
 class Model:
@@ -277,7 +237,7 @@ def main() -> int:
             engines[key] = TransferEngine(device_pool, hosts[layout], path=path, timing=True, **kwargs)
     sets = 4
     page_sets, slot_sets = tg.id_sets(args, sets)
-    floor = FloorLoader(spec.num_layers, layer_bytes)
+    floor = tg.FloorLoader(spec.num_layers, layer_bytes)
     checks = {"floor": floor.copied_every_byte()}
 
     def engine_of(entry):

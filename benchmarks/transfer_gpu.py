@@ -36,6 +36,7 @@ from tiered_kv.kernels import copy_pages_reference, copy_pages_uva, plan_uva_cop
 from tiered_kv.kernels.uva_copy import DEFAULT_CTAS_ON_DEVICE
 from tiered_kv.transfer import backup_pairs, load_pairs
 from tiered_kv.transfer_engine import BackupHandle, LoadSplit, TransferEngine, TransferOptions
+from tiered_kv.transfer_policy import LOAD_STREAM_PRIORITY
 
 SLEEP_CYCLES = 80_000_000  # ~40 ms at 1.98 GHz: longer than any path's issue time (load + backup: ~20 ms)
 
@@ -437,7 +438,11 @@ def main() -> int:
             raise SystemExit(f"--beside-paths: no such beside-compute load: {', '.join(sorted(unknown))}")
         if wanted:
             BESIDE = [entry for entry in BESIDE if entry[0] in wanted]
-        beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps=args.beside_reps)
+        floor = FloorLoader(spec.num_layers, layer_bytes)
+        if not floor.copied_every_byte():
+            raise SystemExit("the floor loader lost bytes")
+        beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps=args.beside_reps, floor=floor)
+        del floor
         save(b, args, ceiling, layer_h2d, naive, done=True)
         summarize(b.results, ceiling, layer_h2d["gbps"], naive)
         print(f"wrote {args.out}")
@@ -669,8 +674,53 @@ def beside_metrics(load_ms: float, compute: dict, both: dict) -> dict:
             "busy_extra_ms": both["busy"] - compute["busy"], "late_layers": both["late_layers"]}
 
 
+class FloorLoad:
+    """A load handle of ``FloorLoader``: an event per layer, the engine's load handle's interface."""
+
+    def __init__(self, events: list[torch.cuda.Event]) -> None:
+        self.events = events
+        self.layers = tuple(range(len(events)))
+
+    def event(self, layer: int) -> torch.cuda.Event:
+        return self.events[layer]
+
+    def wait_layer(self, layer: int, stream: torch.cuda.Stream | None = None) -> None:
+        (stream or torch.cuda.current_stream()).wait_event(self.events[layer])
+
+    def synchronize(self) -> None:
+        self.events[-1].synchronize()
+
+
+class FloorLoader:
+    """The bytes of a load layer by layer with nothing in the way: one pinned host region and one
+    device region per layer, one copy each (the copy engines, no SM, nothing to plan), on a stream
+    of the loads' priority, an event per layer. No path beats it beside the model's compute."""
+
+    def __init__(self, num_layers: int, layer_bytes: int) -> None:
+        self.host = torch.empty(num_layers, layer_bytes, dtype=torch.uint8, pin_memory=True)
+        fill_random(self.host)
+        self.device = torch.empty(num_layers, layer_bytes, dtype=torch.uint8, device="cuda")
+        self.stream = torch.cuda.Stream(priority=LOAD_STREAM_PRIORITY)
+
+    def load(self, slots=None, pages=None, options=None) -> FloorLoad:
+        self.stream.wait_stream(torch.cuda.current_stream())
+        events = []
+        with torch.cuda.stream(self.stream):
+            for layer in range(self.host.shape[0]):
+                self.device[layer].copy_(self.host[layer], non_blocking=True)
+                event = torch.cuda.Event(enable_timing=True)
+                event.record(self.stream)
+                events.append(event)
+        return FloorLoad(events)
+
+    def copied_every_byte(self) -> bool:
+        self.device.zero_()
+        self.load().synchronize()
+        return torch.equal(self.device.cpu(), self.host)
+
+
 def beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps: int = 3,
-                   kinds: tuple[str, ...] = ("runs", "scattered"), **fields) -> None:
+                   kinds: tuple[str, ...] = ("runs", "scattered"), floor: "FloorLoader | None" = None, **fields) -> None:
     """A 61-layer load consumed layer by layer by the model's stream: per layer ``wait_layer``,
     then a bf16 matmul ``[m, 4096] x [4096, 4096]`` sized to about 0.5x and 1.25x the load's own
     time per layer (calibrated at the chosen size: matmul time is not linear in ``m``). No sleep
@@ -682,7 +732,12 @@ def beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps: int = 3,
     matmul's start from the start event, against alone), ``stall_ms`` (the model stream idle
     between matmuls, waiting on layers), ``busy_extra_ms`` (the matmuls' own time beside the load
     over alone); also ``first_layer_ms`` (layer 0's event from the start event), ``issue_ms``
-    (the caller's ``load()`` call, wall) and ``late_layers`` (layers the model waited on)."""
+    (the caller's ``load()`` call, wall) and ``late_layers`` (layers the model waited on).
+
+    Compute alone and both at once are measured in turn (alone, both, alone, both, ...), after
+    the compute's calibration. With ``floor`` (a ``FloorLoader``) the group starts with the same
+    measurement for one contiguous copy per layer of the same bytes (path ``floor``): what
+    moving these bytes beside these matmuls costs whatever the path."""
     spec = b.spec
     num_layers = spec.num_layers
     k = 4096
@@ -730,31 +785,47 @@ def beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps: int = 3,
     def median_of(engine, slots_kind, options, m) -> dict:
         return median_rows([run(engine, slots_kind, i, options, m) for i in range(reps + 1)][1:])
 
+    def measure_rows(engine, slots_kind, options, name, layout, slots_label) -> None:
+        alone = median_of(engine, slots_kind, options, 0)
+        load_ms = alone["load_ms"]
+        for factor in (0.5, 1.25):
+            m, calibration = calibrated_rows(rows_for(factor * load_ms / num_layers), factor * load_ms,
+                                             lambda m: median_of(None, slots_kind, options, m), rows_max)
+            run(engine, slots_kind, 0, options, m)  # warm-up of the pair
+            # Compute alone and both at once in turn: the GPU's clocks drift over seconds of
+            # matmuls, and a pair shares the drift (all alone reps first, then all both reps,
+            # left the slowdown of loads that take SMs 0.05-0.15 lower: beside_floor.py).
+            pairs = [(run(None, slots_kind, i, options, m), run(engine, slots_kind, i, options, m)) for i in range(reps)]
+            compute = median_rows([alone_rep for alone_rep, _ in pairs])
+            both = median_rows([both_rep for _, both_rep in pairs])
+            row = {"name": f"beside {factor}x {name} {layout} {slots_label}", "group": "beside_compute",
+                   "path": name, "layout": layout, "slots": slots_label, "factor": factor, "rows": m,
+                   "protocol": "interleaved", **beside_metrics(load_ms, compute, both),
+                   "compute_slowdown_each": [both_rep["busy"] / alone_rep["busy"] for alone_rep, both_rep in pairs],
+                   "compute_slowdown_vs_calibration": both["busy"] / calibration["busy"],
+                   "first_layer_ms": both["first_layer_ms"], "first_layer_alone_ms": alone["first_layer_ms"],
+                   "issue_ms": both["issue_ms"], "issue_alone_ms": alone["issue_ms"],
+                   # Which layers the model waited on (median gap per layer over the reps).
+                   "late_at": late_layers_at(both["gaps"]), **fields}
+            b.results.append(row)
+            print(f"{row['name']:60s} load {load_ms:6.2f} compute {row['compute_ms']:6.2f} both {row['both_ms']:6.2f} ms "
+                  f"hidden {row['hidden_fraction']:5.2f} slowdown {row['compute_slowdown']:5.3f} | "
+                  f"start {row['start_delay_ms']:5.2f} stall {row['stall_ms']:5.2f} "
+                  f"({row['late_layers']} late) busy+ {row['busy_extra_ms']:5.2f} "
+                  f"layer0 {row['first_layer_ms']:5.2f} issue {row['issue_ms']:5.2f} | late at {row['late_at']}",
+                  flush=True)
+
+    if floor is not None:
+        try:
+            measure_rows(floor, "runs", None, "floor", "contiguous", "contiguous")
+        except Exception as exc:  # a failed variant is reported, the others still run
+            print(f"beside floor: FAILED {exc!r}", flush=True)
     for layout in hosts:
         for name, path, options in BESIDE:
             engine = engines[(layout, path)]
             for slots_kind in kinds:
                 try:
-                    alone = median_of(engine, slots_kind, options, 0)
-                    load_ms = alone["load_ms"]
-                    for factor in (0.5, 1.25):
-                        m, compute = calibrated_rows(rows_for(factor * load_ms / num_layers), factor * load_ms,
-                                                     lambda m: median_of(None, slots_kind, options, m), rows_max)
-                        both = median_of(engine, slots_kind, options, m)
-                        row = {"name": f"beside {factor}x {name} {layout} {slots_kind}", "group": "beside_compute",
-                               "path": name, "layout": layout, "slots": slots_kind, "factor": factor, "rows": m,
-                               **beside_metrics(load_ms, compute, both),
-                               "first_layer_ms": both["first_layer_ms"], "first_layer_alone_ms": alone["first_layer_ms"],
-                               "issue_ms": both["issue_ms"], "issue_alone_ms": alone["issue_ms"],
-                               # Which layers the model waited on (median gap per layer over the reps).
-                               "late_at": late_layers_at(both["gaps"]), **fields}
-                        b.results.append(row)
-                        print(f"{row['name']:60s} load {load_ms:6.2f} compute {row['compute_ms']:6.2f} both {row['both_ms']:6.2f} ms "
-                              f"hidden {row['hidden_fraction']:5.2f} slowdown {row['compute_slowdown']:5.3f} | "
-                              f"start {row['start_delay_ms']:5.2f} stall {row['stall_ms']:5.2f} "
-                              f"({row['late_layers']} late) busy+ {row['busy_extra_ms']:5.2f} "
-                              f"layer0 {row['first_layer_ms']:5.2f} issue {row['issue_ms']:5.2f} | late at {row['late_at']}",
-                              flush=True)
+                    measure_rows(engine, slots_kind, options, name, layout, slots_kind)
                 except Exception as exc:  # a failed variant is reported, the others still run
                     print(f"beside {name} {layout} {slots_kind}: FAILED {exc!r}", flush=True)
 

@@ -241,8 +241,23 @@ CALLER_HEAD_BLOCKS = 2
 #: (``layer_first`` runs), within a spread the unchanged control showed as 0.74-0.88. Loads beside
 #: a backup were not measured with waves and keep one call.
 WAVES = {"plan_wave": 1}
+#: The staging scatter of ``layer_first`` loads of several layers with slots in runs takes 16 CTAs instead of
+#: the copier's 4: it finishes each block four times sooner, and beside the model's matmuls the
+#: time a scatter holds SMs is what the matmuls lose. Measured on the H200 with compute alone and
+#: both at once in turn (``benchmarks/beside_floor.py --set second`` / ``third``, 2026-12-02,
+#: docs/benchmarks.md "Serving conditions, thirteenth round"), at 1.25x: ``layer_first`` runs hid
+#: 0.915 / 0.912 / 0.921 / 0.906 at a slowdown of 1.024 / 1.016 / 1.001 / 1.023 against ``auto``'s
+#: 0.764 / 0.771 / 0.775 / 0.891 at 1.130 / 1.124 / 1.123 / 1.027 (32 CTAs: 0.902 / 0.916), idle
+#: 53.8-53.9 GB/s against 53.5; ``page_first`` runs (its indexer rows still through the UVA
+#: kernel) 0.866 / 0.875 at 1.059 / 1.051 against 0.749 / 0.770 at 1.144 / 1.127, idle 52.3 /
+#: 52.4 GB/s against 53.1 / 53.1 (95.9% of the ceiling against 97.3%). One contiguous copy per
+#: layer of the same bytes hid 0.92-0.94 at 1.017-1.028 in the same runs. ``page_first`` keeps
+#: the copier's 4: with 16 its idle load fell to 93.0% of the ceiling in the run of record
+#: (``transfer_gpu.py``, same day) against 95.3-96.2% before, and the issue keeps idle loads with
+#: slots in runs as they were.
+STAGING_SCATTER_CTAS = {"staging_ctas": 16}
 MIXED_LOADS = {
-    (True, True): LoadSplit(1.0, **HEAD, **WAVES),
+    (True, True): LoadSplit(1.0, **HEAD, **WAVES, **STAGING_SCATTER_CTAS),
     (True, False): LoadSplit(1.0, ce_path="batch"),
     (False, True): LoadSplit(0.6, by="components", **HEAD, **WAVES),
     (False, False): LoadSplit(by="components", ce_path="batch"),

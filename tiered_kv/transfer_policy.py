@@ -241,9 +241,9 @@ CALLER_HEAD_BLOCKS = 2
 #: (``layer_first`` runs), within a spread the unchanged control showed as 0.74-0.88. Loads beside
 #: a backup were not measured with waves and keep one call.
 WAVES = {"plan_wave": 1}
-#: The staging scatter of ``layer_first`` loads of several layers with slots in runs takes 16 CTAs instead of
-#: the copier's 4: it finishes each block four times sooner, and beside the model's matmuls the
-#: time a scatter holds SMs is what the matmuls lose. Measured on the H200 with compute alone and
+#: The staging scatter of ``layer_first`` loads of several layers with slots in runs takes 16 CTAs
+#: instead of the copier's 4: it finishes each block four times sooner, and beside the model's
+#: matmuls the time a scatter holds SMs is what the matmuls lose. Measured on the H200 with compute alone and
 #: both at once in turn (``benchmarks/beside_floor.py --set second`` / ``third``, 2026-12-02,
 #: docs/benchmarks.md "Serving conditions, thirteenth round"), at 1.25x: ``layer_first`` runs hid
 #: 0.915 / 0.912 / 0.921 / 0.906 at a slowdown of 1.024 / 1.016 / 1.001 / 1.023 against ``auto``'s

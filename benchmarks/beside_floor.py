@@ -32,7 +32,6 @@ import argparse
 import json
 import platform
 import sys
-import time
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -119,52 +118,8 @@ SETS = {
                          issue_threads=2), {}),
     ],
 }
-ROWS_MAX = 32768
-K = 4096
-
-
-class Model:
-    """The model's stream and its per-layer matmul (``transfer_gpu.beside_compute``'s)."""
-
-    def __init__(self, num_layers: int) -> None:
-        self.num_layers = num_layers
-        self.weight = torch.randn(K, K, device="cuda", dtype=torch.bfloat16)
-        self.x = torch.randn(ROWS_MAX, K, device="cuda", dtype=torch.bfloat16)
-        self.y = torch.empty(ROWS_MAX, K, device="cuda", dtype=torch.bfloat16)
-        self.stream = torch.cuda.Stream()
-
-    def rows_for(self, per_layer_ms: float) -> int:
-        return tg.matmul_rows_for(per_layer_ms, self.x, self.weight, self.y, self.stream)
-
-    def rep(self, load, m: int) -> dict:
-        """One rep (``load``: a callable issuing the load, or None; ``m``: matmul rows, 0 for
-        none), every time relative to the start event, in ms."""
-        torch.cuda.synchronize()
-        with torch.cuda.stream(self.stream):
-            start = torch.cuda.Event(enable_timing=True)
-            start.record()
-            t0 = time.perf_counter()
-            handle = load() if load is not None else None
-            issue_ms = (time.perf_counter() - t0) * 1e3
-            marks = []
-            for layer in range(self.num_layers if m else 0):
-                if handle is not None:
-                    handle.wait_layer(layer)
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                torch.matmul(self.x[:m], self.weight, out=self.y[:m])
-                e1.record()
-                marks.append((e0, e1))
-        if handle is not None:
-            handle.synchronize()
-        torch.cuda.synchronize()
-        out = {"load_ms": max(start.elapsed_time(handle.event(layer)) for layer in handle.layers) if handle else 0.0,
-               "first_layer_ms": start.elapsed_time(handle.event(handle.layers[0])) if handle else 0.0,
-               "issue_ms": issue_ms if handle else 0.0}
-        if marks:
-            out.update(tg.compute_timeline([start.elapsed_time(a) for a, _ in marks],
-                                           [start.elapsed_time(b) for _, b in marks]))
-        return out
+Model = tg.BesideModel
+ROWS_MAX = tg.BesideModel.ROWS_MAX
 
 
 def idle_load(load, nbytes: int, reps: int) -> dict:

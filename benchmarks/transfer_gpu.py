@@ -719,6 +719,59 @@ class FloorLoader:
         return torch.equal(self.device.cpu(), self.host)
 
 
+class BesideModel:
+    """The model beside a load (``beside_compute``, ``beside_floor.py``): its own stream and a
+    bf16 matmul ``[m, 4096] x [4096, 4096]`` per layer, each waiting on its layer first."""
+
+    #: Most matmul rows: 16384 capped scattered page_first loads (37 ms) at 1.31-1.39x where 1.25x was asked.
+    ROWS_MAX = 32768
+    K = 4096
+
+    def __init__(self, num_layers: int) -> None:
+        self.num_layers = num_layers
+        self.weight = torch.randn(self.K, self.K, device="cuda", dtype=torch.bfloat16)
+        self.x = torch.randn(self.ROWS_MAX, self.K, device="cuda", dtype=torch.bfloat16)
+        self.y = torch.empty(self.ROWS_MAX, self.K, device="cuda", dtype=torch.bfloat16)
+        self.stream = torch.cuda.Stream()
+
+    def rows_for(self, per_layer_ms: float) -> int:
+        """Matmul rows whose matmul takes about ``per_layer_ms`` alone."""
+        return matmul_rows_for(per_layer_ms, self.x, self.weight, self.y, self.stream)
+
+    def rep(self, load, m: int) -> dict:
+        """One rep, every time relative to the start event (ms). ``load``: a callable that issues
+        the load on the model's stream and returns its handle, or None (the compute alone); ``m``:
+        matmul rows per layer, 0 for none (the load alone). No sleep before the start event: the
+        caller issues the load and then the compute, as an engine does, so issue time on the
+        caller's thread delays the compute."""
+        torch.cuda.synchronize()
+        with torch.cuda.stream(self.stream):
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            t0 = time.perf_counter()
+            handle = load() if load is not None else None
+            issue_ms = (time.perf_counter() - t0) * 1e3
+            marks = []
+            for layer in range(self.num_layers if m else 0):
+                if handle is not None:
+                    handle.wait_layer(layer)
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                torch.matmul(self.x[:m], self.weight, out=self.y[:m])
+                e1.record()
+                marks.append((e0, e1))
+        if handle is not None:
+            handle.synchronize()
+        torch.cuda.synchronize()
+        out = {"load_ms": max(start.elapsed_time(e) for e in _end_events(handle)) if handle is not None else 0.0,
+               "first_layer_ms": start.elapsed_time(handle.event(handle.layers[0])) if handle is not None else 0.0,
+               "issue_ms": issue_ms if handle is not None else 0.0}
+        if marks:
+            out.update(compute_timeline([start.elapsed_time(e0) for e0, _ in marks],
+                                        [start.elapsed_time(e1) for _, e1 in marks]))
+        return out
+
+
 def beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps: int = 3,
                    kinds: tuple[str, ...] = ("runs", "scattered"), floor: "FloorLoader | None" = None, **fields) -> None:
     """A 61-layer load consumed layer by layer by the model's stream: per layer ``wait_layer``,
@@ -738,49 +791,15 @@ def beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps: int = 3,
     the compute's calibration. With ``floor`` (a ``FloorLoader``) the group starts with the same
     measurement for one contiguous copy per layer of the same bytes (path ``floor``): what
     moving these bytes beside these matmuls costs whatever the path."""
-    spec = b.spec
-    num_layers = spec.num_layers
-    k = 4096
-    weight = torch.randn(k, k, device="cuda", dtype=torch.bfloat16)
-    rows_max = 32768  # 16384 capped scattered page_first loads (37 ms) at 1.31-1.39x where 1.25x was asked
-    x_all = torch.randn(rows_max, k, device="cuda", dtype=torch.bfloat16)
-    y_all = torch.empty(rows_max, k, device="cuda", dtype=torch.bfloat16)
-    model = torch.cuda.Stream()
-
-    def rows_for(per_layer_ms: float) -> int:
-        return matmul_rows_for(per_layer_ms, x_all, weight, y_all, model)
+    num_layers = b.spec.num_layers
+    model = BesideModel(num_layers)
+    rows_max = BesideModel.ROWS_MAX
 
     def run(engine, slots_kind, i, options, m) -> dict:
-        """One rep, every time relative to the start event (ms)."""
-        torch.cuda.synchronize()
-        with torch.cuda.stream(model):
-            start = torch.cuda.Event(enable_timing=True)
-            start.record()
-            handle = None
-            t0 = time.perf_counter()
-            if engine is not None:
-                handle = engine.load(slot_sets[slots_kind][i % sets], page_sets[i % sets], options=options)
-            issue_ms = (time.perf_counter() - t0) * 1e3
-            marks = []
-            if m:
-                for layer in range(num_layers):
-                    if handle is not None:
-                        handle.wait_layer(layer)
-                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    e0.record()
-                    torch.matmul(x_all[:m], weight, out=y_all[:m])
-                    e1.record()
-                    marks.append((e0, e1))
-        if handle is not None:
-            handle.synchronize()
-        torch.cuda.synchronize()
-        out = {"load_ms": max(start.elapsed_time(e) for e in _end_events(handle)) if handle is not None else 0.0,
-               "first_layer_ms": start.elapsed_time(handle.event(handle.layers[0])) if handle is not None else 0.0,
-               "issue_ms": issue_ms if handle is not None else 0.0}
-        if marks:
-            out.update(compute_timeline([start.elapsed_time(e0) for e0, _ in marks],
-                                        [start.elapsed_time(e1) for _, e1 in marks]))
-        return out
+        """One rep of ``model.rep`` (``engine`` None: the compute alone)."""
+        if engine is None:
+            return model.rep(None, m)
+        return model.rep(lambda: engine.load(slot_sets[slots_kind][i % sets], page_sets[i % sets], options=options), m)
 
     def median_of(engine, slots_kind, options, m) -> dict:
         return median_rows([run(engine, slots_kind, i, options, m) for i in range(reps + 1)][1:])
@@ -789,7 +808,7 @@ def beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps: int = 3,
         alone = median_of(engine, slots_kind, options, 0)
         load_ms = alone["load_ms"]
         for factor in (0.5, 1.25):
-            m, calibration = calibrated_rows(rows_for(factor * load_ms / num_layers), factor * load_ms,
+            m, calibration = calibrated_rows(model.rows_for(factor * load_ms / num_layers), factor * load_ms,
                                              lambda m: median_of(None, slots_kind, options, m), rows_max)
             run(engine, slots_kind, 0, options, m)  # warm-up of the pair
             # Compute alone and both at once in turn: the GPU's clocks drift over seconds of

@@ -117,6 +117,17 @@ SETS = {
          TransferOptions(load_split=replace(SCATTERED_LOADS[True], ce_fraction=0.5, kernel_ctas=8, head_ctas=16),
                          issue_threads=2), {}),
     ],
+    # page_first runs through the copy engines only after the head, the indexer rows per layer (8 KB
+    # pitched rows: 92% idle in the first set) or in blocks of layers (``minor_layers_per_copy``).
+    "fourth": [
+        ("auto page_first runs", "page_first", "runs", "auto", None, {}),
+        ("ce + head, indexer per layer page_first runs", "page_first", "runs", "mixed",
+         TransferOptions(load_split=LoadSplit(1.0, **HEAD, **WAVES)), {}),
+        *[(f"ce + head, indexer blocks of {k} page_first runs", "page_first", "runs", "mixed",
+           TransferOptions(load_split=LoadSplit(1.0, **HEAD, **WAVES, minor_layers_per_copy=k)), {}) for k in (4, 8, 16)],
+        ("ce + head, indexer blocks of 8, scatter 16 page_first runs", "page_first", "runs", "mixed",
+         TransferOptions(load_split=LoadSplit(1.0, **HEAD, **WAVES, minor_layers_per_copy=8, staging_ctas=16)), {}),
+    ],
 }
 Model = tg.BesideModel
 ROWS_MAX = tg.BesideModel.ROWS_MAX

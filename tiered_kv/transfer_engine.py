@@ -510,7 +510,9 @@ class _Load:
         while the issuing thread plans what follows."""
         engine, split = self.engine, self.split
         blocks = _blocks(len(self.layers), split, offset=self.first_index)
-        groups = [[self.pairs(self.layers[i])[ci] for i in block for ci in ce_components] for block in blocks]
+        sizes = [c.bytes_per_layer for c in engine.device_pool.spec.components]
+        groups = [[self.pairs(self.layers[i])[ci] for i, ci in group]
+                  for group in staged_groups(blocks, ce_components, sizes, split.minor_layers_per_copy)]
         if engine.on_gpu:
             copy_streams = [engine.load_copy_stream, *engine._load_copy_extra[:split.copy_streams - 1]]
         else:
@@ -1337,6 +1339,30 @@ def _head_split(split: LoadSplit) -> LoadSplit:
 def _tile_args(tile: int | None) -> dict:
     """``launch_uva``'s tile and warps for ``LoadSplit.kernel_tile`` (None: its defaults)."""
     return {} if tile is None else {"block": tile, "num_warps": 16 if tile > 8192 else 8}
+
+
+def staged_groups(blocks: Sequence[Sequence[int]], components: Sequence[int], sizes: Sequence[int],
+                  minor_layers: int | None = None) -> list[list[tuple[int, int]]]:
+    """The (layer index, component) pairs of a staged copy-engine half, one group per block of
+    ``blocks`` (indices into the load's layers, in order).
+
+    Every group holds its block's layers of ``components``; with ``minor_layers``
+    (``LoadSplit.minor_layers_per_copy``) only of the largest one (by ``sizes``, bytes per layer
+    of each component), and the other components move in blocks of ``minor_layers`` adjacent
+    indices, each block in the group of the block holding its first index. Every (index,
+    component) pair is in exactly one group, and none in a group after its own layer's.
+    """
+    if minor_layers is None or len(components) < 2 or len({sizes[ci] for ci in components}) == 1:
+        return [[(i, ci) for i in block for ci in components] for block in blocks]
+    largest = max(components, key=lambda ci: sizes[ci])
+    minor = [ci for ci in components if ci != largest]
+    groups = [[(i, largest) for i in block] for block in blocks]
+    group_of = {i: g for g, block in enumerate(blocks) for i in block}
+    indices = [i for block in blocks for i in block]
+    for k in range(0, len(indices), minor_layers):
+        chunk = indices[k:k + minor_layers]
+        groups[group_of[chunk[0]]] += [(i, ci) for ci in minor for i in chunk]
+    return groups
 
 
 def _blocks(num_layers: int, split: LoadSplit, *, kernel: bool = False, offset: int = 0) -> list[list[int]]:

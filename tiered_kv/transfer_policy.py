@@ -66,6 +66,7 @@ _SPLIT_COUNTS = {
     "staging_ctas": (1, None, True), "ramp_step": (1, None, True), "kernel_ctas": (1, None, True),
     "kernel_tile": (1, None, True), "lead_blocks": (1, None, False), "issue_halves": (1, 2, False),
     "head_ramp_step": (1, None, True), "head_ctas": (1, None, True), "plan_wave": (1, None, True),
+    "minor_layers_per_copy": (1, None, True),
 }
 
 
@@ -142,6 +143,15 @@ class LoadSplit:
         With slots in runs the body's thread planned the 52 blocks after its first in 3.3-4.4 ms
         on the H200's host while only that first block (0.5 ms) was copying (2026-12-02 issue
         timeline, fifteenth session).
+    minor_layers_per_copy: where the copy engines take every component of a page (``by``
+        ``"pages"``), the smaller components (NSA: the 8 KB indexer rows) of a staged copy-engine
+        half move in blocks of this many adjacent layers of the load, each block with the staged
+        group of its first layer (None: with their own layer, like the largest component). In a
+        ``page_first`` slot a component's layers lie side by side, so a block is one wide row per
+        slot (8 layers: 67 KB) instead of one 8 KB row per layer, which the copy engines move
+        slowly; the largest component keeps its groups (``layers_per_copy``), so its layers are
+        still ready one by one. A block's rows land with its first layer, before any of its
+        layers is ready, and the layers after it are ready as their largest component lands.
     body_ramp: with a head, the body's blocks ramp again from one layer (True) or start at their
         full size (False); with ``ramp_step`` they continue ``ramp_step``'s ramp from the head's
         end either way (whatever ``head_ramp_step`` made of the head). A staged
@@ -170,6 +180,7 @@ class LoadSplit:
     head_ctas: int | None = None
     body_after_head: bool = True
     plan_wave: int | None = None
+    minor_layers_per_copy: int | None = None
 
     def __post_init__(self) -> None:
         # Types first, so the range checks below compare numbers (a str raised TypeError, a float
@@ -187,6 +198,9 @@ class LoadSplit:
             raise ConfigError(f"LoadSplit.by must be 'pages' or 'components': {self}")
         if self.ce_path not in ("staged", "batch"):
             raise ConfigError(f"LoadSplit.ce_path must be 'staged' or 'batch': {self}")
+        if self.minor_layers_per_copy is not None and (self.by != "pages" or self.ce_path != "staged"):
+            raise ConfigError("LoadSplit.minor_layers_per_copy applies where a staged copy-engine half takes every "
+                              f"component (by='pages', ce_path='staged'): {self}")
 
 
 #: ``mixed`` loads by (host rows dense, several layers), measured on the H200 (docs/benchmarks.md,

@@ -128,6 +128,33 @@ SETS = {
         ("ce + head, indexer blocks of 8, scatter 16 page_first runs", "page_first", "runs", "mixed",
          TransferOptions(load_split=LoadSplit(1.0, **HEAD, **WAVES, minor_layers_per_copy=8, staging_ctas=16)), {}),
     ],
+    # The fourth set's best (indexer blocks of 8, scatter 16) with more copy streams, units that
+    # pipeline a group's scatter behind its copy, and more scatter CTAs: its idle load was 94.5% of
+    # the ceiling against auto's 96.0%.
+    "fifth": [
+        ("auto page_first runs", "page_first", "runs", "auto", None, {}),
+        *[(f"ce + head, indexer blocks of 8{label} page_first runs", "page_first", "runs", "mixed",
+           TransferOptions(load_split=LoadSplit(1.0, **HEAD, **WAVES, minor_layers_per_copy=8, **knobs)), {})
+          for label, knobs in ((", scatter 16", {"staging_ctas": 16}),
+                               (", scatter 16, 2 copy streams", {"staging_ctas": 16, "copy_streams": 2}),
+                               (", scatter 16, units of 128 rows", {"staging_ctas": 16, "unit_rows": 128}),
+                               (", scatter 32", {"staging_ctas": 32}),
+                               (", scatter 32, 2 copy streams", {"staging_ctas": 32, "copy_streams": 2}))],
+    ],
+    # Scatter 32 (the fifth set's best) with the indexer blocks a group or two ahead of their first
+    # layer's, 64 scatter CTAs, the body beside the head.
+    "sixth": [
+        ("auto page_first runs", "page_first", "runs", "auto", None, {}),
+        *[(f"ce + head, indexer blocks of 8{label} page_first runs", "page_first", "runs", "mixed",
+           TransferOptions(load_split=LoadSplit(1.0, **HEAD, **WAVES, minor_layers_per_copy=8, **knobs)), {})
+          for label, knobs in ((", scatter 32", {"staging_ctas": 32}),
+                               (", scatter 32, 1 group ahead", {"staging_ctas": 32, "minor_lead_groups": 1}),
+                               (", scatter 32, 2 groups ahead", {"staging_ctas": 32, "minor_lead_groups": 2}),
+                               (", scatter 64", {"staging_ctas": 64}),
+                               (", scatter 32, body beside the head", {"staging_ctas": 32, "body_after_head": False}),
+                               (", scatter 32, 1 ahead, 2 copy streams",
+                                {"staging_ctas": 32, "minor_lead_groups": 1, "copy_streams": 2}))],
+    ],
 }
 Model = tg.BesideModel
 ROWS_MAX = tg.BesideModel.ROWS_MAX

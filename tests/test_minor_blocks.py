@@ -32,10 +32,16 @@ def test_minor_blocks_ride_with_the_group_of_their_first_layer():
     assert groups[1] == [(1, LATENT)] and groups[2] == [(2, LATENT)]
     assert groups[3] == [(3, LATENT), (3, INDEXER), (4, INDEXER), (5, INDEXER)]
     assert groups[6] == [(6, LATENT), (6, INDEXER)]  # a short last block
+    # One group ahead: the first block stays in the first group, the others move up one.
+    ahead = staged_groups(blocks, (LATENT, INDEXER), SIZES, 3, lead=1)
+    assert ahead[0] == groups[0] and ahead[3] == [(3, LATENT)]
+    assert ahead[2] == [(2, LATENT), (3, INDEXER), (4, INDEXER), (5, INDEXER)]
+    assert ahead[5] == [(5, LATENT), (6, INDEXER)]
 
 
+@pytest.mark.parametrize("lead", [0, 1, 3])
 @pytest.mark.parametrize("per, minor", [(1, 8), (3, 2), (2, 5), (8, 8), (1, 100)])
-def test_every_pair_lands_once_and_never_after_its_own_layer(per, minor):
+def test_every_pair_lands_once_and_never_after_its_own_layer(per, minor, lead):
     """For any blocks (ramped or not) and block size: each (layer, component) in exactly one
     group, the largest component in its own layer's group, none in a later group than its layer's."""
     for split in (LoadSplit(layers_per_copy=per), LoadSplit(layers_per_copy=per, ramp=True),
@@ -43,7 +49,7 @@ def test_every_pair_lands_once_and_never_after_its_own_layer(per, minor):
         for num_layers in (1, 5, 61):
             blocks = _blocks(num_layers, split)
             group_of = {i: g for g, block in enumerate(blocks) for i in block}
-            groups = staged_groups(blocks, (LATENT, INDEXER), SIZES, minor)
+            groups = staged_groups(blocks, (LATENT, INDEXER), SIZES, minor, lead)
             placed = [(g, pair) for g, group in enumerate(groups) for pair in group]
             assert sorted(pair for _, pair in placed) == [(i, c) for i in range(num_layers) for c in (LATENT, INDEXER)]
             for g, (i, c) in placed:
@@ -70,6 +76,8 @@ SPLITS = {
     "half_pages_blocks_of_layers": LoadSplit(0.5, layers_per_copy=2, ramp=True, minor_layers_per_copy=5),
     "two_streams_halves": LoadSplit(1.0, copy_streams=2, issue_halves=2, minor_layers_per_copy=2),
     "waves": LoadSplit(1.0, plan_wave=1, lead_blocks=2, minor_layers_per_copy=3),
+    "one_group_ahead": LoadSplit(1.0, head_layers=1, minor_layers_per_copy=4, minor_lead_groups=1),
+    "far_ahead_in_blocks": LoadSplit(1.0, layers_per_copy=2, minor_layers_per_copy=3, minor_lead_groups=5),
 }
 
 
@@ -94,9 +102,10 @@ def test_loads_with_minor_blocks_copy_every_byte(name, slots_kind, layout):
 @pytest.mark.parametrize("bad", [{"minor_layers_per_copy": 0}, {"minor_layers_per_copy": 2.0},
                                  {"minor_layers_per_copy": True},
                                  {"minor_layers_per_copy": 2, "by": "components"},
-                                 {"minor_layers_per_copy": 2, "ce_path": "batch"}])
+                                 {"minor_layers_per_copy": 2, "ce_path": "batch"}, {"minor_lead_groups": 1},
+                                 {"minor_layers_per_copy": 2, "minor_lead_groups": -1}])
 def test_minor_blocks_reject_nonsense(bad):
-    with pytest.raises(ConfigError, match="LoadSplit.minor_layers_per_copy"):
+    with pytest.raises(ConfigError, match="LoadSplit.minor_l"):
         LoadSplit(**bad)
 
 

@@ -512,7 +512,8 @@ class _Load:
         blocks = _blocks(len(self.layers), split, offset=self.first_index)
         sizes = [c.bytes_per_layer for c in engine.device_pool.spec.components]
         groups = [[self.pairs(self.layers[i])[ci] for i, ci in group]
-                  for group in staged_groups(blocks, ce_components, sizes, split.minor_layers_per_copy)]
+                  for group in staged_groups(blocks, ce_components, sizes, split.minor_layers_per_copy,
+                                             split.minor_lead_groups)]
         if engine.on_gpu:
             copy_streams = [engine.load_copy_stream, *engine._load_copy_extra[:split.copy_streams - 1]]
         else:
@@ -1342,14 +1343,15 @@ def _tile_args(tile: int | None) -> dict:
 
 
 def staged_groups(blocks: Sequence[Sequence[int]], components: Sequence[int], sizes: Sequence[int],
-                  minor_layers: int | None = None) -> list[list[tuple[int, int]]]:
+                  minor_layers: int | None = None, lead: int = 0) -> list[list[tuple[int, int]]]:
     """The (layer index, component) pairs of a staged copy-engine half, one group per block of
     ``blocks`` (indices into the load's layers, in order).
 
     Every group holds its block's layers of ``components``; with ``minor_layers``
     (``LoadSplit.minor_layers_per_copy``) only of the largest one (by ``sizes``, bytes per layer
     of each component), and the other components move in blocks of ``minor_layers`` adjacent
-    indices, each block in the group of the block holding its first index. Every (index,
+    indices, each block in the group of the block holding its first index, or ``lead`` groups
+    before it (``LoadSplit.minor_lead_groups``; at the earliest the first). Every (index,
     component) pair is in exactly one group, and none in a group after its own layer's.
     """
     if minor_layers is None or len(components) < 2 or len({sizes[ci] for ci in components}) == 1:
@@ -1361,7 +1363,7 @@ def staged_groups(blocks: Sequence[Sequence[int]], components: Sequence[int], si
     indices = [i for block in blocks for i in block]
     for k in range(0, len(indices), minor_layers):
         chunk = indices[k:k + minor_layers]
-        groups[group_of[chunk[0]]] += [(i, ci) for ci in minor for i in chunk]
+        groups[max(0, group_of[chunk[0]] - lead)] += [(i, ci) for ci in minor for i in chunk]
     return groups
 
 

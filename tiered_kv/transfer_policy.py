@@ -66,7 +66,7 @@ _SPLIT_COUNTS = {
     "staging_ctas": (1, None, True), "ramp_step": (1, None, True), "kernel_ctas": (1, None, True),
     "kernel_tile": (1, None, True), "lead_blocks": (1, None, False), "issue_halves": (1, 2, False),
     "head_ramp_step": (1, None, True), "head_ctas": (1, None, True), "plan_wave": (1, None, True),
-    "minor_layers_per_copy": (1, None, True),
+    "minor_layers_per_copy": (1, None, True), "minor_lead_groups": (0, None, False),
 }
 
 
@@ -152,6 +152,9 @@ class LoadSplit:
         slowly; the largest component keeps its groups (``layers_per_copy``), so its layers are
         still ready one by one. A block's rows land with its first layer, before any of its
         layers is ready, and the layers after it are ready as their largest component lands.
+    minor_lead_groups: with ``minor_layers_per_copy``, each block goes this many staged groups
+        ahead of its first layer's (as far as the load's first group): that layer's group then
+        carries only its own rows, so a model waiting on it does not wait for the block's too.
     body_ramp: with a head, the body's blocks ramp again from one layer (True) or start at their
         full size (False); with ``ramp_step`` they continue ``ramp_step``'s ramp from the head's
         end either way (whatever ``head_ramp_step`` made of the head). A staged
@@ -181,6 +184,7 @@ class LoadSplit:
     body_after_head: bool = True
     plan_wave: int | None = None
     minor_layers_per_copy: int | None = None
+    minor_lead_groups: int = 0
 
     def __post_init__(self) -> None:
         # Types first, so the range checks below compare numbers (a str raised TypeError, a float
@@ -201,6 +205,8 @@ class LoadSplit:
         if self.minor_layers_per_copy is not None and (self.by != "pages" or self.ce_path != "staged"):
             raise ConfigError("LoadSplit.minor_layers_per_copy applies where a staged copy-engine half takes every "
                               f"component (by='pages', ce_path='staged'): {self}")
+        if self.minor_lead_groups and self.minor_layers_per_copy is None:
+            raise ConfigError(f"LoadSplit.minor_lead_groups applies to minor blocks: set minor_layers_per_copy as well: {self}")
 
 
 #: ``mixed`` loads by (host rows dense, several layers), measured on the H200 (docs/benchmarks.md,

@@ -213,7 +213,8 @@ class LoadSplit:
 #: "ce_fraction", "Load splits" and "Batched copies"): dense host rows (layer_first) stream at full
 #: rate through the copy engines alone; pitched rows (page_first: one 42 KB latent and one 8 KB
 #: indexer row per slot and layer) do not: the copy engines take the latent rows and the kernel
-#: every indexer row (53.2-53.3 against 52.4-52.5 GB/s for a 0.6 page share in two runs; specs
+#: every indexer row (53.2-53.3 against 52.4-52.5 GB/s for a 0.6 page share in two runs; until 2026-12-02 for
+#: several layers too, now ``PITCHED_RUNS_LOADS``; specs
 #: without a smaller component keep the 0.6 page share). A single layer is too short to hide a
 #: staging hop: the copy engines take the latent rows straight into the device pages in one
 #: ``cudaMemcpyBatchAsync`` while the kernel takes the indexer rows (52.2-53.4 GB/s, 96-101% of a
@@ -276,10 +277,25 @@ WAVES = {"plan_wave": 1}
 #: (``transfer_gpu.py``, same day) against 95.3-96.2% before, and the issue keeps idle loads with
 #: slots in runs as they were.
 STAGING_SCATTER_CTAS = {"staging_ctas": 16}
+#: ``page_first`` loads of several layers with slots in runs: after the head, the copy engines take
+#: every component, the indexer rows in blocks of 8 layers (``minor_layers_per_copy``: one 67 KB
+#: row per slot instead of eight 8 KB rows, which the copy engines move slowly), each block one
+#: staged group ahead of its first layer's, and the staging scatter takes 32 CTAs. Until
+#: 2026-12-02 the UVA kernel moved every indexer row, holding SMs for the whole load. Measured on
+#: the H200 (``benchmarks/beside_floor.py --set fourth`` / ``fifth`` / ``sixth``, compute alone
+#: and both in turn, three rounds each, docs/benchmarks.md "Serving conditions, fourteenth round"),
+#: beside the matmuls at 1.25x: 0.907 / 0.919 / 0.899 of the load hidden at a slowdown of 1.024 /
+#: 1.019 / 1.030 against ``auto``'s 0.754 / 0.806 / 0.746 at 1.133 / 1.078 / 1.141 in the same
+#: run (the floor: 0.909-0.932 at 1.012-1.030). Idle 61-layer loads 51.2-51.9 GB/s against 52.6-52.9
+#: (94-95% of that run's 54.6 ceiling against 96-97%): the copy engines move the pitched latent
+#: rows a little slower than the copy engines and the kernel at once. Without the blocks (indexer
+#: rows per layer) 0.83-0.89 hidden at 50.1 GB/s; blocks of 4 45 GB/s; 4 scatter CTAs 0.69-0.75
+#: hidden (each block's 53 MB group waits on a slow scatter); 16 0.86-0.87; 64 0.90-0.91 at 1.02-1.04.
+PITCHED_RUNS_LOADS = LoadSplit(1.0, **HEAD, **WAVES, minor_layers_per_copy=8, minor_lead_groups=1, staging_ctas=32)
 MIXED_LOADS = {
     (True, True): LoadSplit(1.0, **HEAD, **WAVES, **STAGING_SCATTER_CTAS),
     (True, False): LoadSplit(1.0, ce_path="batch"),
-    (False, True): LoadSplit(0.6, by="components", **HEAD, **WAVES),
+    (False, True): PITCHED_RUNS_LOADS,
     (False, False): LoadSplit(by="components", ce_path="batch"),
 }
 #: Single-layer splits where ``cudaMemcpyBatchAsync`` cannot run (runtime or driver before 12.8): the
@@ -592,6 +608,6 @@ def backup_issue_threads(path: str, options: TransferOptions) -> int:
 
 
 __all__ = ["BACKUP_ISSUE_THREADS_BY_PATH", "CALLER_HEAD_BLOCKS", "backup_issue_threads", "AUTO_PATHS", "DIRECT_MIN_MEAN_RUN", "ISSUE_THREADS", "ISSUE_THREADS_BY_PATH", "KERNEL_LOADS", "LOAD_STREAM_PRIORITY", "MAX_COPY_STREAMS", "MAX_ISSUE_THREADS", "MIXED_LOADS",
-           "MIXED_BACKUPS", "MIXED_LOADS_BESIDE_BACKUP", "PATHS", "SCATTERED_LOADS", "SCATTERED_LOADS_BESIDE_BACKUP",
+           "MIXED_BACKUPS", "MIXED_LOADS_BESIDE_BACKUP", "PATHS", "PITCHED_RUNS_LOADS", "SCATTERED_LOADS", "SCATTERED_LOADS_BESIDE_BACKUP",
            "SCATTERED_LOADS_WITHOUT_BATCH", "SINGLE_LAYER_WITHOUT_BATCH", "STAGED_MIN_MEAN_RUN",
            "BackupSplit", "LoadSplit", "TransferOptions", "choose_backup_split", "choose_path", "choose_split", "is_scattered", "issue_threads", "mean_host_run"]

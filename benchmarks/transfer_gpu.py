@@ -156,12 +156,14 @@ def summarize(results: list[dict], ceiling: dict, layer_gbps: float, naive: dict
             r = row(group="both", layout=layout, load_path="auto", backup_path="auto", slots=slots)
             print(f"both    {layout:11s} {slots:9s} {r['gbps']:6.2f} GB/s = {r['vs_one_direction']:.2f}x one direction (target 1.6x)")
             for factor in (0.5, 1.25):
-                try:
-                    r = row(group="beside_compute", path="auto", layout=layout, slots=slots, factor=factor)
-                except StopIteration:
-                    continue
-                print(f"beside  {layout:11s} {slots:9s} {factor}x compute: hidden {r['hidden_fraction']:5.2f} (target 0.9), "
-                      f"compute slowdown {r['compute_slowdown']:5.3f} (target 1.05)")
+                # ``auto`` and ``auto`` told that the model computes beside it (``beside_compute``).
+                for path, label in (("auto", ""), ("auto beside compute", " (beside_compute)")):
+                    try:
+                        r = row(group="beside_compute", path=path, layout=layout, slots=slots, factor=factor)
+                    except StopIteration:
+                        continue
+                    print(f"beside  {layout:11s} {slots:9s} {factor}x compute{label}: hidden {r['hidden_fraction']:5.2f} "
+                          f"(target 0.9), compute slowdown {r['compute_slowdown']:5.3f} (target 1.05)")
     for op in ("backup", "load61"):
         swept = [r for r in results if r.get("group") == "cta_sweep" and r["op"] == op and r["ctas"] <= 16]
         if not swept:
@@ -571,7 +573,8 @@ def concurrent_section(b, args, engines, hosts, page_sets, slot_sets, sets, tran
 
 
 #: Beside compute: (name, path, options) of the loads timed beside the model's matmuls.
-BESIDE = [("auto", "auto", None), ("kernel", "kernel", None)] + _named(
+BESIDE = [("auto", "auto", None), ("auto beside compute", "auto", TransferOptions(beside_compute=True)),
+          ("kernel", "kernel", None)] + _named(
     "kernel 8 ctas", "kernel on 1 issue thread", "mixed caller thread", "ce blocks 8 on 1 issue thread",
     "ce 0.8 blocks 8 ramp + kernel 0.2", "kernel 0.7 + batch 0.3 on 1 thread", "kernel 0.6 + batch 0.4 on 1 thread",
     "batch 4 issue threads")

@@ -598,12 +598,10 @@ class _Running:
 def test_mixed_loads_leave_the_link_to_copy_engines_while_a_backup_runs():
     device, host = _pools("nsa", "page_first")
     engine = TransferEngine(device.pool, host)
-    # page_first rows are pitched: several layers go through the copy engines after the head, the
-    # indexer rows in blocks of layers (one wide row per slot); one layer alone: the latent
-    # straight into the pages in one batch, the indexer by the kernel.
-    several = engine._load_split(3)
-    assert several.by == "pages" and several.ce_fraction == 1.0 and several.ce_path == "staged"
-    assert several.minor_layers_per_copy > 1 and several.head_layers > 0
+    # page_first rows are pitched: copy engines take the latent rows, the kernel the indexer rows;
+    # one layer alone: the latent straight into the pages in one batch, the indexer by the kernel.
+    assert engine._load_split(3).by == "components" and 0 < engine._load_split(3).ce_fraction < 1
+    assert engine._load_split(3).ce_path == "staged"
     assert engine._load_split(1) == LoadSplit(by="components", ce_path="batch")
     engine._has_batch = False  # a CUDA runtime before 12.8: the staged split of before
     assert engine._load_split(1) == SINGLE_LAYER_WITHOUT_BATCH[False] and 0 < engine._ce_fraction(1) < 1

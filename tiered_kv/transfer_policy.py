@@ -213,8 +213,8 @@ class LoadSplit:
 #: "ce_fraction", "Load splits" and "Batched copies"): dense host rows (layer_first) stream at full
 #: rate through the copy engines alone; pitched rows (page_first: one 42 KB latent and one 8 KB
 #: indexer row per slot and layer) do not: the copy engines take the latent rows and the kernel
-#: every indexer row (53.2-53.3 against 52.4-52.5 GB/s for a 0.6 page share in two runs; until 2026-12-02 for
-#: several layers too, now ``PITCHED_RUNS_LOADS``; specs
+#: every indexer row (53.2-53.3 against 52.4-52.5 GB/s for a 0.6 page share in two runs; beside the
+#: model's compute several layers go ``PITCHED_RUNS_LOADS``' way, see ``BESIDE_COMPUTE_LOADS``; specs
 #: without a smaller component keep the 0.6 page share). A single layer is too short to hide a
 #: staging hop: the copy engines take the latent rows straight into the device pages in one
 #: ``cudaMemcpyBatchAsync`` while the kernel takes the indexer rows (52.2-53.4 GB/s, 96-101% of a
@@ -277,25 +277,35 @@ WAVES = {"plan_wave": 1}
 #: (``transfer_gpu.py``, same day) against 95.3-96.2% before, and the issue keeps idle loads with
 #: slots in runs as they were.
 STAGING_SCATTER_CTAS = {"staging_ctas": 16}
-#: ``page_first`` loads of several layers with slots in runs: after the head, the copy engines take
-#: every component, the indexer rows in blocks of 8 layers (``minor_layers_per_copy``: one 67 KB
-#: row per slot instead of eight 8 KB rows, which the copy engines move slowly), each block one
-#: staged group ahead of its first layer's, and the staging scatter takes 32 CTAs. Until
-#: 2026-12-02 the UVA kernel moved every indexer row, holding SMs for the whole load. Measured on
-#: the H200 (``benchmarks/beside_floor.py --set fourth`` / ``fifth`` / ``sixth``, compute alone
-#: and both in turn, three rounds each, docs/benchmarks.md "Serving conditions, fourteenth round"),
-#: beside the matmuls at 1.25x: 0.907 / 0.919 / 0.899 of the load hidden at a slowdown of 1.024 /
-#: 1.019 / 1.030 against ``auto``'s 0.754 / 0.806 / 0.746 at 1.133 / 1.078 / 1.141 in the same
-#: run (the floor: 0.909-0.932 at 1.012-1.030). Idle 61-layer loads 51.2-51.9 GB/s against 52.6-52.9
-#: (94-95% of that run's 54.6 ceiling against 96-97%): the copy engines move the pitched latent
-#: rows a little slower than the copy engines and the kernel at once. Without the blocks (indexer
-#: rows per layer) 0.83-0.89 hidden at 50.1 GB/s; blocks of 4 45 GB/s; 4 scatter CTAs 0.69-0.75
-#: hidden (each block's 53 MB group waits on a slow scatter); 16 0.86-0.87; 64 0.90-0.91 at 1.02-1.04.
+#: ``page_first`` loads of several layers with slots in runs while the model computes beside them
+#: (``TransferOptions.beside_compute``): after the head, the copy engines take every component, the
+#: indexer rows in blocks of 8 layers (``minor_layers_per_copy``: one 67 KB row per slot instead of
+#: eight 8 KB rows, which the copy engines move slowly), each block one staged group ahead of its
+#: first layer's, and the staging scatter takes 32 CTAs; ``MIXED_LOADS``' split has the UVA kernel
+#: move every indexer row, holding SMs for the whole load. Measured on the H200
+#: (``benchmarks/beside_floor.py --set fourth`` ... ``seventh``, compute alone and both in turn,
+#: three rounds each, docs/benchmarks.md "Serving conditions, fourteenth round"), beside the
+#: matmuls at 1.25x: 0.907 / 0.919 / 0.899 and 0.879 / 0.926 / 0.882 of the load hidden at a
+#: slowdown of 1.024 / 1.019 / 1.030 and 1.046 / 1.011 / 1.043, against 0.754 / 0.806 / 0.746 at
+#: 1.133 / 1.078 / 1.141 and 0.760 / 0.847 / 0.813 at 1.145 / 1.069 / 1.093 for ``MIXED_LOADS``'
+#: split in the same runs (the floor: 0.909-0.948 at 1.012-1.034). Idle it is slower: 61-layer
+#: loads of 51.2-51.9 GB/s against 52.6-53.2 (93-95% of the ceiling against 96-97%; 93.7% in a
+#: run of record against 95.3%): the copy engines alone move the pitched latent rows a little
+#: slower than the copy engines and the kernel at once, so it is the split for loads beside the
+#: model, not the default. Rings of 3 or 4 buffers did not change the idle rate; a kernel share of
+#: 10% of the pages at 8 CTAs raised it to 52.6 but hid only 0.79-0.83. Without the blocks (indexer
+#: rows per layer) 0.83-0.89 hidden at 50.1 GB/s; blocks of 4 45 GB/s; of 16 0.88-0.90 at 52.1;
+#: 4 scatter CTAs 0.69-0.75 hidden (each block's 53 MB group waits on a slow scatter); 16
+#: 0.86-0.87; 64 0.90-0.91 at 1.02-1.04.
 PITCHED_RUNS_LOADS = LoadSplit(1.0, **HEAD, **WAVES, minor_layers_per_copy=8, minor_lead_groups=1, staging_ctas=32)
+#: Loads of several layers with slots in runs beside the model's compute, by dense host rows (the
+#: rest as ``MIXED_LOADS``: its ``layer_first`` split met the beside target, 0.92-0.93 hidden at
+#: 1.002-1.007, and kept its idle rate).
+BESIDE_COMPUTE_LOADS = {False: PITCHED_RUNS_LOADS}
 MIXED_LOADS = {
     (True, True): LoadSplit(1.0, **HEAD, **WAVES, **STAGING_SCATTER_CTAS),
     (True, False): LoadSplit(1.0, ce_path="batch"),
-    (False, True): PITCHED_RUNS_LOADS,
+    (False, True): LoadSplit(0.6, by="components", **HEAD, **WAVES),
     (False, False): LoadSplit(by="components", ce_path="batch"),
 }
 #: Single-layer splits where ``cudaMemcpyBatchAsync`` cannot run (runtime or driver before 12.8): the
@@ -452,6 +462,10 @@ class TransferOptions:
         beside the matmuls is the same (1.75-2.03 ms against 1.75-2.26), the share hidden at 1.25x
         0.88 / 0.69 / 0.87 / 0.75 (page_first runs / scattered, layer_first runs / scattered)
         against 0.88 / 0.81 / 0.85 / 0.76, idle loads the same; so off by default.
+    beside_compute: the model computes on the GPU while loads run (a serving engine that waits
+        on layers with ``wait_layer``): ``auto`` then takes the splits measured beside the model's
+        matmuls (``BESIDE_COMPUTE_LOADS``), which leave the model its SMs at a small cost in idle
+        rate; off: the splits of the best idle rate.
     """
 
     load_split: LoadSplit | None = None
@@ -464,6 +478,7 @@ class TransferOptions:
     backup_issue_threads: int | None = None
     caller_head_blocks: int | None = None
     device_tables: bool = False
+    beside_compute: bool = False
 
     def __post_init__(self) -> None:
         if self.load_split is not None and not isinstance(self.load_split, LoadSplit):
@@ -475,7 +490,7 @@ class TransferOptions:
         for name in ("issue_threads", "backup_issue_threads"):
             _count(self, name, low=0, high=MAX_ISSUE_THREADS, optional=True)
         _count(self, "caller_head_blocks", low=1, optional=True)
-        for name in ("pitched_batch", "device_tables"):
+        for name in ("pitched_batch", "device_tables", "beside_compute"):
             _flag(self, name)
 
 
@@ -526,8 +541,9 @@ def choose_split(*, dense_host_rows: bool, num_layers: int, backup_in_flight: bo
                  has_batch: bool, options: TransferOptions = TransferOptions()) -> LoadSplit:
     """How a ``mixed`` load is split now: the options' split, else from scattered slots (several
     layers) ``SCATTERED_LOADS`` (``SCATTERED_LOADS_BESIDE_BACKUP`` beside a backup), else beside a
-    backup ``MIXED_LOADS_BESIDE_BACKUP``, else ``MIXED_LOADS``; then the options' ``ce_fraction``
-    over it."""
+    backup ``MIXED_LOADS_BESIDE_BACKUP``, else with ``options.beside_compute`` (several layers)
+    ``BESIDE_COMPUTE_LOADS`` where it has the layout, else ``MIXED_LOADS``; then the options'
+    ``ce_fraction`` over it."""
     if options.load_split is not None:
         split = options.load_split
     elif scattered and num_layers > 1:
@@ -536,6 +552,8 @@ def choose_split(*, dense_host_rows: bool, num_layers: int, backup_in_flight: bo
             split = SCATTERED_LOADS_WITHOUT_BATCH
     elif backup_in_flight:
         split = MIXED_LOADS_BESIDE_BACKUP[dense_host_rows]
+    elif options.beside_compute and num_layers > 1 and dense_host_rows in BESIDE_COMPUTE_LOADS:
+        split = BESIDE_COMPUTE_LOADS[dense_host_rows]
     else:
         split = MIXED_LOADS[(dense_host_rows, num_layers > 1)]
         if split.ce_path == "batch" and not has_batch:
@@ -607,7 +625,7 @@ def backup_issue_threads(path: str, options: TransferOptions) -> int:
     return BACKUP_ISSUE_THREADS_BY_PATH.get(path, 0)
 
 
-__all__ = ["BACKUP_ISSUE_THREADS_BY_PATH", "CALLER_HEAD_BLOCKS", "backup_issue_threads", "AUTO_PATHS", "DIRECT_MIN_MEAN_RUN", "ISSUE_THREADS", "ISSUE_THREADS_BY_PATH", "KERNEL_LOADS", "LOAD_STREAM_PRIORITY", "MAX_COPY_STREAMS", "MAX_ISSUE_THREADS", "MIXED_LOADS",
+__all__ = ["BACKUP_ISSUE_THREADS_BY_PATH", "BESIDE_COMPUTE_LOADS", "CALLER_HEAD_BLOCKS", "backup_issue_threads", "AUTO_PATHS", "DIRECT_MIN_MEAN_RUN", "ISSUE_THREADS", "ISSUE_THREADS_BY_PATH", "KERNEL_LOADS", "LOAD_STREAM_PRIORITY", "MAX_COPY_STREAMS", "MAX_ISSUE_THREADS", "MIXED_LOADS",
            "MIXED_BACKUPS", "MIXED_LOADS_BESIDE_BACKUP", "PATHS", "PITCHED_RUNS_LOADS", "SCATTERED_LOADS", "SCATTERED_LOADS_BESIDE_BACKUP",
            "SCATTERED_LOADS_WITHOUT_BATCH", "SINGLE_LAYER_WITHOUT_BATCH", "STAGED_MIN_MEAN_RUN",
            "BackupSplit", "LoadSplit", "TransferOptions", "choose_backup_split", "choose_path", "choose_split", "is_scattered", "issue_threads", "mean_host_run"]

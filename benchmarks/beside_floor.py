@@ -155,19 +155,41 @@ SETS = {
                                (", scatter 32, 1 ahead, 2 copy streams",
                                 {"staging_ctas": 32, "minor_lead_groups": 1, "copy_streams": 2}))],
     ],
-    # The new page_first runs split (``PITCHED_RUNS_LOADS``) lost idle rate (93.7% of the ceiling in
+    # (Run while ``auto`` took ``PITCHED_RUNS_LOADS`` for page_first runs; it is now the split of
+    # ``TransferOptions.beside_compute``.) That split lost idle rate (93.7% of the ceiling in
     # the run of record against 95.3%): a small kernel share beside the copy engines, a ring of three
     # or four buffers, wider minor blocks; the split of before as control.
     "seventh": [
-        ("auto page_first runs", "page_first", "runs", "auto", None, {}),
+        ("auto page_first runs", "page_first", "runs", "auto", TransferOptions(beside_compute=True), {}),
         ("split of before page_first runs", "page_first", "runs", "mixed",
          TransferOptions(load_split=LoadSplit(0.6, by="components", **HEAD, **WAVES)), {}),
-        ("auto, ring of 3 page_first runs", "page_first", "runs", "auto", None, {"staging_buffers": 3}),
-        ("auto, ring of 4 page_first runs", "page_first", "runs", "auto", None, {"staging_buffers": 4}),
+        ("auto, ring of 3 page_first runs", "page_first", "runs", "auto", TransferOptions(beside_compute=True),
+         {"staging_buffers": 3}),
+        ("auto, ring of 4 page_first runs", "page_first", "runs", "auto", TransferOptions(beside_compute=True),
+         {"staging_buffers": 4}),
         ("auto + kernel 0.1 at 8 ctas page_first runs", "page_first", "runs", "mixed",
          TransferOptions(load_split=replace(PITCHED_RUNS_LOADS, ce_fraction=0.9, kernel_ctas=8, head_ctas=16)), {}),
         ("auto, indexer blocks of 16 page_first runs", "page_first", "runs", "mixed",
          TransferOptions(load_split=replace(PITCHED_RUNS_LOADS, minor_layers_per_copy=16)), {}),
+    ],
+    # The beside-compute split for page_first runs confirmed, and the same idea for scattered slots:
+    # ``SCATTERED_LOADS``' blocks with every page on the copy engines (no kernel share holding SMs)
+    # and the wider staging scatter, its blocks growing slower (less stall at a block's first
+    # layer) or planned ahead; scattered layer_first with half its rows as memcpy batches.
+    "eighth": [
+        ("auto beside compute page_first runs", "page_first", "runs", "auto", TransferOptions(beside_compute=True), {}),
+        ("auto page_first scattered", "page_first", "scattered", "auto", None, {}),
+        *[(f"ce blocks + head{label} page_first scattered", "page_first", "scattered", "mixed",
+           TransferOptions(load_split=replace(SCATTERED_LOADS[False], ce_fraction=1.0, **knobs)), {})
+          for label, knobs in ((", scatter 32", {"staging_ctas": 32}),
+                               (", scatter 32, ramp step 6", {"staging_ctas": 32, "ramp_step": 6}),
+                               (", scatter 32, 3 lead blocks", {"staging_ctas": 32, "lead_blocks": 3}),
+                               (", scatter 32, blocks of 4", {"staging_ctas": 32, "layers_per_copy": 4,
+                                                              "kernel_blocks": 4}))],
+        ("auto layer_first scattered", "layer_first", "scattered", "auto", None, {}),
+        *[(f"batch 0.5 on {t} threads + kernel 8 ctas layer_first scattered", "layer_first", "scattered", "mixed",
+           TransferOptions(load_split=replace(SCATTERED_LOADS[True], ce_fraction=0.5, kernel_ctas=8, head_ctas=16),
+                           issue_threads=t), {}) for t in (2, 4)],
     ],
 }
 Model = tg.BesideModel

@@ -47,12 +47,15 @@ class TransferHalf:
 
     moves_bytes = True
 
-    def __init__(self, device_pool: Any, host_pool: Any, *, path: str = "auto") -> None:
+    def __init__(self, device_pool: Any, host_pool: Any, *, path: str = "auto", options: Any = None) -> None:
+        """``path`` and ``options`` (a ``TransferOptions``) go to the engine as they are: a serving
+        engine whose model computes while loads run passes ``TransferOptions(beside_compute=True)``,
+        so ``auto`` takes the splits that leave the model its SMs."""
         from ..transfer_engine import TransferEngine  # torch / CUDA only on the worker side
 
         self.device_pool = device_pool
         self.host_pool = host_pool
-        self.engine = TransferEngine(device_pool, host_pool, path=path)
+        self.engine = TransferEngine(device_pool, host_pool, path=path, options=options)
         self._stores: list[tuple[StorePlan, Any]] = []
         self.bytes_loaded = 0
         self.bytes_stored = 0

@@ -418,7 +418,10 @@ THIRTEENTH = [
     # b <= 1 + j / 4, so blocks growing by one every 5 layers after the 8-layer head never stall
     # at the idle rate; the copy engines alone after the head take no SM from the matmuls.
     ("auto, pf scattered head 8, ramp step 5", "auto", None, {}, _scattered_from_policy(False, **tp_HEAD)),
-    ("auto, pf scattered copy engines only after the head", "auto", None, {}, _scattered_from_policy(False, ce_fraction=1.0)),
+    # (The policy's split since 2026-12-03 is copy engines only as well, with a wider scatter and lead
+    # blocks: the variant names what it measured then.)
+    ("auto, pf scattered copy engines only after the head", "auto", None, {},
+     _scattered_from_policy(False, ce_fraction=1.0, staging_ctas=None, lead_blocks=1)),
     # ``layer_first`` runs beside compute hid 0.896 (start 1.54 ms, stall 0.82, busy 0.93): a
     # shorter head takes the SMs for fewer layers.
     ("auto, lf runs head 3", "auto", None, {}, _runs_from_policy(True, head_layers=3)),

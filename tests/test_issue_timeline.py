@@ -112,6 +112,6 @@ def test_lead_blocks_are_set_for_every_case_and_1_gives_the_policy_back():
         assert tp.SCATTERED_LOADS.keys() == policy[0].keys() and tp.MIXED_LOADS.keys() == policy[1].keys()
         issue_timeline.use_lead_blocks(1)
         assert tp.SCATTERED_LOADS == policy[0] and tp.MIXED_LOADS == policy[1]
-        assert all(s.lead_blocks == 1 for s in tp.SCATTERED_LOADS.values())
+        assert [s.lead_blocks for s in tp.SCATTERED_LOADS.values()] == [s.lead_blocks for s in policy[0].values()]
     finally:
         tp.SCATTERED_LOADS, tp.MIXED_LOADS = policy

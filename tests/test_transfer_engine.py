@@ -418,9 +418,10 @@ def test_scattered_splits_follow_the_policy():
         base = {"dense_host_rows": False, "num_layers": 61, "backup_in_flight": False, "scattered": True, "has_batch": True}
         return choose_split(**{**base, **conditions})
 
-    # page_first: copy engines in ramped layer blocks beside a kernel share; beside a backup the
-    # copy engines alone (UVA reads would cut into the backup).
-    assert split() == SCATTERED_LOADS[False] and 0 < split().ce_fraction < 1 and split().layers_per_copy > 1
+    # page_first: copy engines alone in ramped layer blocks after a kernel head, a wide staging
+    # scatter and lead blocks; beside a backup the copy engines after a head in blocks of 8.
+    assert split() == SCATTERED_LOADS[False] and split().ce_fraction == 1.0 and split().layers_per_copy > 1
+    assert split().staging_ctas == 32 and split().lead_blocks == 3 and split().head_layers > 0
     assert split().ramp and split().kernel_blocks > 1
     assert split(backup_in_flight=True) == SCATTERED_LOADS_BESIDE_BACKUP[False] == MIXED_LOADS_BESIDE_BACKUP[False]
     # layer_first: the kernel and a batch share, also beside a backup; the kernel alone without batches.

@@ -367,7 +367,8 @@ AUTO_PATHS_WITHOUT_BATCH = {(True, True, True, False): "kernel", (False, True, T
 #:   latent and one indexer row per slot and block; ramped 1, 2, 4, then 8 until 2026-12-02, now
 #:   growing with the layer index after an 8-layer kernel head, see below), 20% through the UVA
 #:   kernel in blocks of the same sizes, both at once, issued on a library thread: 53.2 GB/s (96.0%)
-#:   against 51.6 (93%) for copy engines alone and 51.0 (92%) for the kernel alone.
+#:   against 51.6 (93%) for copy engines alone and 51.0 (92%) for the kernel alone. Since
+#:   2026-12-03 the copy engines alone again, with a wider staging scatter (see below).
 #: - ``layer_first``: 70% of the pages through the UVA kernel (ramped blocks), 30% as memcpy batches
 #:   on a library thread: 52.1 GB/s (94%) and, beside the model's matmuls, 0.86 of the load hidden
 #:   at a compute slowdown of 1.00, where ``batch`` on 4 issue threads (53.4 GB/s, 96%) hid 0.45 at
@@ -408,8 +409,21 @@ AUTO_PATHS_WITHOUT_BATCH = {(True, True, True, False): "kernel", (False, True, T
 #: (the same entry) load + backup moved 1.02x / 1.01x against 1.00x / 1.00x / 0.96x before. In the
 #: other cases the single-layer head moved hidden by -0.06 to +0.10 between the two runs
 #: (``page_first`` runs lost in both), so they keep their heads.
-SCATTERED_LOADS = {False: LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, ramp_step=4, head_layers=8,
-                                    **WAVES),
+#: Since 2026-12-03 (eighteenth session) ``page_first`` moves every page of the body through the copy
+#: engines (no kernel share holding SMs for the whole load), its staging scatter takes 32 CTAs
+#: (each block's group is scattered sooner) and its first three blocks are planned and enqueued
+#: by calls of their own (``lead_blocks``), so copying starts while the issuing thread plans the
+#: rest. Measured on the H200 (``benchmarks/beside_floor.py --set eighth``, two rounds, compute
+#: alone and both in turn, docs/benchmarks.md "Serving conditions, fourteenth round"): idle
+#: 61-layer loads 53.07 / 53.02 GB/s (96.2 / 96.1% of that run's 55.17 ceiling) against ``auto``'s
+#: 52.06 / 52.00 (94.4 / 94.3%); beside the matmuls at 1.25x 0.838 / 0.885 of the load hidden at
+#: a slowdown of 1.053 / 1.017 against 0.717 / 0.796 at 1.137 / 1.064. Copy engines alone with
+#: scatter 32 and one lead block: 53.21 / 52.98 GB/s, 0.795 / 0.800 at 1.069 / 1.060; with
+#: ``ramp_step`` 6: 52.2 / 52.0, 0.843 / 0.879 at 1.040 / 1.025; blocks of 4 layers: 51.7 / 51.8,
+#: 0.880 / 0.793 at 1.027 / 1.061. (Before: ``ce_fraction`` 0.8, the copier's 4 scatter CTAs, one
+#: lead block; copy engines alone were 93% idle then, with 4 scatter CTAs.)
+SCATTERED_LOADS = {False: LoadSplit(1.0, layers_per_copy=8, kernel_blocks=8, ramp=True, ramp_step=4, head_layers=8,
+                                    staging_ctas=32, lead_blocks=3, **WAVES),
                    True: LoadSplit(0.3, ce_path="batch", kernel_blocks=8, **HEAD, head_ramp_step=8)}
 #: The same beside a backup in flight: ``page_first`` loads keep to the copy engines after a short
 #: kernel head (UVA reads would cut into the backup; the head's only overlap its first layers),

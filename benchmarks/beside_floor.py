@@ -191,6 +191,18 @@ SETS = {
            TransferOptions(load_split=replace(SCATTERED_LOADS[True], ce_fraction=0.5, kernel_ctas=8, head_ctas=16),
                            issue_threads=t), {}) for t in (2, 4)],
     ],
+    # Scattered page_first's split since the eighth set (copy engines alone, scatter 32, three lead
+    # blocks): the model still stalls about 2 ms at block starts and the head's kernel holds SMs
+    # for its 8 layers; blocks that grow slower, a shorter head, a wider scatter, two copy streams.
+    "ninth": [
+        ("auto page_first scattered", "page_first", "scattered", "auto", None, {}),
+        *[(f"auto{label} page_first scattered", "page_first", "scattered", "mixed",
+           TransferOptions(load_split=replace(SCATTERED_LOADS[False], **knobs)), {})
+          for label, knobs in ((", ramp step 6", {"ramp_step": 6}),
+                               (", ramp step 6, scatter 64", {"ramp_step": 6, "staging_ctas": 64}),
+                               (", head 4", {"head_layers": 4}),
+                               (", 2 copy streams", {"copy_streams": 2}))],
+    ],
 }
 Model = tg.BesideModel
 ROWS_MAX = tg.BesideModel.ROWS_MAX

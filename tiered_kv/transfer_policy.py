@@ -421,7 +421,10 @@ AUTO_PATHS_WITHOUT_BATCH = {(True, True, True, False): "kernel", (False, True, T
 #: scatter 32 and one lead block: 53.21 / 52.98 GB/s, 0.795 / 0.800 at 1.069 / 1.060; with
 #: ``ramp_step`` 6: 52.2 / 52.0, 0.843 / 0.879 at 1.040 / 1.025; blocks of 4 layers: 51.7 / 51.8,
 #: 0.880 / 0.793 at 1.027 / 1.061. (Before: ``ce_fraction`` 0.8, the copier's 4 scatter CTAs, one
-#: lead block; copy engines alone were 93% idle then, with 4 scatter CTAs.)
+#: lead block; copy engines alone were 93% idle then, with 4 scatter CTAs.) Again in ``--set
+#: ninth``: 52.99 / 53.02 GB/s (95.5 / 95.6% of 55.47), 0.888 / 0.789 hidden at 1.037 / 1.055;
+#: ``ramp_step`` 6 (with scatter 64 too), a head of 4 layers and two copy streams won in neither
+#: round (the model's stall at block starts varies 0.7-6 ms between rounds).
 SCATTERED_LOADS = {False: LoadSplit(1.0, layers_per_copy=8, kernel_blocks=8, ramp=True, ramp_step=4, head_layers=8,
                                     staging_ctas=32, lead_blocks=3, **WAVES),
                    True: LoadSplit(0.3, ce_path="batch", kernel_blocks=8, **HEAD, head_ramp_step=8)}

@@ -49,6 +49,8 @@ from tiered_kv.transfer_policy import (HEAD, MIXED_LOADS, PITCHED_RUNS_LOADS, SC
 
 FACTORS = (0.5, 1.25)
 LOW = {"high_priority_loads": False}
+#: ``auto`` told that the model computes beside its loads.
+BESIDE_COMPUTE = TransferOptions(beside_compute=True)
 
 #: Loaders beside the floor, by set: (name, layout, slots, path, options, engine kwargs).
 SETS = {
@@ -160,12 +162,12 @@ SETS = {
     # the run of record against 95.3%): a small kernel share beside the copy engines, a ring of three
     # or four buffers, wider minor blocks; the split of before as control.
     "seventh": [
-        ("auto page_first runs", "page_first", "runs", "auto", TransferOptions(beside_compute=True), {}),
+        ("auto page_first runs", "page_first", "runs", "auto", BESIDE_COMPUTE, {}),
         ("split of before page_first runs", "page_first", "runs", "mixed",
          TransferOptions(load_split=LoadSplit(0.6, by="components", **HEAD, **WAVES)), {}),
-        ("auto, ring of 3 page_first runs", "page_first", "runs", "auto", TransferOptions(beside_compute=True),
+        ("auto, ring of 3 page_first runs", "page_first", "runs", "auto", BESIDE_COMPUTE,
          {"staging_buffers": 3}),
-        ("auto, ring of 4 page_first runs", "page_first", "runs", "auto", TransferOptions(beside_compute=True),
+        ("auto, ring of 4 page_first runs", "page_first", "runs", "auto", BESIDE_COMPUTE,
          {"staging_buffers": 4}),
         ("auto + kernel 0.1 at 8 ctas page_first runs", "page_first", "runs", "mixed",
          TransferOptions(load_split=replace(PITCHED_RUNS_LOADS, ce_fraction=0.9, kernel_ctas=8, head_ctas=16)), {}),
@@ -177,7 +179,7 @@ SETS = {
     # and the wider staging scatter, its blocks growing slower (less stall at a block's first
     # layer) or planned ahead; scattered layer_first with half its rows as memcpy batches.
     "eighth": [
-        ("auto beside compute page_first runs", "page_first", "runs", "auto", TransferOptions(beside_compute=True), {}),
+        ("auto beside compute page_first runs", "page_first", "runs", "auto", BESIDE_COMPUTE, {}),
         ("auto page_first scattered", "page_first", "scattered", "auto", None, {}),
         *[(f"ce blocks + head{label} page_first scattered", "page_first", "scattered", "mixed",
            TransferOptions(load_split=replace(SCATTERED_LOADS[False], ce_fraction=1.0, **knobs)), {})

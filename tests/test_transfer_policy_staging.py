@@ -1,8 +1,14 @@
 """Idle loads of several layers with slots in runs: which ones give their staging scatter 16 CTAs."""
 
 import pytest
+import torch
 
+from tiered_kv import nsa_spec
 from tiered_kv import transfer_policy as tp
+from tiered_kv.transfer import load_pairs
+from tiered_kv.transfer_engine import TransferEngine
+
+from .kernels.pools import check_copy, make_device_pool, make_host_pool, random_ids
 
 
 def test_layer_first_runs_scatter_with_16_ctas_and_page_first_keeps_the_copiers_default():
@@ -56,14 +62,6 @@ def test_beside_compute_is_a_flag(bad):
 @pytest.mark.parametrize("slots", ["runs", "scattered"])
 def test_an_engine_beside_compute_copies_every_byte(slots):
     """Through the engine (CPU pools): the flag's split moves every byte of a load."""
-    import torch
-
-    from tiered_kv import nsa_spec
-    from tiered_kv.transfer import load_pairs
-    from tiered_kv.transfer_engine import TransferEngine
-
-    from .kernels.pools import check_copy, make_device_pool, make_host_pool, random_ids
-
     spec = nsa_spec(num_layers=12, page_size=4)
     device, host = make_device_pool(spec, 40, "cpu"), make_host_pool(spec, 36, "page_first")
     engine = TransferEngine(device.pool, host, options=tp.TransferOptions(beside_compute=True))

@@ -44,8 +44,7 @@ import transfer_gpu as tg  # noqa: E402  (the main benchmark's pools, matmuls an
 
 from tiered_kv import HostPool  # noqa: E402
 from tiered_kv.transfer_engine import TransferEngine  # noqa: E402
-from tiered_kv.transfer_policy import (HEAD, MIXED_LOADS, PITCHED_RUNS_LOADS, SCATTERED_LOADS,
-                                        SCATTERED_ROWS_KERNEL_AND_BATCH, WAVES,  # noqa: E402
+from tiered_kv.transfer_policy import (HEAD, MIXED_LOADS, PITCHED_RUNS_LOADS, SCATTERED_LOADS, WAVES,  # noqa: E402
                                        LoadSplit, TransferOptions)
 
 FACTORS = (0.5, 1.25)
@@ -98,7 +97,7 @@ SETS = {
          TransferOptions(load_split=replace(MIXED_LOADS[(True, True)], layers_per_copy=4, ramp_step=4)), {}),
         ("auto layer_first scattered", "layer_first", "scattered", "auto", None, {}),
         *[(f"body kernel {c} ctas tile {t} layer_first scattered", "layer_first", "scattered", "mixed",
-           TransferOptions(load_split=replace(SCATTERED_ROWS_KERNEL_AND_BATCH, kernel_ctas=c, kernel_tile=t, head_ctas=16)), {})
+           TransferOptions(load_split=replace(SCATTERED_LOADS[True], kernel_ctas=c, kernel_tile=t, head_ctas=16)), {})
           for c, t in ((8, 8192), (8, 16384), (4, 16384))],
     ],
     # The staging scatter's CTAs (16 beat 4 and 1 for layer_first runs in the second set) with the
@@ -117,7 +116,7 @@ SETS = {
            TransferOptions(load_split=replace(MIXED_LOADS[(True, True)], staging_ctas=c)), {}) for c in (16, 32)],
         ("auto layer_first scattered", "layer_first", "scattered", "auto", None, {}),
         ("batch 0.5 on 2 threads + kernel 8 ctas layer_first scattered", "layer_first", "scattered", "mixed",
-         TransferOptions(load_split=replace(SCATTERED_ROWS_KERNEL_AND_BATCH, ce_fraction=0.5, kernel_ctas=8, head_ctas=16),
+         TransferOptions(load_split=replace(SCATTERED_LOADS[True], ce_fraction=0.5, kernel_ctas=8, head_ctas=16),
                          issue_threads=2), {}),
     ],
     # page_first runs through the copy engines only after the head, the indexer rows per layer (8 KB
@@ -191,7 +190,7 @@ SETS = {
                                                               "kernel_blocks": 4}))],
         ("auto layer_first scattered", "layer_first", "scattered", "auto", None, {}),
         *[(f"batch 0.5 on {t} threads + kernel 8 ctas layer_first scattered", "layer_first", "scattered", "mixed",
-           TransferOptions(load_split=replace(SCATTERED_ROWS_KERNEL_AND_BATCH, ce_fraction=0.5, kernel_ctas=8, head_ctas=16),
+           TransferOptions(load_split=replace(SCATTERED_LOADS[True], ce_fraction=0.5, kernel_ctas=8, head_ctas=16),
                            issue_threads=t), {}) for t in (2, 4)],
     ],
     # Scattered page_first's split since the eighth set (copy engines alone, scatter 32, three lead

@@ -178,8 +178,7 @@ class PolicyVariant:
     ``change(split)`` (the module tables swapped around each call, a few microseconds): a
     candidate policy measured against the current one in the same run."""
 
-    TABLES = ("MIXED_LOADS", "SCATTERED_LOADS", "MIXED_LOADS_BESIDE_BACKUP", "SCATTERED_LOADS_BESIDE_BACKUP",
-              "BESIDE_COMPUTE_LOADS", "BESIDE_COMPUTE_SCATTERED_LOADS")
+    TABLES = ("MIXED_LOADS", "SCATTERED_LOADS", "MIXED_LOADS_BESIDE_BACKUP", "SCATTERED_LOADS_BESIDE_BACKUP")
 
     def __init__(self, engine: TransferEngine, change) -> None:
         import tiered_kv.transfer_policy as tp
@@ -678,12 +677,9 @@ TWENTYEIGHTH = [
 
 #: Twenty-ninth probe: ``auto``'s scattered ``layer_first`` head of single layers (since the
 #: twenty-eighth) against ``HEAD``'s step-5 head it had before, once more in one run.
-#: Since the nineteenth session that split is ``auto``'s beside the model's compute only (idle
-#: scattered ``layer_first`` loads go through the copy engines), so both rows say so.
 TWENTYNINTH = [
-    ("auto beside compute", "auto", TransferOptions(beside_compute=True), {}, None),
-    ("auto beside compute, HEAD's step-5 head", "auto", TransferOptions(beside_compute=True), {},
-     _entry_changed("BESIDE_COMPUTE_SCATTERED_LOADS", True, head_ramp_step=None)),
+    ("auto", "auto", None, {}, None),
+    ("auto, HEAD's step-5 head", "auto", None, {}, _entry_changed("SCATTERED_LOADS", True, head_ramp_step=None)),
 ]
 
 

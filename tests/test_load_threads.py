@@ -65,8 +65,8 @@ def test_start_load_launches_the_first_blocks_and_rest_the_others(blocks, split)
     assert not _landed(device, host, slots, pages, head)
 
 
-@pytest.mark.parametrize("split", [LoadSplit(**HEAD), tp.SCATTERED_LOADS[False], tp.SCATTERED_ROWS_KERNEL_AND_BATCH],
-                         ids=["HEAD", "scattered page_first", "scattered layer_first beside compute"])
+@pytest.mark.parametrize("split", [LoadSplit(**HEAD), tp.SCATTERED_LOADS[False], tp.SCATTERED_LOADS[True]],
+                         ids=["HEAD", "scattered page_first", "scattered layer_first"])
 def test_the_caller_launches_the_first_two_layers_of_auto_s_head(split):
     """With ``HEAD`` (blocks 1, 1, 1, 1, 1, 2, 1), the scattered ``page_first`` split's head
     (1, 1, 1, 1, 2, 2) and the scattered ``layer_first`` one (8 single layers) the caller's share is layers 0 and 1: the layers a model waits on first,
@@ -391,7 +391,7 @@ def test_a_kernel_half_without_pages_plans_and_uploads_nothing(monkeypatch):
     LoadSplit(0.8, layers_per_copy=4, kernel_blocks=4, ramp=True, ramp_step=2, head_layers=6, head_ramp_step=6,
               head_ctas=5),
     replace(tp.SCATTERED_LOADS[False], body_after_head=False),
-    replace(tp.SCATTERED_ROWS_KERNEL_AND_BATCH, body_after_head=False),
+    replace(tp.SCATTERED_LOADS[True], body_after_head=False),
     replace(tp.SCATTERED_LOADS[False], plan_wave=1),
     replace(tp.MIXED_LOADS[(False, True)], plan_wave=1),
     replace(tp.MIXED_LOADS[(True, True)], plan_wave=2, lead_blocks=2),
@@ -426,10 +426,10 @@ def test_a_ramp_step_body_continues_the_heads_ramp_whatever_body_ramp_says():
 
 
 # --- the head's own ramp and CTAs (``LoadSplit.head_ramp_step``, ``head_ctas``) ---------------------
-def test_auto_s_scattered_layer_first_head_beside_compute_is_single_layers():
-    split = tp.BESIDE_COMPUTE_SCATTERED_LOADS[True]
+def test_auto_s_scattered_layer_first_head_is_single_layers():
+    split = tp.SCATTERED_LOADS[True]
     assert [len(b) for b in _blocks(split.head_layers, _head_split(split), kernel=True)] == [1] * 8
-    assert tp.SCATTERED_LOADS_BESIDE_BACKUP[True] == split == tp.SCATTERED_ROWS_KERNEL_AND_BATCH
+    assert tp.SCATTERED_LOADS_BESIDE_BACKUP[True] == split
 
 
 def test_auto_s_idle_staged_bodies_plan_in_waves_and_loads_beside_a_backup_in_one_call():

@@ -172,8 +172,7 @@ def test_option_candidates_copy_every_byte(entry, layout):
     name, _, options, _, change = entry
     device, host = make_device_pool(SPEC, 20), make_host_pool(SPEC, 16, layout)
     engine = TransferEngine(device.pool, host, path="mixed")
-    # The split these candidates were measured against (layer_first: the one beside compute).
-    split = tp.SCATTERED_ROWS_KERNEL_AND_BATCH if layout == "layer_first" else tp.SCATTERED_LOADS[False]
+    split = tp.SCATTERED_LOADS[layout == "layer_first"]
     split = change(split) if change is not None else split
     slots, pages = torch.randperm(16)[:9], random_ids(9, 1, 20)
     pairs = [pair for layer in range(SPEC.num_layers) for pair in load_pairs(host, device.pool, layer)]

@@ -33,9 +33,7 @@ from tiered_kv.transfer_engine import (  # noqa: E402
 from tiered_kv.transfer_policy import (  # noqa: E402
     AUTO_PATHS,
     MIXED_BACKUPS,
-    MIXED_LOADS,
     SCATTERED_LOADS,
-    SCATTERED_ROWS_KERNEL_AND_BATCH,
     SCATTERED_LOADS_BESIDE_BACKUP,
     SCATTERED_LOADS_WITHOUT_BATCH,
     BackupSplit,
@@ -426,14 +424,9 @@ def test_scattered_splits_follow_the_policy():
     assert split().staging_ctas == 32 and split().lead_blocks == 3 and split().head_layers > 0
     assert split().ramp and split().kernel_blocks > 1
     assert split(backup_in_flight=True) == SCATTERED_LOADS_BESIDE_BACKUP[False] == MIXED_LOADS_BESIDE_BACKUP[False]
-    # layer_first idle: the copy engines after a kernel head, as with slots in runs; beside a backup
-    # the kernel and a batch share; the kernel alone without batches.
-    idle = split(dense_host_rows=True)
-    assert idle == SCATTERED_LOADS[True] == MIXED_LOADS[(True, True)]
-    assert idle.ce_fraction == 1.0 and idle.ce_path == "staged" and idle.head_layers > 0
-    beside_backup = split(dense_host_rows=True, backup_in_flight=True)
-    assert beside_backup == SCATTERED_ROWS_KERNEL_AND_BATCH and beside_backup.ce_path == "batch"
-    assert 0.0 < beside_backup.ce_fraction < 1.0
+    # layer_first: the kernel and a batch share, also beside a backup; the kernel alone without batches.
+    assert split(dense_host_rows=True) == SCATTERED_LOADS[True] and split(dense_host_rows=True).ce_path == "batch"
+    assert split(dense_host_rows=True, backup_in_flight=True) == SCATTERED_LOADS[True]
     assert split(dense_host_rows=True, has_batch=False) == SCATTERED_LOADS_WITHOUT_BATCH
     assert SCATTERED_LOADS_WITHOUT_BATCH.ce_fraction == 0.0
     assert split(num_layers=1) == LoadSplit(by="components", ce_path="batch")  # one layer: as with runs
@@ -480,14 +473,11 @@ def test_every_path_is_a_class_with_the_same_interface():
 
 
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
-@pytest.mark.parametrize("beside_compute", [False, True], ids=["idle", "beside compute"])
-def test_scattered_auto_splits_copy_every_byte(layout, beside_compute):
-    """The scattered splits (idle and beside the model) through the engine on CPU pools."""
+def test_scattered_auto_splits_copy_every_byte(layout):
+    """The scattered splits (copy engines only, layer blocks) through the engine on CPU pools."""
     device, host = _pools("nsa", layout)
-    split = choose_split(dense_host_rows=layout == "layer_first", num_layers=host.spec.num_layers,
-                         backup_in_flight=False, scattered=True, has_batch=True,
-                         options=TransferOptions(beside_compute=beside_compute))
-    engine = TransferEngine(device.pool, host, path="mixed", options=TransferOptions(load_split=split))
+    engine = TransferEngine(device.pool, host, path="mixed",
+                            options=TransferOptions(load_split=SCATTERED_LOADS[layout == "layer_first"]))
     slots, pages = torch.randperm(16)[:9], random_ids(9, 1, 20)
     pairs = [pair for layer in range(host.spec.num_layers) for pair in load_pairs(host, device.pool, layer)]
     check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages))

@@ -16,12 +16,9 @@ def test_layer_first_runs_scatter_with_16_ctas_and_page_first_keeps_the_copiers_
     pitched = tp.choose_split(dense_host_rows=False, num_layers=61, backup_in_flight=False, scattered=False, has_batch=True)
     assert dense.staging_ctas == 16
     assert pitched.staging_ctas is None
-    # Idle scattered layer_first slots take the same split as runs (16 CTAs too).
-    assert tp.choose_split(dense_host_rows=True, num_layers=61, backup_in_flight=False, scattered=True,
-                           has_batch=True) == dense
-    # Beside a backup and a single layer keep their own splits.
+    # Beside a backup, scattered slots and a single layer keep their own splits.
     for split in (tp.choose_split(dense_host_rows=True, num_layers=61, backup_in_flight=True, scattered=False, has_batch=True),
-                  tp.choose_split(dense_host_rows=True, num_layers=61, backup_in_flight=True, scattered=True, has_batch=True),
+                  tp.choose_split(dense_host_rows=True, num_layers=61, backup_in_flight=False, scattered=True, has_batch=True),
                   tp.choose_split(dense_host_rows=True, num_layers=1, backup_in_flight=False, scattered=False, has_batch=True)):
         assert split.staging_ctas is None
     # A caller's own split wins.
@@ -30,10 +27,9 @@ def test_layer_first_runs_scatter_with_16_ctas_and_page_first_keeps_the_copiers_
                            options=tp.TransferOptions(load_split=own)) is own
 
 
-def test_beside_compute_takes_the_splits_measured_beside_the_model():
+def test_beside_compute_takes_the_copy_engine_split_for_page_first_runs_only():
     """``TransferOptions.beside_compute``: page_first loads of several layers with slots in runs go
-    through the copy engines with indexer blocks, scattered layer_first loads through the kernel
-    and a batch share; every other case keeps its split."""
+    through the copy engines with indexer blocks; every other case keeps its split."""
     beside = tp.TransferOptions(beside_compute=True)
 
     def split(**conditions):
@@ -50,16 +46,6 @@ def test_beside_compute_takes_the_splits_measured_beside_the_model():
     assert split(dense_host_rows=True) is tp.MIXED_LOADS[(True, True)]
     assert split(dense_host_rows=False, num_layers=1) is tp.MIXED_LOADS[(False, False)]
     assert split(dense_host_rows=False, scattered=True) is tp.SCATTERED_LOADS[False]
-    # Scattered layer_first: the kernel and batch share beside compute, the copy engines idle.
-    assert split(dense_host_rows=True, scattered=True) is tp.SCATTERED_ROWS_KERNEL_AND_BATCH
-    scattered_idle = tp.choose_split(dense_host_rows=True, num_layers=61, backup_in_flight=False, scattered=True,
-                                     has_batch=True)
-    assert scattered_idle is tp.SCATTERED_LOADS[True] and scattered_idle.ce_fraction == 1.0
-    assert scattered_idle.ce_path == "staged" and scattered_idle != tp.SCATTERED_ROWS_KERNEL_AND_BATCH
-    # Beside a backup, and without batched copies, the flag changes nothing.
-    assert split(dense_host_rows=True, scattered=True, backup_in_flight=True) is tp.SCATTERED_LOADS_BESIDE_BACKUP[True]
-    assert split(dense_host_rows=True, scattered=True, has_batch=False) is tp.SCATTERED_LOADS_WITHOUT_BATCH
-    assert split(dense_host_rows=True, scattered=True, num_layers=1) is tp.MIXED_LOADS[(True, False)]
     assert split(dense_host_rows=False, backup_in_flight=True) is tp.MIXED_LOADS_BESIDE_BACKUP[False]
     # A caller's own split still wins.
     own = tp.LoadSplit(0.5)

@@ -342,8 +342,7 @@ DIRECT_MIN_MEAN_RUN = 64
 #:   ``SCATTERED_LOADS``), few copies, one memcpy batch per unit.
 #: - ``layer_first`` (dense rows): every slot is its own row per (component, layer); backups go
 #:   ``mixed`` (``MIXED_BACKUPS``: the UVA kernel and a small copy-engine share at once), loads of
-#:   many layers ``mixed`` too (``SCATTERED_LOADS``: the copy engines idle, the kernel and a batch
-#:   share beside the model or a backup).
+#:   many layers ``mixed`` too (``SCATTERED_LOADS``: the kernel and a batch share).
 #: - one layer alone: the latent rows in one memcpy batch, the indexer rows by the kernel
 #:   (``mixed``, single-layer split) where batched copies exist, else the kernel.
 AUTO_PATHS = {
@@ -426,31 +425,13 @@ AUTO_PATHS_WITHOUT_BATCH = {(True, True, True, False): "kernel", (False, True, T
 #: ninth``: 52.99 / 53.02 GB/s (95.5 / 95.6% of 55.47), 0.888 / 0.789 hidden at 1.037 / 1.055;
 #: ``ramp_step`` 6 (with scatter 64 too), a head of 4 layers and two copy streams won in neither
 #: round (the model's stall at block starts varies 0.7-6 ms between rounds).
-#: Scattered ``layer_first`` loads beside the model's compute (``TransferOptions.beside_compute``)
-#: and beside a backup: the UVA kernel and a batch share, as described above (``layer_first``).
-SCATTERED_ROWS_KERNEL_AND_BATCH = LoadSplit(0.3, ce_path="batch", kernel_blocks=8, **HEAD, head_ramp_step=8)
-#: Idle loads of several layers from scattered slots, by dense host rows. Since 2026-12-03
-#: (nineteenth session) ``layer_first`` takes its split for slots in runs (``MIXED_LOADS``: the
-#: copy engines after the kernel head, rows issued by a library thread through the staging ring)
-#: and keeps ``SCATTERED_ROWS_KERNEL_AND_BATCH`` for loads beside the model
-#: (``BESIDE_COMPUTE_SCATTERED_LOADS``) and beside a backup. In the run of record of 2026-12-02
-#: (``transfer_gpu.py``, H200, ``docs/benchmarks/transfer_gpu.json``) the copy-engine split moved a
-#: 61-layer load of 512 scattered slots at 53.83 GB/s (96.9% of the ceiling, ``mixed`` row) against
-#: 51.70 (93.1%) for the kernel and batch share; it costs about 56 ms of CPU on the library thread
-#: against 18, which beside the model's launches is what hid only 0.45 of the load (second round),
-#: so it is the idle split, taken without ``beside_compute``, as for ``page_first`` runs.
 SCATTERED_LOADS = {False: LoadSplit(1.0, layers_per_copy=8, kernel_blocks=8, ramp=True, ramp_step=4, head_layers=8,
                                     staging_ctas=32, lead_blocks=3, **WAVES),
-                   # An equal object of its own: benchmarks swap policy entries by identity.
-                   True: replace(MIXED_LOADS[(True, True)])}
-#: Scattered loads beside the model's compute, by dense host rows (``page_first`` keeps
-#: ``SCATTERED_LOADS``' split: it was measured beside the matmuls, fourteenth round).
-BESIDE_COMPUTE_SCATTERED_LOADS = {True: SCATTERED_ROWS_KERNEL_AND_BATCH}
+                   True: LoadSplit(0.3, ce_path="batch", kernel_blocks=8, **HEAD, head_ramp_step=8)}
 #: The same beside a backup in flight: ``page_first`` loads keep to the copy engines after a short
 #: kernel head (UVA reads would cut into the backup; the head's only overlap its first layers),
-#: ``layer_first`` the kernel and batch share (a staged copy-engine load of scattered dense rows
-#: beside a staged backup is 8-11 GB/s: both directions' rows wait on the CPU that issues them).
-SCATTERED_LOADS_BESIDE_BACKUP = {False: MIXED_LOADS_BESIDE_BACKUP[False], True: SCATTERED_ROWS_KERNEL_AND_BATCH}
+#: ``layer_first`` keeps its split (a staged copy-engine load of scattered dense rows is 8-11 GB/s).
+SCATTERED_LOADS_BESIDE_BACKUP = {False: MIXED_LOADS_BESIDE_BACKUP[False], True: SCATTERED_LOADS[True]}
 #: Without batched copies (runtime or driver before 12.8): the kernel alone, ramped blocks.
 SCATTERED_LOADS_WITHOUT_BATCH = replace(KERNEL_LOADS, ce_fraction=0.0)
 #: Library threads that issue a ``batch`` load of several layers, each on its own stream, ordered
@@ -500,9 +481,8 @@ class TransferOptions:
         against 0.88 / 0.81 / 0.85 / 0.76, idle loads the same; so off by default.
     beside_compute: the model computes on the GPU while loads run (a serving engine that waits
         on layers with ``wait_layer``): ``auto`` then takes the splits measured beside the model's
-        matmuls (``BESIDE_COMPUTE_LOADS`` with slots in runs, ``BESIDE_COMPUTE_SCATTERED_LOADS``
-        with scattered slots), which leave the model its SMs and the caller's thread its CPU at a
-        cost in idle rate; off: the splits of the best idle rate.
+        matmuls (``BESIDE_COMPUTE_LOADS``), which leave the model its SMs at a small cost in idle
+        rate; off: the splits of the best idle rate.
     """
 
     load_split: LoadSplit | None = None
@@ -577,24 +557,15 @@ def choose_path(host_slots: torch.Tensor, device_pages: torch.Tensor, *, to_host
 def choose_split(*, dense_host_rows: bool, num_layers: int, backup_in_flight: bool, scattered: bool,
                  has_batch: bool, options: TransferOptions = TransferOptions()) -> LoadSplit:
     """How a ``mixed`` load is split now: the options' split, else from scattered slots (several
-    layers) ``SCATTERED_LOADS`` (``SCATTERED_LOADS_BESIDE_BACKUP`` beside a backup,
-    ``BESIDE_COMPUTE_SCATTERED_LOADS`` with ``options.beside_compute`` where it has the layout), else beside a
+    layers) ``SCATTERED_LOADS`` (``SCATTERED_LOADS_BESIDE_BACKUP`` beside a backup), else beside a
     backup ``MIXED_LOADS_BESIDE_BACKUP``, else with ``options.beside_compute`` (several layers)
     ``BESIDE_COMPUTE_LOADS`` where it has the layout, else ``MIXED_LOADS``; then the options'
     ``ce_fraction`` over it."""
     if options.load_split is not None:
         split = options.load_split
     elif scattered and num_layers > 1:
-        if backup_in_flight:
-            table = SCATTERED_LOADS_BESIDE_BACKUP
-        elif options.beside_compute and dense_host_rows in BESIDE_COMPUTE_SCATTERED_LOADS:
-            table = BESIDE_COMPUTE_SCATTERED_LOADS
-        else:
-            table = SCATTERED_LOADS
-        split = table[dense_host_rows]
-        # Scattered dense rows are one copy per slot, layer and component: without batched copies
-        # only the kernel moves them at speed, whichever split the table holds.
-        if not has_batch and (split.ce_path == "batch" or dense_host_rows):
+        split = (SCATTERED_LOADS_BESIDE_BACKUP if backup_in_flight else SCATTERED_LOADS)[dense_host_rows]
+        if split.ce_path == "batch" and not has_batch:
             split = SCATTERED_LOADS_WITHOUT_BATCH
     elif backup_in_flight:
         split = MIXED_LOADS_BESIDE_BACKUP[dense_host_rows]
@@ -671,7 +642,7 @@ def backup_issue_threads(path: str, options: TransferOptions) -> int:
     return BACKUP_ISSUE_THREADS_BY_PATH.get(path, 0)
 
 
-__all__ = ["BACKUP_ISSUE_THREADS_BY_PATH", "BESIDE_COMPUTE_LOADS", "BESIDE_COMPUTE_SCATTERED_LOADS", "CALLER_HEAD_BLOCKS", "backup_issue_threads", "AUTO_PATHS", "DIRECT_MIN_MEAN_RUN", "ISSUE_THREADS", "ISSUE_THREADS_BY_PATH", "KERNEL_LOADS", "LOAD_STREAM_PRIORITY", "MAX_COPY_STREAMS", "MAX_ISSUE_THREADS", "MIXED_LOADS",
+__all__ = ["BACKUP_ISSUE_THREADS_BY_PATH", "BESIDE_COMPUTE_LOADS", "CALLER_HEAD_BLOCKS", "backup_issue_threads", "AUTO_PATHS", "DIRECT_MIN_MEAN_RUN", "ISSUE_THREADS", "ISSUE_THREADS_BY_PATH", "KERNEL_LOADS", "LOAD_STREAM_PRIORITY", "MAX_COPY_STREAMS", "MAX_ISSUE_THREADS", "MIXED_LOADS",
            "MIXED_BACKUPS", "MIXED_LOADS_BESIDE_BACKUP", "PATHS", "PITCHED_RUNS_LOADS", "SCATTERED_LOADS", "SCATTERED_LOADS_BESIDE_BACKUP",
-           "SCATTERED_LOADS_WITHOUT_BATCH", "SCATTERED_ROWS_KERNEL_AND_BATCH", "SINGLE_LAYER_WITHOUT_BATCH", "STAGED_MIN_MEAN_RUN",
+           "SCATTERED_LOADS_WITHOUT_BATCH", "SINGLE_LAYER_WITHOUT_BATCH", "STAGED_MIN_MEAN_RUN",
            "BackupSplit", "LoadSplit", "TransferOptions", "choose_backup_split", "choose_path", "choose_split", "is_scattered", "issue_threads", "mean_host_run"]

@@ -425,6 +425,12 @@ AUTO_PATHS_WITHOUT_BATCH = {(True, True, True, False): "kernel", (False, True, T
 #: ninth``: 52.99 / 53.02 GB/s (95.5 / 95.6% of 55.47), 0.888 / 0.789 hidden at 1.037 / 1.055;
 #: ``ramp_step`` 6 (with scatter 64 too), a head of 4 layers and two copy streams won in neither
 #: round (the model's stall at block starts varies 0.7-6 ms between rounds).
+#: Tried on 2026-12-03 (nineteenth session) and reverted: idle scattered ``layer_first`` loads on
+#: the copy engines (``MIXED_LOADS[(True, True)]``, 96.9% in the thirteenth run of record). On a
+#: host with a slower CPU the same split gave 90.6% as ``auto`` and 97.7% as ``mixed`` in one run,
+#: and a load consumed layer by layer took 142 ms instead of 32 (62k rows issued from Python
+#: threads; docs/benchmarks.md "Serving conditions, fifteenth round"); the kernel share moved by a
+#: point between the two hosts.
 SCATTERED_LOADS = {False: LoadSplit(1.0, layers_per_copy=8, kernel_blocks=8, ramp=True, ramp_step=4, head_layers=8,
                                     staging_ctas=32, lead_blocks=3, **WAVES),
                    True: LoadSplit(0.3, ce_path="batch", kernel_blocks=8, **HEAD, head_ramp_step=8)}

@@ -51,11 +51,11 @@ MODES = {"tl.load": 0, "tl.load .cg": 1, "ld L2::128B": 2, "ld L2::256B": 3, "ld
 
 _LD = ("{{ .reg .pred p; setp.ne.b32 p, $5, 0; mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0; "
        "@p {op}.v4.b32 {{$0, $1, $2, $3}}, [$4]; }}")
-LD_128 = _LD.format(op="ld.global.L2::128B")
-LD_256 = _LD.format(op="ld.global.L2::256B")
-LD_NC_256 = _LD.format(op="ld.global.nc.L2::256B")
-ST = "{ .reg .pred p; setp.ne.b32 p, $6, 0; mov.b32 $0, 0; @p st.global.v4.b32 [$1], {$2, $3, $4, $5}; }"
-PREFETCH = "{ .reg .pred p; setp.ne.b32 p, $3, 0; mov.b32 $0, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; }"
+LD_128 = tl.constexpr(_LD.format(op="ld.global.L2::128B"))
+LD_256 = tl.constexpr(_LD.format(op="ld.global.L2::256B"))
+LD_NC_256 = tl.constexpr(_LD.format(op="ld.global.nc.L2::256B"))
+ST = tl.constexpr("{ .reg .pred p; setp.ne.b32 p, $6, 0; mov.b32 $0, 0; @p st.global.v4.b32 [$1], {$2, $3, $4, $5}; }")
+PREFETCH = tl.constexpr("{ .reg .pred p; setp.ne.b32 p, $3, 0; mov.b32 $0, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; }")
 
 
 @triton.jit

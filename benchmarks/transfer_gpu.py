@@ -33,7 +33,6 @@ import triton
 
 from tiered_kv import HostPool, allocate_engine_like, nsa_spec
 from tiered_kv.kernels import copy_pages_reference, copy_pages_uva, plan_uva_copy
-from tiered_kv.kernels import uva_copy
 from tiered_kv.kernels.uva_copy import DEFAULT_CTAS_ON_DEVICE
 from tiered_kv.transfer import backup_pairs, load_pairs
 from tiered_kv.transfer_engine import BackupHandle, LoadSplit, TransferEngine, TransferOptions
@@ -128,7 +127,6 @@ def save(b: Bench, args, ceiling: dict, layer_h2d: dict | None, naive: dict | No
         "pages_per_transfer": args.pages,
         "device_pages": args.device_pages,
         "host_slots": args.host_slots,
-        "host_read_hint": uva_copy.HOST_READ_HINT,
         "reps": b.reps,
         "ceiling_gbps": ceiling,
         "layer_copy_gbps": layer_h2d["gbps"] if layer_h2d else None,
@@ -341,13 +339,9 @@ def main() -> int:
     parser.add_argument("--beside-reps", type=int, default=3, help="repetitions of each beside-compute measurement")
     parser.add_argument("--beside-paths", default="",
                         help="comma-separated names of the beside-compute loads to run (default: all of BESIDE)")
-    parser.add_argument("--host-read-hint", choices=("default", "on", "off"), default="default",
-                        help="the UVA kernel's host reads with the 256-byte prefetch hint (kernels.uva_copy.HOST_READ_HINT)")
     parser.add_argument("--compare", choices=("splits", "blocks", "batch", "single", "both", "ctas"),
                         help="only these candidate load splits (or the batch path) against `auto` (see _candidates)")
     args = parser.parse_args()
-    if args.host_read_hint != "default":
-        uva_copy.HOST_READ_HINT = args.host_read_hint == "on"
     if args.compare in ("batch", "single", "both", "ctas"):
         return compare_batch(args)
     if args.compare:

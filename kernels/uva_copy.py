@@ -51,17 +51,6 @@ DEFAULT_CTAS_ON_DEVICE = 4
 DEFAULT_BLOCK = 4096
 DEFAULT_NUM_WARPS = 8
 
-#: Host -> device launches read each 16-byte vector with a 256-byte prefetch-size hint (inline PTX
-#: ``ld.global.L2::256B``), so L2 asks PCIe for whole 256-byte lines of host memory instead of
-#: 128-byte ones (``benchmarks/uva_read_probe.py``, docs/benchmarks.md).
-HOST_READ_HINT = False
-
-# A 16-byte load with the 256-byte prefetch hint, predicated on $5 (the tile's tail is masked).
-_LD_256 = tl.constexpr("{ .reg .pred p; setp.ne.b32 p, $5, 0; mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; "
-                       "mov.b32 $3, 0; @p ld.global.L2::256B.v4.b32 {$0, $1, $2, $3}, [$4]; }")
-# The matching 16-byte store, predicated on $6.
-_ST_16 = tl.constexpr("{ .reg .pred p; setp.ne.b32 p, $6, 0; mov.b32 $0, 0; @p st.global.v4.b32 [$1], {$2, $3, $4, $5}; }")
-
 # The per-pair table holds, in words relative to the anchor: src_off, dst_off, src_pitch,
 # dst_pitch, chunk. Column of the chunk size:
 _CHUNK = 4
@@ -77,7 +66,6 @@ def _uva_copy_kernel(
     num_ids,
     BLOCK: tl.constexpr,
     ALIGN: tl.constexpr,  # words every offset, pitch and chunk is a multiple of (for 16-B vectors)
-    HINTED: tl.constexpr = False,  # 16-B loads with the 256-B prefetch hint (4-B words, ALIGN 4, GPU)
 ):
     pid = tl.program_id(0).to(tl.int64)
     nprog = tl.num_programs(0).to(tl.int64)
@@ -106,19 +94,10 @@ def _uva_copy_kernel(
             start = j * BLOCK
             src_base = tl.multiple_of(src_off + s * src_pitch + start, ALIGN)
             dst_base = tl.multiple_of(dst_off + d * dst_pitch + start, ALIGN)
-            if HINTED:
-                vec = tl.arange(0, BLOCK // 4) * 4
-                live = (vec < chunk - start).to(tl.int32)
-                a, b, c, e = tl.inline_asm_elementwise(_LD_256, "=r,=r,=r,=r,l,r", [anchor + src_base + vec, live],
-                                                       dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
-                                                       is_pure=False, pack=1)
-                tl.inline_asm_elementwise(_ST_16, "=r,l,r,r,r,r,r", [anchor + dst_base + vec, a, b, c, e, live],
-                                          dtype=tl.int32, is_pure=False, pack=1)
-            else:
-                # The hint lets the compiler keep 16-B vectors under the mask (the tail is word-aligned).
-                mask = cols < tl.multiple_of(chunk - start, ALIGN)
-                words = tl.load(anchor + src_base + cols, mask=mask)
-                tl.store(anchor + dst_base + cols, words, mask=mask)
+            # The hint lets the compiler keep 16-B vectors under the mask (the tail is word-aligned).
+            mask = cols < tl.multiple_of(chunk - start, ALIGN)
+            words = tl.load(anchor + src_base + cols, mask=mask)
+            tl.store(anchor + dst_base + cols, words, mask=mask)
             t += nprog
         consumed += total
         p += 1
@@ -151,13 +130,6 @@ class UvaPlan:
     align_words: int
     max_chunk_words: int
     default_ctas: int  # the measured budget for this direction (host -> device, ...)
-    host_reads: bool = False  # sources in pinned host memory, destinations on the GPU
-
-    @property
-    def hinted(self) -> bool:
-        """Whether launches of this plan read with the 256-byte prefetch hint (``HOST_READ_HINT``):
-        host -> GPU copies of 16-byte-aligned 4-byte words."""
-        return HOST_READ_HINT and self.host_reads and self.word_bytes == 4 and self.align_words == 4
 
     @property
     def num_pairs(self) -> int:
@@ -219,9 +191,7 @@ def plan_uva_copy(pairs: Sequence[ChunkPair], *, anchor: torch.Tensor | None = N
         for src, dst in pairs
     ]
     table = torch.tensor(rows, dtype=torch.int64)
-    src, dst = pairs[0]
-    host_reads = src.device.type == "cpu" and dst.device.type == "cuda"
-    return UvaPlan(anchor, table, word, align, max(r[_CHUNK] for r in rows), default_ctas(pairs), host_reads)
+    return UvaPlan(anchor, table, word, align, max(r[_CHUNK] for r in rows), default_ctas(pairs))
 
 
 def upload(device: torch.device, parts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -277,7 +247,6 @@ def launch_uva(
         n,
         BLOCK=block,
         ALIGN=plan.align_words,
-        HINTED=plan.hinted and kernel is _uva_copy_kernel,
         num_warps=num_warps,
     )
 

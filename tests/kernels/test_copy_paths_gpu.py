@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tiered_kv import mha_spec, mla_spec, nsa_spec
-from tiered_kv.kernels import StagedCopier, copy_pages_batch, copy_pages_direct, copy_pages_uva, uva_copy
+from tiered_kv.kernels import StagedCopier, copy_pages_batch, copy_pages_direct, copy_pages_uva
 from tiered_kv.transfer import backup_pairs, load_pairs
 
 from .pools import adjacent_ids, check_copy, make_device_pool, make_host_pool, random_ids
@@ -43,7 +43,7 @@ def _run(path, pairs, src, dst, to_device, copiers):
         # Completion is ordered on the first copy stream (backups) or the kernel stream (loads).
         torch.cuda.current_stream().wait_stream(kernel_stream if to_device else copy_streams[0])
         return
-    if path in ("uva", "uva_hinted"):
+    if path == "uva":
         copy_pages_uva(pairs, src, dst)
     elif path == "direct":
         copy_pages_direct(pairs, src, dst)
@@ -63,10 +63,8 @@ def _run(path, pairs, src, dst, to_device, copiers):
 @pytest.mark.parametrize("slots_kind", ["runs", "scattered"])
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
 @pytest.mark.parametrize("spec_name", sorted(SPECS))
-@pytest.mark.parametrize("path", ["uva", "uva_hinted", "direct", "batch", "staged", "staged_split"])
-def test_gpu_backup_and_load(path, spec_name, layout, slots_kind, copiers, monkeypatch):
-    # uva_hinted: the kernel's host reads with the 256-byte prefetch hint (inline PTX), whatever the default.
-    monkeypatch.setattr(uva_copy, "HOST_READ_HINT", path == "uva_hinted" or uva_copy.HOST_READ_HINT)
+@pytest.mark.parametrize("path", ["uva", "direct", "batch", "staged", "staged_split"])
+def test_gpu_backup_and_load(path, spec_name, layout, slots_kind, copiers):
     spec = SPECS[spec_name]
     device = make_device_pool(spec, PAGES, "cuda")
     host = make_host_pool(spec, SLOTS, layout)

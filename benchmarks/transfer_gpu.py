@@ -128,7 +128,6 @@ def save(b: Bench, args, ceiling: dict, layer_h2d: dict | None, naive: dict | No
         "device_pages": args.device_pages,
         "host_slots": args.host_slots,
         "reps": b.reps,
-        "pace_fallbacks": getattr(b, "pace_fallbacks", None),
         "ceiling_gbps": ceiling,
         "layer_copy_gbps": layer_h2d["gbps"] if layer_h2d else None,
         "naive_gbps": {op: row["gbps"] for op, row in naive.items()} if naive else None,
@@ -446,10 +445,6 @@ def main() -> int:
             raise SystemExit("the floor loader lost bytes")
         beside_compute(b, engines, hosts, page_sets, slot_sets, sets, reps=args.beside_reps, floor=floor)
         del floor
-        # Loads whose paced copy-engine half fell behind and went on through the kernel
-        # (``LoadSplit.pace_gbps``), per engine, over the whole run.
-        b.pace_fallbacks = {f"{layout} {path}": engine.pace_fallbacks for (layout, path), engine in engines.items()}
-        print(f"pace fallbacks: {b.pace_fallbacks}", flush=True)
         save(b, args, ceiling, layer_h2d, naive, done=True)
         summarize(b.results, ceiling, layer_h2d["gbps"], naive)
         print(f"wrote {args.out}")

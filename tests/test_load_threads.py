@@ -442,9 +442,7 @@ def test_auto_s_idle_staged_bodies_plan_in_waves_and_loads_beside_a_backup_in_on
     for dense in (False, True):
         for scattered in (False, True):
             idle = split(dense_host_rows=dense, scattered=scattered, backup_in_flight=False)
-            # A paced half (``pace_gbps``) enqueues block by block, so it has no waves.
-            waves = idle.ce_path == "staged" and idle.pace_gbps is None
-            assert idle.plan_wave == (1 if waves else None), (dense, scattered)
+            assert idle.plan_wave == (1 if idle.ce_path == "staged" else None), (dense, scattered)
             assert split(dense_host_rows=dense, scattered=scattered, backup_in_flight=True).plan_wave is None
     assert tp.choose_split(dense_host_rows=True, scattered=False, backup_in_flight=False, num_layers=1,
                            has_batch=True).plan_wave is None

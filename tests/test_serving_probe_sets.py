@@ -119,10 +119,7 @@ LF_SCATTERED_BESIDE_BACKUP = {"dense_host_rows": True, "scattered": True, "backu
 PF_RUNS = {"dense_host_rows": False, "scattered": False, "backup_in_flight": False}
 
 
-# The serving probes measure loads beside the model's compute: idle scattered layer_first loads
-# take ``IDLE_SCATTERED_LOADS`` since 2026-12-03, which the probes' variants do not change.
-LF_SCATTERED = {"dense_host_rows": True, "scattered": True, "backup_in_flight": False,
-                "options": TransferOptions(beside_compute=True)}
+LF_SCATTERED = {"dense_host_rows": True, "scattered": True, "backup_in_flight": False}
 PF_SCATTERED = {"dense_host_rows": False, "scattered": True, "backup_in_flight": False}
 LF_RUNS = {"dense_host_rows": True, "scattered": False, "backup_in_flight": False}
 

@@ -50,7 +50,6 @@ from __future__ import annotations
 import functools
 import queue
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -417,14 +416,10 @@ class _Load:
     first_index: int = 0
     # A load's head (``LoadSplit.head_layers``): its kernel tables stay on the device (``kernel_half``).
     head: bool = False
-    # When the load was asked for (``engine._clock``): ``LoadSplit.pace_gbps`` counts from it.
-    started: float = 0.0
 
     def __post_init__(self) -> None:
         if self.engine.on_gpu and self.load_stream is None:
             self.load_stream = self.engine.load_stream
-        if not self.started:
-            self.started = self.engine._clock()
 
     def pairs(self, layer: int):
         return self.engine._load_pairs[layer]
@@ -524,19 +519,14 @@ class _Load:
         else:
             copy_streams = [None] * split.copy_streams
         copier = engine.staging_copier("load")
-        lead = max(0, min(split.lead_blocks if split.pace_gbps is None else len(groups), len(groups) - 1))
+        lead = max(0, min(split.lead_blocks, len(groups) - 1))
         parts = [(g, g + 1) for g in range(lead)] + [(lead, len(groups))]
-        pace = _Pace(self, groups, len(ce_ids[0])) if split.pace_gbps is not None else None
         join_half = None
         if split.issue_halves > 1 and len(ce_ids[0]) > 1:
             half = len(ce_ids[0]) // 2
             join_half = self._other_half(groups, parts, (ce_ids[0][half:], ce_ids[1][half:]))
             ce_ids = (ce_ids[0][:half], ce_ids[1][:half])
         for first, last in parts:
-            if pace is not None and pace.behind(first):
-                self.kernel_takes_the_rest(blocks[first:], ce_ids, ce_components)
-                return
-
             def finish_block(b: int, first=first) -> None:
                 if join_half is not None:
                     join_half(first + b)  # the block's other half, issued by the other thread
@@ -547,21 +537,6 @@ class _Load:
             # or, with ``plan_wave``, once per wave of it.
             copier.to_device_groups(groups[first:last], *ce_ids, copy_stream=copy_streams,
                                     kernel_stream=self.load_stream, on_group_done=finish_block, **self._ring_options())
-
-    def kernel_takes_the_rest(self, blocks, ce_ids, ce_components) -> None:
-        """``LoadSplit.pace_gbps``'s fallback: the copy-engine half's ``blocks`` (not issued yet) as
-        one UVA launch on ``load_stream``, after what the ring already enqueued there; then their
-        layers are finished as usual (their kernel half, if any, still launches per block)."""
-        engine = self.engine
-        indices = [i for block in blocks for i in block]
-        components = None if len(ce_components) == len(engine.device_pool.spec.components) else tuple(ce_components)
-        plan = engine._load_plan(tuple(self.layers[i] for i in indices), components)
-        with on_stream(self.load_stream):
-            engine._uva(plan, *ce_ids, self.kernel_ctas)
-        with engine._lock:
-            engine.pace_fallbacks += 1
-        for i in indices:
-            self.finish_layer(i)
 
     def _ring_options(self) -> dict:
         """The split's and options' arguments of every call into a staging ring (both halves)."""
@@ -634,26 +609,6 @@ class _Load:
                 joined.record(stream)
                 self.load_stream.wait_event(joined)
             self.finish_layer(index)
-
-
-class _Pace:
-    """When each group of a staged copy-engine half is due (``LoadSplit.pace_gbps``): the copy
-    engines, moving the half's bytes at the pace from the load's start, reach group g once the
-    bytes of the groups before it have moved."""
-
-    def __init__(self, job: _Load, groups: Sequence[Sequence], rows: int) -> None:
-        split = job.split
-        per_second = split.pace_gbps * 1e9
-        self._clock = job.engine._clock
-        self._due, moved = [], 0
-        start = job.started + split.pace_slack_ms / 1e3
-        for group in groups:
-            self._due.append(start + moved / per_second)
-            moved += rows * sum(src.shape[1] for src, _ in group)
-
-    def behind(self, group: int) -> bool:
-        """Whether group ``group`` is issued later than it is due (the copy engines wait on the CPU)."""
-        return self._clock() > self._due[group]
 
 
 class _nothing:
@@ -925,11 +880,6 @@ class TransferEngine:
         self._backup_issuer: _IssueThreads | None = None
         # Loads issued by library threads and by the caller share plans and the staging ring.
         self._lock = threading.RLock()
-        #: Loads whose copy-engine half fell behind its pace and went on through the UVA kernel
-        #: (``LoadSplit.pace_gbps``).
-        self.pace_fallbacks = 0
-        # The clock the paces count by (a test may slow it down).
-        self._clock = time.perf_counter
         from .kernels.batch_copy import available as batch_available
 
         # On CPU the batch path is memmove over the same copy list: always there.

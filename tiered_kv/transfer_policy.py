@@ -155,16 +155,6 @@ class LoadSplit:
     minor_lead_groups: with ``minor_layers_per_copy``, each block goes this many staged groups
         ahead of its first layer's (as far as the load's first group): that layer's group then
         carries only its own rows, so a model waiting on it does not wait for the block's too.
-    pace_gbps: a staged copy-engine half that falls behind this rate hands the rest of its layers
-        to the UVA kernel (None: never). Before each block its issuing thread compares the clock
-        with when the copy engines, moving this half's bytes at ``pace_gbps`` GB/s from the load's
-        start, would have reached the block; later than that by ``pace_slack_ms``, the copy engines
-        are waiting on the CPU, so the block and every later one go out as one kernel launch on
-        the load's stream (92% of the link however slow the CPU is) and nothing more is issued to
-        the ring. Every block then goes into the ring by a call of its own (as ``lead_blocks``
-        without end). Needs ``issue_halves`` 1 and no ``minor_layers_per_copy``; each fallback
-        counts in ``TransferEngine.pace_fallbacks``.
-    pace_slack_ms: how far behind the pace a block may be issued before the fallback.
     body_ramp: with a head, the body's blocks ramp again from one layer (True) or start at their
         full size (False); with ``ramp_step`` they continue ``ramp_step``'s ramp from the head's
         end either way (whatever ``head_ramp_step`` made of the head). A staged
@@ -195,8 +185,6 @@ class LoadSplit:
     plan_wave: int | None = None
     minor_layers_per_copy: int | None = None
     minor_lead_groups: int = 0
-    pace_gbps: float | None = None
-    pace_slack_ms: float = 2.0
 
     def __post_init__(self) -> None:
         # Types first, so the range checks below compare numbers (a str raised TypeError, a float
@@ -217,19 +205,6 @@ class LoadSplit:
         if self.minor_layers_per_copy is not None and (self.by != "pages" or self.ce_path != "staged"):
             raise ConfigError("LoadSplit.minor_layers_per_copy applies where a staged copy-engine half takes every "
                               f"component (by='pages', ce_path='staged'): {self}")
-        for name, optional in (("pace_gbps", True), ("pace_slack_ms", False)):
-            value = getattr(self, name)
-            if value is None and optional:
-                continue
-            low = 0.0 if name == "pace_slack_ms" else 1e-9
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < float("inf"):
-                bound = ">= 0" if name == "pace_slack_ms" else "> 0"
-                raise ConfigError(f"LoadSplit.{name} must be a finite number {bound}, got {value!r}: {self}")
-            object.__setattr__(self, name, float(value))
-        if self.pace_gbps is not None and (self.ce_path != "staged" or self.issue_halves != 1
-                                           or self.minor_layers_per_copy is not None):
-            raise ConfigError("LoadSplit.pace_gbps applies to a staged copy-engine half issued by one thread without "
-                              f"minor blocks (ce_path='staged', issue_halves=1, minor_layers_per_copy=None): {self}")
         if self.minor_lead_groups and self.minor_layers_per_copy is None:
             raise ConfigError(f"LoadSplit.minor_lead_groups applies to minor blocks: set minor_layers_per_copy as well: {self}")
 
@@ -459,19 +434,6 @@ AUTO_PATHS_WITHOUT_BATCH = {(True, True, True, False): "kernel", (False, True, T
 SCATTERED_LOADS = {False: LoadSplit(1.0, layers_per_copy=8, kernel_blocks=8, ramp=True, ramp_step=4, head_layers=8,
                                     staging_ctas=32, lead_blocks=3, **WAVES),
                    True: LoadSplit(0.3, ce_path="batch", kernel_blocks=8, **HEAD, head_ramp_step=8)}
-#: Idle loads of several layers from scattered ``layer_first`` slots (no backup in flight, no
-#: ``TransferOptions.beside_compute``): 80% of the pages through the copy engines (staged, blocks
-#: of up to 8 layers, ramped 1, 2, 4, 8), 20% through the UVA kernel (ramped blocks), no head, one
-#: issue thread. In the 24 runs of ``benchmarks/transfer_gpu.py`` from 2026-12-01 to 2026-12-03
-#: (variant ``ce 0.8 blocks 8 ramp + kernel 0.2``, docs/benchmarks.md "Twentieth session"): median
-#: 96.8% of the ceiling, >= 95% in 20 runs, against ``SCATTERED_LOADS``' 93.0% and 1 run; but
-#: below 92% in 3 runs (77.1, 86.2, 91.8%: the CPU issuing 50k row copies fell behind, and every
-#: copy-engine-heavy variant fell in the same runs while the kernel did not). So it keeps a pace
-#: (``pace_gbps``): the copy engines' share of a 53 GB/s link, 0.8 x 53 = 42 GB/s; a block issued
-#: more than 2 ms behind it sends the rest of the load through the kernel. Beside the model's
-#: compute the head split stays (layer 0 early, fewer rows to issue beside the model's launches).
-PACE_GBPS = 42.0
-IDLE_SCATTERED_LOADS = {True: LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, pace_gbps=PACE_GBPS)}
 #: The same beside a backup in flight: ``page_first`` loads keep to the copy engines after a short
 #: kernel head (UVA reads would cut into the backup; the head's only overlap its first layers),
 #: ``layer_first`` keeps its split (a staged copy-engine load of scattered dense rows is 8-11 GB/s).
@@ -601,17 +563,12 @@ def choose_path(host_slots: torch.Tensor, device_pages: torch.Tensor, *, to_host
 def choose_split(*, dense_host_rows: bool, num_layers: int, backup_in_flight: bool, scattered: bool,
                  has_batch: bool, options: TransferOptions = TransferOptions()) -> LoadSplit:
     """How a ``mixed`` load is split now: the options' split, else from scattered slots (several
-    layers) ``IDLE_SCATTERED_LOADS`` where it has the layout and the load is idle (no backup in
-    flight, no ``beside_compute``), else ``SCATTERED_LOADS`` (``SCATTERED_LOADS_BESIDE_BACKUP``
-    beside a backup), else beside a
+    layers) ``SCATTERED_LOADS`` (``SCATTERED_LOADS_BESIDE_BACKUP`` beside a backup), else beside a
     backup ``MIXED_LOADS_BESIDE_BACKUP``, else with ``options.beside_compute`` (several layers)
     ``BESIDE_COMPUTE_LOADS`` where it has the layout, else ``MIXED_LOADS``; then the options'
     ``ce_fraction`` over it."""
     if options.load_split is not None:
         split = options.load_split
-    elif (scattered and num_layers > 1 and not backup_in_flight and not options.beside_compute and has_batch
-          and dense_host_rows in IDLE_SCATTERED_LOADS):
-        split = IDLE_SCATTERED_LOADS[dense_host_rows]
     elif scattered and num_layers > 1:
         split = (SCATTERED_LOADS_BESIDE_BACKUP if backup_in_flight else SCATTERED_LOADS)[dense_host_rows]
         if split.ce_path == "batch" and not has_batch:
@@ -691,7 +648,7 @@ def backup_issue_threads(path: str, options: TransferOptions) -> int:
     return BACKUP_ISSUE_THREADS_BY_PATH.get(path, 0)
 
 
-__all__ = ["BACKUP_ISSUE_THREADS_BY_PATH", "BESIDE_COMPUTE_LOADS", "IDLE_SCATTERED_LOADS", "PACE_GBPS", "CALLER_HEAD_BLOCKS", "backup_issue_threads", "AUTO_PATHS", "DIRECT_MIN_MEAN_RUN", "ISSUE_THREADS", "ISSUE_THREADS_BY_PATH", "KERNEL_LOADS", "LOAD_STREAM_PRIORITY", "MAX_COPY_STREAMS", "MAX_ISSUE_THREADS", "MIXED_LOADS",
+__all__ = ["BACKUP_ISSUE_THREADS_BY_PATH", "BESIDE_COMPUTE_LOADS", "CALLER_HEAD_BLOCKS", "backup_issue_threads", "AUTO_PATHS", "DIRECT_MIN_MEAN_RUN", "ISSUE_THREADS", "ISSUE_THREADS_BY_PATH", "KERNEL_LOADS", "LOAD_STREAM_PRIORITY", "MAX_COPY_STREAMS", "MAX_ISSUE_THREADS", "MIXED_LOADS",
            "MIXED_BACKUPS", "MIXED_LOADS_BESIDE_BACKUP", "PATHS", "PITCHED_RUNS_LOADS", "SCATTERED_LOADS", "SCATTERED_LOADS_BESIDE_BACKUP",
            "SCATTERED_LOADS_WITHOUT_BATCH", "SINGLE_LAYER_WITHOUT_BATCH", "STAGED_MIN_MEAN_RUN",
            "BackupSplit", "LoadSplit", "TransferOptions", "choose_backup_split", "choose_path", "choose_split", "is_scattered", "issue_threads", "mean_host_run"]

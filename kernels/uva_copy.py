@@ -39,7 +39,10 @@ from .reference import ChunkPair, copy_pages_reference
 
 #: CTA budgets chosen by measurement on the H200 (benchmarks/transfer_gpu.py, docs/benchmarks.md):
 #: device -> host saturates PCIe from a few CTAs (posted writes), host -> device needs more reads in
-#: flight.
+#: flight. Host -> device reads top out at 92.5% of the copy engines' rate whatever the budget
+#: (16, 32 or 64 CTAs), the cache modifier, a prefetch-size hint on each load (``L2::128B`` /
+#: ``L2::256B`` in inline PTX) or a bulk L2 prefetch of the next tile: 50.7-51.3 against 55.3 GB/s
+#: (``benchmarks/uva_read_probe.py``, 2026-12-03), so the gap is not the reads' size.
 DEFAULT_CTAS_TO_HOST = 8
 DEFAULT_CTAS_FROM_HOST = 16
 #: Device -> device (staging gather / scatter, with 64 KiB tiles): HBM is ~80x faster than PCIe;

@@ -435,10 +435,13 @@ AUTO_PATHS_WITHOUT_BATCH = {(True, True, True, False): "kernel", (False, True, T
 #: blocks of 8) + 0.2 kernel, which reached >= 95% in 20 of 24 recorded runs (median 96.8%) but
 #: fell to 77-92% in 3, guarded by a pace: a block issued too far behind a rate sent the rest
 #: through the kernel. It fell back in nearly every load (35-37 per run; 92.3-92.6% against 96.3-96.9%
-#: unguarded in the same runs), because the issuing thread waits on the staging ring for a
-#: buffer the copy engines are still filling, so a late thread is what a busy link looks like too.
-#: A guard has to ask the GPU instead: whether the previous block has already landed when the
-#: next is issued (docs/benchmarks.md "Twentieth session").
+#: unguarded in the same runs), both at 42 GB/s counted from the call with 2 ms of slack and at 38
+#: GB/s counted from the first block with 4 ms. The guard also changed the split it guarded (one
+#: call into the ring per block, each a sort, a plan and a table upload, instead of one call for
+#: the rest), so the thread may have been behind only because of it; the session had no device
+#: time left to tell. A guard should ask the GPU rather than the clock (has the block before
+#: landed already when the next is issued?) and leave the split's calls as they are
+#: (docs/benchmarks.md "Twentieth session").
 SCATTERED_LOADS = {False: LoadSplit(1.0, layers_per_copy=8, kernel_blocks=8, ramp=True, ramp_step=4, head_layers=8,
                                     staging_ctas=32, lead_blocks=3, **WAVES),
                    True: LoadSplit(0.3, ce_path="batch", kernel_blocks=8, **HEAD, head_ramp_step=8)}

@@ -706,6 +706,22 @@ THIRTIETH = [
 THIRTYFIRST = THIRTIETH + [("auto, device tables", "auto", TransferOptions(device_tables=True), {}, None)]
 
 
+#: Thirty-second probe (for ``issue_timeline.py --set thirtysecond --layouts layer_first --slots scattered``):
+#: the idle copy-engine split for scattered ``layer_first`` loads that reached >= 95% in 20 of 24
+#: recorded runs and 77-92% in 3 (docs/benchmarks.md "Twentieth session"), unguarded, and the same
+#: with every block in a call of its own (what the paced guard of 2026-12-03 also changed: it fell
+#: back in nearly every load). Per layer, when the thread issued it and when it landed show whether
+#: per-block calls alone put the thread behind the copy engines, and what a starved run looks like.
+CE_IDLE_LAYER_FIRST = LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True)
+THIRTYSECOND = [
+    ("auto", "auto", None, {}, None),
+    ("ce 0.8 blocks 8 ramp + kernel 0.2", "mixed", TransferOptions(load_split=CE_IDLE_LAYER_FIRST, issue_threads=1),
+     {}, None),
+    ("ce 0.8 blocks 8 ramp + kernel 0.2, a call per block", "mixed",
+     TransferOptions(load_split=replace(CE_IDLE_LAYER_FIRST, lead_blocks=64), issue_threads=1), {}, None),
+]
+
+
 CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH, "eleventh": ELEVENTH, "twelfth": TWELFTH,
                   "thirteenth": THIRTEENTH, "fourteenth": FOURTEENTH,
                   "fifteenth": FIFTEENTH, "sixteenth": SIXTEENTH, "eighteenth": EIGHTEENTH,
@@ -715,7 +731,7 @@ CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH, "elevent
                   "twentyfifth": TWENTYFIFTH, "twentysixth": TWENTYSIXTH,
                   "twentyseventh": TWENTYSEVENTH, "twentyeighth": TWENTYEIGHTH,
                   "twentyninth": TWENTYNINTH, "thirtieth": THIRTIETH,
-                  "thirtyfirst": THIRTYFIRST}
+                  "thirtyfirst": THIRTYFIRST, "thirtysecond": THIRTYSECOND}
 SETS = {"fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
         "fourth": ([], [], [], FOURTH_BESIDE),
         "second": (SECOND_LOADS, SECOND_BACKUPS, SECOND_BOTH, SECOND_BESIDE),

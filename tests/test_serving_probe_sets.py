@@ -178,3 +178,17 @@ def test_option_candidates_copy_every_byte(entry, layout):
     pairs = [pair for layer in range(SPEC.num_layers) for pair in load_pairs(host, device.pool, layer)]
     check_copy(pairs, slots, pages, device.roots,
                lambda: engine.load(slots, pages, options=replace(options, load_split=split)))
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("entry", [e for e in serving_probe.THIRTYSECOND if e[2] is not None], ids=lambda e: e[0])
+def test_thirtysecond_splits_copy_every_byte_and_differ_only_in_their_calls(entry, layout):
+    """The idle copy-engine split for scattered ``layer_first`` loads, as one call for the blocks
+    after the first and as a call per block: both land every byte of every layer."""
+    name, path, options, _, _ = entry
+    device, host = make_device_pool(SPEC, 20), make_host_pool(SPEC, 16, layout)
+    engine = TransferEngine(device.pool, host, path=path)
+    slots, pages = torch.randperm(16)[:9], random_ids(9, 1, 20)
+    pairs = [pair for layer in range(SPEC.num_layers) for pair in load_pairs(host, device.pool, layer)]
+    check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages, options=options))
+    assert replace(options.load_split, lead_blocks=1) == serving_probe.CE_IDLE_LAYER_FIRST

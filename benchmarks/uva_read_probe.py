@@ -155,12 +155,9 @@ class Pools:
                                BLOCK=BLOCK, MODE=mode, num_warps=8)
 
     def check(self, slots: torch.Tensor, pages: torch.Tensor) -> bool:
-        cpu_slots, cpu_pages = slots.cpu(), pages.cpu()
-        ok = True
-        for h, dv in zip(self.host, self.device):
-            got = dv[:, cpu_pages.to("cuda")].cpu()
-            ok &= bool(torch.equal(got, h[:, cpu_slots]))
-        return ok
+        """Whether every device page holds its host slot's rows (ids on the device)."""
+        cpu_slots = slots.cpu()
+        return all(torch.equal(dv[:, pages].cpu(), h[:, cpu_slots]) for h, dv in zip(self.host, self.device))
 
     def clear(self) -> None:
         for dv in self.device:

@@ -170,14 +170,19 @@ def test_option_candidates_copy_every_byte(entry, layout):
     import tiered_kv.transfer_policy as tp
 
     name, _, options, _, change = entry
-    device, host = make_device_pool(SPEC, 20), make_host_pool(SPEC, 16, layout)
-    engine = TransferEngine(device.pool, host, path="mixed")
     split = tp.SCATTERED_LOADS[layout == "layer_first"]
     split = change(split) if change is not None else split
+    _check_scattered_load(layout, "mixed", replace(options, load_split=split))
+
+
+def _check_scattered_load(layout: str, path: str, options: TransferOptions) -> None:
+    """A load of every layer from 9 of 16 host slots, in random order, through ``path`` with
+    ``options``, checked byte for byte against the reference."""
+    device, host = make_device_pool(SPEC, 20), make_host_pool(SPEC, 16, layout)
+    engine = TransferEngine(device.pool, host, path=path)
     slots, pages = torch.randperm(16)[:9], random_ids(9, 1, 20)
     pairs = [pair for layer in range(SPEC.num_layers) for pair in load_pairs(host, device.pool, layer)]
-    check_copy(pairs, slots, pages, device.roots,
-               lambda: engine.load(slots, pages, options=replace(options, load_split=split)))
+    check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages, options=options))
 
 
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
@@ -186,9 +191,5 @@ def test_thirtysecond_splits_copy_every_byte_and_differ_only_in_their_calls(entr
     """The idle copy-engine split for scattered ``layer_first`` loads, as one call for the blocks
     after the first and as a call per block: both land every byte of every layer."""
     name, path, options, _, _ = entry
-    device, host = make_device_pool(SPEC, 20), make_host_pool(SPEC, 16, layout)
-    engine = TransferEngine(device.pool, host, path=path)
-    slots, pages = torch.randperm(16)[:9], random_ids(9, 1, 20)
-    pairs = [pair for layer in range(SPEC.num_layers) for pair in load_pairs(host, device.pool, layer)]
-    check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages, options=options))
+    _check_scattered_load(layout, path, options)
     assert replace(options.load_split, lead_blocks=1) == serving_probe.CE_IDLE_LAYER_FIRST

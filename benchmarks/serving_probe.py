@@ -721,6 +721,13 @@ THIRTYSECOND = [
      TransferOptions(load_split=replace(CE_IDLE_LAYER_FIRST, lead_blocks=64), issue_threads=1), {}, None),
 ]
 
+#: The thirty-third probe: the idle copy-engine split at 0.8 / 0.7 / 0.6 of the pages, with the load
+#: ring's ``IssueLag`` per candidate (did the copy engines wait on the thread?).
+THIRTYTHIRD = THIRTYSECOND + [
+    (f"ce {share} blocks 8 ramp + kernel {round(1 - share, 1)}", "mixed",
+     TransferOptions(load_split=replace(CE_IDLE_LAYER_FIRST, ce_fraction=share), issue_threads=1), {}, None)
+    for share in (0.7, 0.6)]
+
 
 CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH, "eleventh": ELEVENTH, "twelfth": TWELFTH,
                   "thirteenth": THIRTEENTH, "fourteenth": FOURTEENTH,
@@ -731,7 +738,8 @@ CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH, "elevent
                   "twentyfifth": TWENTYFIFTH, "twentysixth": TWENTYSIXTH,
                   "twentyseventh": TWENTYSEVENTH, "twentyeighth": TWENTYEIGHTH,
                   "twentyninth": TWENTYNINTH, "thirtieth": THIRTIETH,
-                  "thirtyfirst": THIRTYFIRST, "thirtysecond": THIRTYSECOND}
+                  "thirtyfirst": THIRTYFIRST, "thirtysecond": THIRTYSECOND,
+                  "thirtythird": THIRTYTHIRD}
 SETS = {"fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUPS, FIRST_BOTH, FIRST_BESIDE),
         "fourth": ([], [], [], FOURTH_BESIDE),
         "second": (SECOND_LOADS, SECOND_BACKUPS, SECOND_BOTH, SECOND_BESIDE),
@@ -739,6 +747,17 @@ SETS = {"fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUP
         "ninth": (NINTH_LOADS, NINTH_BACKUPS, NINTH_BOTH, NINTH_BESIDE),
         "tenth": ([], [], TENTH_BOTH, []),
         "seventeenth": ([], SEVENTEENTH_BACKUPS, SEVENTEENTH_BOTH, [])}
+
+
+def load_lag(engine):
+    """A function that returns the load ring's ``IssueLag`` since now (``starved_units`` of
+    ``lag_units``: units whose previous unit had landed when they were issued)."""
+    engine = getattr(engine, "engine", engine)
+    copier = engine.staging_copier("load") if engine.on_gpu else None
+    if copier is None:
+        return lambda: {}
+    units, starved = copier.lag.units, copier.lag.starved
+    return lambda: {"lag_units": copier.lag.units - units, "starved_units": copier.lag.starved - starved}
 
 
 def candidate_probe(args, b, engine, hosts, page_sets, slot_sets, sets, check_load, add, ceiling, h2d, d2h, transfer_bytes, skip):
@@ -760,10 +779,14 @@ def candidate_probe(args, b, engine, hosts, page_sets, slot_sets, sets, check_lo
             for layout in hosts:
                 e = made[(layout, name)]
                 for kind in kinds:
+                    lag = load_lag(e)
                     t = tg.measure(lambda i: [e.load(slot_sets[kind][i % sets], page_sets[i % sets], options=options)], b.reps)
                     add(f"load61 {name} {layout} {kind}", transfer_bytes, t, group="load61", path=name, layout=layout,
                         slots=kind, frac_of_ceiling=transfer_bytes / t["ms"] / 1e6 / ceiling["load61"],
-                        issue_share=t["issue_ms"] / t["ms"])
+                        issue_share=t["issue_ms"] / t["ms"], **lag())
+                    if "lag_units" in b.results[-1]:
+                        print(f"    copy-engine units issued after the one before landed: {b.results[-1]['starved_units']} "
+                              f"of {b.results[-1]['lag_units']}", flush=True)
     if "both" not in skip:
         for kind in kinds:
             beside = tg.backup_sets_beside(args, page_sets, slot_sets[kind], scattered=kind == "scattered")

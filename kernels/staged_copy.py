@@ -116,6 +116,18 @@ MAX_PITCH = (1 << 31) - 1
 CopyStreams = torch.cuda.Stream | Sequence[torch.cuda.Stream] | None
 
 
+@dataclass
+class IssueLag:
+    """How often a copier's loads kept the copy engines waiting on the issuing thread, as the GPU
+    saw it: ``units`` counts the units of a call after its first, ``starved`` those whose previous
+    unit's copy had already landed when they were issued (an event query, about a microsecond; the
+    copy engines had nothing queued). A thread ahead of the copy engines finds the unit before
+    still queued. GPU loads only; CPU copies run synchronously and count nothing."""
+
+    units: int = 0
+    starved: int = 0
+
+
 def _round(value: int) -> int:
     return -(-value // _REGION_ALIGN) * _REGION_ALIGN
 
@@ -206,6 +218,10 @@ class StagedCopier:
         self._join: list[torch.cuda.Event] = []
         # Waves' uploads (``first_wave``), made once the first one needs them.
         self._upload_stream: torch.cuda.Stream | None = None
+        #: Loads' copy-engine starvation so far (``IssueLag``; read deltas around a call).
+        self.lag = IssueLag()
+        # The ring slot of the last unit a load call issued (None before a call's first unit).
+        self._last_slot: int | None = None
 
     # --- public ----------------------------------------------------------------------------------
     def to_device(
@@ -453,6 +469,7 @@ class StagedCopier:
 
         # Each wave's tables go in one upload; the ids go with the first. A unit stages at most every
         # row of the call, so one row list serves every unit.
+        self._last_slot = None
         device_dev = stage_dev = None
         done_groups = 0
         for g0, g1 in waves(len(groups), first_wave):
@@ -539,6 +556,7 @@ class StagedCopier:
             buffer_addr = self._storage.data_ptr() + slot * self.buffer_bytes
             ids_device, ids_stage = device_dev[unit.r0:unit.r1], stage_dev[:rows]
             if to_device:
+                self._count_lag()
                 self._engine_copies(unit, buffer_addr, True, copy_streams, pitched)
                 self._handoff(slot, copy_stream, kernel_stream)
                 self._kernel(plan, table, ids_stage, ids_device, kernel_stream, num_ctas)
@@ -685,6 +703,15 @@ class StagedCopier:
         if self._on_gpu:
             self._ready[slot].record(producer)
             consumer.wait_event(self._ready[slot])
+            self._last_slot = slot
+
+    def _count_lag(self) -> None:
+        """``IssueLag``: before a load unit's copies, whether the previous unit's have landed."""
+        if self._last_slot is None or not self._on_gpu:
+            return
+        self.lag.units += 1
+        if self._ready[self._last_slot].query():
+            self.lag.starved += 1
 
 
 def waves(count: int, first: int | None) -> list[tuple[int, int]]:

@@ -193,3 +193,15 @@ def test_thirtysecond_splits_copy_every_byte_and_differ_only_in_their_calls(entr
     name, path, options, _, _ = entry
     _check_scattered_load(layout, path, options)
     assert replace(options.load_split, lead_blocks=1) == serving_probe.CE_IDLE_LAYER_FIRST
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("entry", serving_probe.THIRTYTHIRD[len(serving_probe.THIRTYSECOND):], ids=lambda e: e[0])
+def test_thirtythird_shares_copy_every_byte_and_change_only_the_share(entry, layout):
+    """The idle copy-engine split at smaller copy-engine shares lands every byte of every layer and
+    differs from the thirty-second set's only in ``ce_fraction``."""
+    name, path, options, _, _ = entry
+    _check_scattered_load(layout, path, options)
+    split = options.load_split
+    assert split.ce_fraction < serving_probe.CE_IDLE_LAYER_FIRST.ce_fraction
+    assert replace(split, ce_fraction=serving_probe.CE_IDLE_LAYER_FIRST.ce_fraction) == serving_probe.CE_IDLE_LAYER_FIRST

@@ -437,3 +437,15 @@ def test_pitched_fold_leaves_what_does_not_fold():
     uneven = np.array([[0, 64, 0, 64, 64, 1, 0], [5000, 64, 640, 64, 64, 1, 0],
                        [1000, 64, 64, 64, 64, 1, 0], [7000, 64, 704, 64, 64, 1, 0]], dtype=np.int64)
     assert np.array_equal(fold_pitched(uneven, 2), uneven)
+
+
+def test_issue_lag_counts_nothing_on_cpu():
+    """On CPU every copy has run by the time the next is issued: ``lag`` (a GPU measure of copy
+    engines waiting on the thread) stays at zero, and the bytes still land."""
+    spec = nsa_spec(4, 64)
+    device, host = make_device_pool(spec, 40), make_host_pool(spec, 30, "layer_first")
+    copier = StagedCopier("cpu", buffer_bytes=1 << 16)
+    pairs = load_pairs(host, device.pool, 0)
+    src, dst = random_ids(20, 0, 30), random_ids(20, 0, 40)
+    check_copy(pairs, src, dst, device.roots, lambda: copier.to_device_groups([pairs], src, dst, unit_rows=4))
+    assert (copier.lag.units, copier.lag.starved) == (0, 0)

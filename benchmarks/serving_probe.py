@@ -721,12 +721,16 @@ THIRTYSECOND = [
      TransferOptions(load_split=replace(CE_IDLE_LAYER_FIRST, lead_blocks=64), issue_threads=1), {}, None),
 ]
 
-#: The thirty-third probe: the idle copy-engine split at 0.8 / 0.7 / 0.6 of the pages, with the load
-#: ring's ``IssueLag`` per candidate (did the copy engines wait on the thread?).
+#: The thirty-third probe: the idle copy-engine split at 0.8 / 0.7 / 0.6 of the pages, the kernel, a
+#: batch share and the batch path from ``transfer_gpu.CANDIDATES``, with the load ring's
+#: ``IssueLag`` per candidate (did the copy engines wait on the thread?); with ``--from-call`` each
+#: also timed from the call (no device sleep ahead of the issue).
 THIRTYTHIRD = THIRTYSECOND + [
     (f"ce {share} blocks 8 ramp + kernel {round(1 - share, 1)}", "mixed",
      TransferOptions(load_split=replace(CE_IDLE_LAYER_FIRST, ce_fraction=share), issue_threads=1), {}, None)
-    for share in (0.7, 0.6)]
+    for share in (0.7, 0.6)] + [
+    (name, *tg.CANDIDATES[name], {}, None)
+    for name in ("kernel on 1 issue thread", "kernel 0.6 + batch 0.4 on 1 thread", "batch 4 issue threads")]
 
 
 CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH, "eleventh": ELEVENTH, "twelfth": TWELFTH,
@@ -787,6 +791,15 @@ def candidate_probe(args, b, engine, hosts, page_sets, slot_sets, sets, check_lo
                     if "lag_units" in b.results[-1]:
                         print(f"    copy-engine units issued after the one before landed: {b.results[-1]['starved_units']} "
                               f"of {b.results[-1]['lag_units']}", flush=True)
+                    if args.from_call:  # the same loads with no sleep before them: timed from the call
+                        lag = load_lag(e)
+                        t = tg.measure(lambda i: [e.load(slot_sets[kind][i % sets], page_sets[i % sets], options=options)],
+                                       b.reps, sleep=False)
+                        add(f"load61 from the call {name} {layout} {kind}", transfer_bytes, t, group="load61_from_call",
+                            path=name, layout=layout, slots=kind,
+                            frac_of_ceiling=transfer_bytes / t["ms"] / 1e6 / ceiling["load61"], **lag())
+                        print(f"    from the call: {b.results[-1].get('starved_units')} of {b.results[-1].get('lag_units')} "
+                              "units starved", flush=True)
     if "both" not in skip:
         for kind in kinds:
             beside = tg.backup_sets_beside(args, page_sets, slot_sets[kind], scattered=kind == "scattered")
@@ -823,6 +836,8 @@ def main() -> int:
     parser.add_argument("--layouts", default="page_first,layer_first",
                         help="host layouts a candidate set measures (candidate sets only)")
     parser.add_argument("--slots", default="runs,scattered", help="host slots a candidate set measures (runs, scattered)")
+    parser.add_argument("--from-call", action="store_true",
+                        help="candidate sets: also time each 61-layer load from the call (no device sleep before it)")
     parser.add_argument("--skip", default="", help="comma-separated groups to skip (load61,backup,both,beside)")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))

@@ -60,14 +60,18 @@ def _end_events(item) -> list[torch.cuda.Event]:
     return [item.event] if isinstance(item, BackupHandle) else [item]
 
 
-def measure(issue, reps: int, warmup: int = 2) -> dict:
+def measure(issue, reps: int, warmup: int = 2, *, sleep: bool = True) -> dict:
     """Median device ms of ``issue(i) -> list of end events or load handles`` (from a start event
     before it), the caller's issue time (wall and its thread's CPU) and the CPU the op costs in
-    the whole process (every thread, from the issue until the device finished; the wait polls)."""
+    the whole process (every thread, from the issue until the device finished; the wait polls).
+    ``sleep``: the device sleeps about 40 ms before the start event, so the issue runs ahead of it
+    and the time is the device's alone; without, the time counts from the call (an issue slower
+    than the copies shows)."""
     device_ms, issue_ms, caller_cpu, cpu = [], [], [], []
     for i in range(warmup + reps):
         torch.cuda.synchronize()
-        torch.cuda._sleep(SLEEP_CYCLES)
+        if sleep:
+            torch.cuda._sleep(SLEEP_CYCLES)
         start = torch.cuda.Event(enable_timing=True)
         start.record()
         t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()

@@ -196,7 +196,8 @@ def test_thirtysecond_splits_copy_every_byte_and_differ_only_in_their_calls(entr
 
 
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
-@pytest.mark.parametrize("entry", serving_probe.THIRTYTHIRD[len(serving_probe.THIRTYSECOND):], ids=lambda e: e[0])
+@pytest.mark.parametrize("entry", [e for e in serving_probe.THIRTYTHIRD[len(serving_probe.THIRTYSECOND):]
+                                   if e[0].startswith("ce ")], ids=lambda e: e[0])
 def test_thirtythird_shares_copy_every_byte_and_change_only_the_share(entry, layout):
     """The idle copy-engine split at smaller copy-engine shares lands every byte of every layer and
     differs from the thirty-second set's only in ``ce_fraction``."""
@@ -205,3 +206,14 @@ def test_thirtythird_shares_copy_every_byte_and_change_only_the_share(entry, lay
     split = options.load_split
     assert split.ce_fraction < serving_probe.CE_IDLE_LAYER_FIRST.ce_fraction
     assert replace(split, ce_fraction=serving_probe.CE_IDLE_LAYER_FIRST.ce_fraction) == serving_probe.CE_IDLE_LAYER_FIRST
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("entry", [e for e in serving_probe.THIRTYTHIRD if not e[0].startswith("ce ") and e[0] != "auto"],
+                         ids=lambda e: e[0])
+def test_thirtythird_reference_paths_copy_every_byte(entry, layout):
+    """The kernel, batch-share and batch candidates the thirty-third set times beside the idle
+    split land every byte of every layer, through the path ``transfer_gpu.CANDIDATES`` names."""
+    name, path, options, _, _ = entry
+    assert (path, options) == serving_probe.tg.CANDIDATES[name]
+    _check_scattered_load(layout, path, options)

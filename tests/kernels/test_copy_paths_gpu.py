@@ -97,6 +97,8 @@ def test_gpu_issue_lag_counts_every_unit_after_the_first_of_a_load():
     device, host = make_device_pool(spec, PAGES), make_host_pool(spec, SLOTS, "layer_first")
     copier = StagedCopier("cuda")
     copy_stream, kernel_stream = torch.cuda.Stream(), torch.cuda.Stream()
+    for stream in (copy_stream, kernel_stream):
+        stream.wait_stream(torch.cuda.current_stream())  # the pools' bytes are written there
     pairs = load_pairs(host, device.pool, 0)
     src, dst = random_ids(256, 0, SLOTS), random_ids(256, 0, PAGES)
 

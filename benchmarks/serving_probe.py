@@ -791,14 +791,17 @@ def candidate_probe(args, b, engine, hosts, page_sets, slot_sets, sets, check_lo
                     if "lag_units" in b.results[-1]:
                         print(f"    copy-engine units issued after the one before landed: {b.results[-1]['starved_units']} "
                               f"of {b.results[-1]['lag_units']}", flush=True)
-                    if args.from_call:  # the same loads with no sleep before them: timed from the call
+                    # The same loads timed from the call, on an idle GPU and on one kept busy beside them.
+                    for group, sleep in (("load61_from_call", False), ("load61_from_call_busy", "beside")):
+                        if not args.from_call:
+                            break
                         lag = load_lag(e)
                         t = tg.measure(lambda i: [e.load(slot_sets[kind][i % sets], page_sets[i % sets], options=options)],
-                                       b.reps, sleep=False)
-                        add(f"load61 from the call {name} {layout} {kind}", transfer_bytes, t, group="load61_from_call",
+                                       b.reps, sleep=sleep)
+                        add(f"{group.replace('_', ' ')} {name} {layout} {kind}", transfer_bytes, t, group=group,
                             path=name, layout=layout, slots=kind,
                             frac_of_ceiling=transfer_bytes / t["ms"] / 1e6 / ceiling["load61"], **lag())
-                        print(f"    from the call: {b.results[-1].get('starved_units')} of {b.results[-1].get('lag_units')} "
+                        print(f"    {group}: {b.results[-1].get('starved_units')} of {b.results[-1].get('lag_units')} "
                               "units starved", flush=True)
     if "both" not in skip:
         for kind in kinds:

@@ -60,17 +60,25 @@ def _end_events(item) -> list[torch.cuda.Event]:
     return [item.event] if isinstance(item, BackupHandle) else [item]
 
 
-def measure(issue, reps: int, warmup: int = 2, *, sleep: bool = True) -> dict:
+def measure(issue, reps: int, warmup: int = 2, *, sleep: bool | str = True) -> dict:
     """Median device ms of ``issue(i) -> list of end events or load handles`` (from a start event
     before it), the caller's issue time (wall and its thread's CPU) and the CPU the op costs in
     the whole process (every thread, from the issue until the device finished; the wait polls).
-    ``sleep``: the device sleeps about 40 ms before the start event, so the issue runs ahead of it
-    and the time is the device's alone; without, the time counts from the call (an issue slower
-    than the copies shows)."""
+    ``sleep``: True, the device sleeps about 40 ms before the start event, so the issue runs
+    ahead of it and the time is the device's alone; False, nothing before it: the time counts
+    from the call on an idle GPU (an issue slower than the copies shows, and so do clocks that
+    rise only once work arrives); ``"beside"``, the same sleep on a stream of its own that the op
+    does not wait for: from the call, on a GPU already busy (its clocks up, as beside a model)."""
+    if sleep not in (True, False, "beside"):
+        raise ValueError(f"measure: sleep must be True, False or 'beside', got {sleep!r}")
+    side = torch.cuda.Stream() if sleep == "beside" else None
     device_ms, issue_ms, caller_cpu, cpu = [], [], [], []
     for i in range(warmup + reps):
         torch.cuda.synchronize()
-        if sleep:
+        if side is not None:
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(SLEEP_CYCLES)
+        elif sleep:
             torch.cuda._sleep(SLEEP_CYCLES)
         start = torch.cuda.Event(enable_timing=True)
         start.record()
@@ -154,11 +162,12 @@ def summarize(results: list[dict], ceiling: dict, layer_gbps: float, naive: dict
                 print(f"{op:7s} {layout:11s} {slots:9s} {r['gbps']:6.2f} GB/s = {100 * r['frac_of_ceiling']:5.1f}% of ceiling "
                       f"(target 95%); issue {r['issue_ms']:6.2f} ms = {100 * r['issue_share']:5.1f}% of its device time, "
                       f"cpu {r['cpu_ms']:6.2f} ms")
-                called = [r for r in results if r.get("group") == "from_call" and r["path"] == "auto"
+                labels = {"from_call": "from the call, idle GPU", "from_call_busy": "from the call, busy GPU"}
+                called = [r for r in results if r.get("group") in labels and r["path"] == "auto"
                           and r["layout"] == layout and r["op"] == op and r["slots"] == slots]
                 for r in called:
                     print(f"{op:7s} {layout:11s} {slots:9s} {r['gbps']:6.2f} GB/s = {100 * r['frac_of_ceiling']:5.1f}% of ceiling "
-                          "timed from the call (no device sleep ahead of the issue)")
+                          f"timed {labels[r['group']]}")
             r = row(group="paths", path="auto", layout=layout, op="load1", slots=slots)
             print(f"load1   {layout:11s} {slots:9s} {r['gbps']:6.2f} GB/s = {100 * r['frac_of_layer_copy']:5.1f}% of a contiguous "
                   f"copy of the layer ({layer_gbps:.2f} GB/s)")
@@ -431,11 +440,14 @@ def main() -> int:
 
     # --- the same targets timed from the call: no device sleep ahead of the issue, so a path whose
     # issue is slower than its copies shows it (``measure(sleep=False)``) ------------------------
+    # On an idle GPU (``from_call``) and on one kept busy by a sleep on a stream the op does not wait
+    # for (``from_call_busy``: clocks up, as beside a model's kernels).
     for layout in hosts:
         for name, path, options in FROM_CALL:
             for slots_kind in ("runs", "scattered"):
-                run_ops(layout, path, slots_kind, b.reps, group="from_call", ops=("backup", "load61") if path != "mixed"
-                        else ("load61",), options=options, name=name, sleep=False)
+                for group, sleep in (("from_call", False), ("from_call_busy", "beside")):
+                    run_ops(layout, path, slots_kind, b.reps, group=group, ops=("backup", "load61") if path != "mixed"
+                            else ("load61",), options=options, name=name, sleep=sleep)
         save(b, args, ceiling, layer_h2d, naive)
 
     # --- item 1 candidates: the same ops with explicit options (copy engines only, staged layer

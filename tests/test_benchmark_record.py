@@ -64,3 +64,17 @@ def test_beside_compute_rows_hold_the_issue_keys_and_their_arithmetic(record):
         assert row["compute_per_load"] == pytest.approx(row["compute_ms"] / row["load_ms"], rel=1e-9)
         # Both at once take at least as long as the longer of the two alone, within the noise of a rep.
         assert row["both_ms"] >= 0.9 * max(row["compute_ms"], row["load_ms"])
+
+
+@pytest.mark.parametrize("group", ["from_call", "from_call_busy"])
+def test_auto_backup_and_load_are_timed_from_the_call_too(record, group):
+    """The targets' ops of ``auto`` timed from the call (no device sleep ahead of the issue), on an
+    idle GPU and on a busy one, for both layouts and kinds of slots, with the same arithmetic; and
+    timed so, no op beats its own idle-device time by more than the run's noise."""
+    found = {(row["layout"], row["slots"], row["op"]): row for row in rows(record, group) if row["path"] == "auto"}
+    assert set(found) == {(layout, slots, op) for layout in LAYOUTS for slots in SLOTS for op in ("backup", "load61")}
+    ahead = {(row["layout"], row["slots"], row["op"]): row for row in rows(record, "paths") if row["path"] == "auto"}
+    for key, row in found.items():
+        assert row["gbps"] == pytest.approx(row["bytes"] / row["ms"] / 1e6, rel=1e-9)
+        assert row["frac_of_ceiling"] == pytest.approx(row["gbps"] / record["ceiling_gbps"][row["op"]], rel=1e-9)
+        assert row["gbps"] <= ahead[key]["gbps"] * 1.02

@@ -436,12 +436,15 @@ AUTO_PATHS_WITHOUT_BATCH = {(True, True, True, False): "kernel", (False, True, T
 #: fell to 77-92% in 3, guarded by a pace: a block issued too far behind a rate sent the rest
 #: through the kernel. It fell back in nearly every load (35-37 per run; 92.3-92.6% against 96.3-96.9%
 #: unguarded in the same runs), both at 42 GB/s counted from the call with 2 ms of slack and at 38
-#: GB/s counted from the first block with 4 ms. The guard also changed the split it guarded (one
-#: call into the ring per block, each a sort, a plan and a table upload, instead of one call for
-#: the rest), so the thread may have been behind only because of it; the session had no device
-#: time left to tell. A guard should ask the GPU rather than the clock (has the block before
-#: landed already when the next is issued?) and leave the split's calls as they are
-#: (docs/benchmarks.md "Twentieth session").
+#: GB/s counted from the first block with 4 ms (docs/benchmarks.md "Twentieth session").
+#: Why, measured in the twenty-first session by asking the GPU (``StagedCopier.lag``: had the unit
+#: before already landed when the next was issued?): that split's idle rate needs the benchmark's 40
+#: ms device sleep ahead of the load. Timed from the call its thread issues about 50k rows in 90-110
+#: ms of CPU, every copy-engine unit finds the copy engines idle (826 of 826), and the load moves
+#: 14-18 GB/s (25-32%); one call into the ring per block is no slower. The pace was right to fall
+#: back. From the call, this table's kernel-heavy split is the best candidate in both layouts
+#: (``layer_first`` 90-92%, ``page_first`` 93-95%; the kernel alone 89%; docs/benchmarks.md
+#: "Twenty-first session").
 SCATTERED_LOADS = {False: LoadSplit(1.0, layers_per_copy=8, kernel_blocks=8, ramp=True, ramp_step=4, head_layers=8,
                                     staging_ctas=32, lead_blocks=3, **WAVES),
                    True: LoadSplit(0.3, ce_path="batch", kernel_blocks=8, **HEAD, head_ramp_step=8)}

@@ -803,6 +803,19 @@ def candidate_probe(args, b, engine, hosts, page_sets, slot_sets, sets, check_lo
                             frac_of_ceiling=transfer_bytes / t["ms"] / 1e6 / ceiling["load61"], **lag())
                         print(f"    {group}: {b.results[-1].get('starved_units')} of {b.results[-1].get('lag_units')} "
                               "units starved", flush=True)
+    if "backup" not in skip and args.from_call:
+        # ``auto`` backups timed three ways, in turn per rep set: after the sleep, from the call on an
+        # idle GPU, from the call on a busy one (a backup is issued on the caller's thread).
+        for layout in hosts:
+            e = made[(layout, "auto")]
+            for kind in kinds:
+                for rnd in range(args.backup_rounds):
+                    for group, sleep in (("backup", True), ("backup_from_call", False), ("backup_from_call_busy", "beside")):
+                        t = tg.measure(lambda i: [e.backup(page_sets[i % sets], slot_sets[kind][i % sets])], b.reps,
+                                       sleep=sleep)
+                        add(f"{group.replace('_', ' ')} auto {layout} {kind} round {rnd}", transfer_bytes, t, group=group,
+                            path="auto", layout=layout, slots=kind, round=rnd,
+                            frac_of_ceiling=transfer_bytes / t["ms"] / 1e6 / d2h["gbps"])
     if "both" not in skip:
         for kind in kinds:
             beside = tg.backup_sets_beside(args, page_sets, slot_sets[kind], scattered=kind == "scattered")
@@ -839,6 +852,8 @@ def main() -> int:
     parser.add_argument("--layouts", default="page_first,layer_first",
                         help="host layouts a candidate set measures (candidate sets only)")
     parser.add_argument("--slots", default="runs,scattered", help="host slots a candidate set measures (runs, scattered)")
+    parser.add_argument("--backup-rounds", type=int, default=2,
+                        help="with --from-call: rounds of auto backups timed after the sleep / from the call idle / busy")
     parser.add_argument("--from-call", action="store_true",
                         help="candidate sets: also time each 61-layer load from the call (no device sleep before it)")
     parser.add_argument("--skip", default="", help="comma-separated groups to skip (load61,backup,both,beside)")

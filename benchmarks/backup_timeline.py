@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import issue_timeline  # noqa: E402  (its step timers)
+import issue_timeline  # noqa: E402  (its step timers and the caller's front steps)
 import transfer_gpu as tg  # noqa: E402
 
 from tiered_kv import transfer_engine as te  # noqa: E402
@@ -42,9 +42,7 @@ from tiered_kv.transfer_engine import TransferEngine  # noqa: E402
 #: (owner, attribute name, label): a backup's steps that are timed (wrapped for the run).
 STEPS = [
     (TransferEngine, "backup", "engine.backup (whole call)"),
-    (te, "validate", "engine: validate (ids, pools)"),
-    (TransferEngine, "_check_host_pinned", "engine: host pool pinned"),
-    (TransferEngine, "_choose", "engine: path choice"),
+    *issue_timeline.FRONT_STEPS,
     (staged_copy.StagedCopier, "_run", "staged._run (whole ring call)"),
     (staged_copy.StagedCopier, "_plan_wave", "staged._plan_wave (units, tables, plans)"),
     (staged_copy.StagedCopier, "_send", "staged._send (table upload)"),

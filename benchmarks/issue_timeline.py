@@ -46,14 +46,18 @@ from tiered_kv import transfer_policy as tp  # noqa: E402
 from tiered_kv.kernels import batch_copy, staged_copy, uva_copy  # noqa: E402
 from tiered_kv.transfer_engine import TransferEngine  # noqa: E402
 
+#: The caller's steps before any copy, loads and backups alike (``backup_timeline.py`` too).
+FRONT_STEPS = [
+    (te, "validate", "engine: validate (ids, pools)"),
+    (TransferEngine, "_check_host_pinned", "engine: host pool pinned"),
+    (TransferEngine, "_choose", "engine: path choice"),
+]
 #: (owner, attribute name, label): the issue's steps that are timed (wrapped for the run).
 STEPS = [
     (TransferEngine, "load", "engine.load (whole call)"),
     # Before the first launch: the caller's path that the start delay beside compute is made of
     # (0.54 ms before the head's tables on the H200, 2026-12-02, not split further until these).
-    (te, "validate", "engine: validate (ids, pools)"),
-    (TransferEngine, "_check_host_pinned", "engine: host pool pinned"),
-    (TransferEngine, "_choose", "engine: path choice"),
+    *FRONT_STEPS,
     (TransferEngine, "_next_head_stream", "engine: head stream"),
     (te._Load, "__init__", "engine: _Load objects"),
     (TransferEngine, "_load_on_threads", "engine: hand-off to library threads"),

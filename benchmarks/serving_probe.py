@@ -753,6 +753,11 @@ SETS = {"fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUP
         "seventeenth": ([], SEVENTEENTH_BACKUPS, SEVENTEENTH_BOTH, [])}
 
 
+#: (group, ``transfer_gpu.measure``'s sleep) of the 61-layer loads a candidate set times: after the
+#: device sleep, then (``--from-call``) from the call on an idle and on a busy GPU.
+LOAD_TIMINGS = (("load61", True), ("load61_from_call", False), ("load61_from_call_busy", "beside"))
+
+
 def load_lag(engine):
     """A function that returns the load ring's ``IssueLag`` since now (``starved_units`` of
     ``lag_units``: units whose previous unit had landed when they were issued)."""
@@ -783,26 +788,19 @@ def candidate_probe(args, b, engine, hosts, page_sets, slot_sets, sets, check_lo
             for layout in hosts:
                 e = made[(layout, name)]
                 for kind in kinds:
-                    lag = load_lag(e)
-                    t = tg.measure(lambda i: [e.load(slot_sets[kind][i % sets], page_sets[i % sets], options=options)], b.reps)
-                    add(f"load61 {name} {layout} {kind}", transfer_bytes, t, group="load61", path=name, layout=layout,
-                        slots=kind, frac_of_ceiling=transfer_bytes / t["ms"] / 1e6 / ceiling["load61"],
-                        issue_share=t["issue_ms"] / t["ms"], **lag())
-                    if "lag_units" in b.results[-1]:
-                        print(f"    copy-engine units issued after the one before landed: {b.results[-1]['starved_units']} "
-                              f"of {b.results[-1]['lag_units']}", flush=True)
-                    # The same loads timed from the call, on an idle GPU and on one kept busy beside them.
-                    for group, sleep in (("load61_from_call", False), ("load61_from_call_busy", "beside")):
-                        if not args.from_call:
-                            break
+                    # After the sleep, and with ``--from-call`` also from the call on an idle GPU and
+                    # on one kept busy beside the load.
+                    for group, sleep in LOAD_TIMINGS[:3 if args.from_call else 1]:
                         lag = load_lag(e)
                         t = tg.measure(lambda i: [e.load(slot_sets[kind][i % sets], page_sets[i % sets], options=options)],
                                        b.reps, sleep=sleep)
-                        add(f"{group.replace('_', ' ')} {name} {layout} {kind}", transfer_bytes, t, group=group,
-                            path=name, layout=layout, slots=kind,
-                            frac_of_ceiling=transfer_bytes / t["ms"] / 1e6 / ceiling["load61"], **lag())
-                        print(f"    {group}: {b.results[-1].get('starved_units')} of {b.results[-1].get('lag_units')} "
-                              "units starved", flush=True)
+                        row = add(f"{group.replace('_', ' ')} {name} {layout} {kind}", transfer_bytes, t, group=group,
+                                  path=name, layout=layout, slots=kind,
+                                  frac_of_ceiling=transfer_bytes / t["ms"] / 1e6 / ceiling["load61"],
+                                  issue_share=t["issue_ms"] / t["ms"], **lag())
+                        if "lag_units" in row:
+                            print(f"    {group}: {row['starved_units']} of {row['lag_units']} copy-engine units issued after "
+                                  "the one before landed", flush=True)
     if "backup" not in skip and args.from_call:
         # ``auto`` backups timed three ways, in turn per rep set: after the sleep, from the call on an
         # idle GPU, from the call on a busy one (a backup is issued on the caller's thread).

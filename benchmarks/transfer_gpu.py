@@ -162,12 +162,11 @@ def summarize(results: list[dict], ceiling: dict, layer_gbps: float, naive: dict
                 print(f"{op:7s} {layout:11s} {slots:9s} {r['gbps']:6.2f} GB/s = {100 * r['frac_of_ceiling']:5.1f}% of ceiling "
                       f"(target 95%); issue {r['issue_ms']:6.2f} ms = {100 * r['issue_share']:5.1f}% of its device time, "
                       f"cpu {r['cpu_ms']:6.2f} ms")
-                labels = {"from_call": "from the call, idle GPU", "from_call_busy": "from the call, busy GPU"}
-                called = [r for r in results if r.get("group") in labels and r["path"] == "auto"
+                called = [r for r in results if r.get("group") in FROM_CALL_GROUPS and r["path"] == "auto"
                           and r["layout"] == layout and r["op"] == op and r["slots"] == slots]
                 for r in called:
                     print(f"{op:7s} {layout:11s} {slots:9s} {r['gbps']:6.2f} GB/s = {100 * r['frac_of_ceiling']:5.1f}% of ceiling "
-                          f"timed {labels[r['group']]}")
+                          f"timed {FROM_CALL_GROUPS[r['group']][1]}")
             r = row(group="paths", path="auto", layout=layout, op="load1", slots=slots)
             print(f"load1   {layout:11s} {slots:9s} {r['gbps']:6.2f} GB/s = {100 * r['frac_of_layer_copy']:5.1f}% of a contiguous "
                   f"copy of the layer ({layer_gbps:.2f} GB/s)")
@@ -308,6 +307,8 @@ def _named(*names: str) -> list[tuple[str, str, TransferOptions]]:
 #: split whose idle numbers need the issue to run ahead of the device (docs/benchmarks.md,
 #: "Twenty-first session").
 FROM_CALL = [("auto", "auto", None), ("kernel", "kernel", None)] + _named("ce 0.8 blocks 8 ramp + kernel 0.2")
+#: The groups they are timed in: group -> (``measure``'s sleep, what the summary calls it).
+FROM_CALL_GROUPS = {"from_call": (False, "from the call, idle GPU"), "from_call_busy": ("beside", "from the call, busy GPU")}
 
 #: Item 1's candidates, (name, path, options): copy engines with staged layer blocks (page pitched
 #: rows), beside a kernel share, the kernel with batch shares, per layer or with fewer CTAs, mixed
@@ -445,7 +446,7 @@ def main() -> int:
     for layout in hosts:
         for name, path, options in FROM_CALL:
             for slots_kind in ("runs", "scattered"):
-                for group, sleep in (("from_call", False), ("from_call_busy", "beside")):
+                for group, (sleep, _) in FROM_CALL_GROUPS.items():
                     run_ops(layout, path, slots_kind, b.reps, group=group, ops=("backup", "load61") if path != "mixed"
                             else ("load61",), options=options, name=name, sleep=sleep)
         save(b, args, ceiling, layer_h2d, naive)

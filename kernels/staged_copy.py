@@ -556,7 +556,7 @@ class StagedCopier:
             buffer_addr = self._storage.data_ptr() + slot * self.buffer_bytes
             ids_device, ids_stage = device_dev[unit.r0:unit.r1], stage_dev[:rows]
             if to_device:
-                self._count_lag()
+                self._count_lag(slot)
                 self._engine_copies(unit, buffer_addr, True, copy_streams, pitched)
                 self._handoff(slot, copy_stream, kernel_stream)
                 self._kernel(plan, table, ids_stage, ids_device, kernel_stream, num_ctas)
@@ -703,15 +703,17 @@ class StagedCopier:
         if self._on_gpu:
             self._ready[slot].record(producer)
             consumer.wait_event(self._ready[slot])
-            self._last_slot = slot
 
-    def _count_lag(self) -> None:
-        """``IssueLag``: before a load unit's copies, whether the previous unit's have landed."""
-        if self._last_slot is None or not self._on_gpu:
+    def _count_lag(self, slot: int) -> None:
+        """``IssueLag``: before the copies of a load unit staged in ``slot``, whether the previous
+        unit's have landed (its ``ready`` event was recorded by its hand-off); then this unit is the
+        previous one."""
+        if not self._on_gpu:
             return
-        self.lag.units += 1
-        if self._ready[self._last_slot].query():
-            self.lag.starved += 1
+        if self._last_slot is not None:
+            self.lag.units += 1
+            self.lag.starved += bool(self._ready[self._last_slot].query())
+        self._last_slot = slot
 
 
 def waves(count: int, first: int | None) -> list[tuple[int, int]]:

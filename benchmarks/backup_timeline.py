@@ -15,7 +15,11 @@ and, summed over the reps, the wall and thread CPU time of each step of the issu
 ``issue_timeline.py`` does for loads).
 
     python3 benchmarks/backup_timeline.py [--reps 10] [--layouts page_first,layer_first]
-        [--slots scattered,runs] [--trace-ms 5] [--out docs/benchmarks/backup_timeline.json]
+        [--slots scattered,runs] [--plan-waves default,0,1,4] [--trace-ms 5]
+        [--out docs/benchmarks/backup_timeline.json]
+
+``--plan-waves``: ``TransferOptions.backup_plan_wave`` of each case (``default``: the policy's,
+``0``: every unit planned before the first gather).
 """
 
 from __future__ import annotations
@@ -37,14 +41,17 @@ import transfer_gpu as tg  # noqa: E402
 
 from tiered_kv import transfer_engine as te  # noqa: E402
 from tiered_kv.kernels import staged_copy, uva_copy  # noqa: E402
-from tiered_kv.transfer_engine import TransferEngine  # noqa: E402
+from tiered_kv.errors import ConfigError  # noqa: E402
+from tiered_kv.transfer_engine import TransferEngine, TransferOptions  # noqa: E402
+from tiered_kv.transfer_policy import backup_plan_wave  # noqa: E402
 
 #: (owner, attribute name, label): a backup's steps that are timed (wrapped for the run).
 STEPS = [
     (TransferEngine, "backup", "engine.backup (whole call)"),
     *issue_timeline.FRONT_STEPS,
     (staged_copy.StagedCopier, "_run", "staged._run (whole ring call)"),
-    (staged_copy.StagedCopier, "_plan_wave", "staged._plan_wave (units, tables, plans)"),
+    (staged_copy.StagedCopier, "_wave_units", "staged._wave_units (units)"),
+    (staged_copy.StagedCopier, "_plan_wave", "staged._plan_wave (slots, tables, plans)"),
     (staged_copy.StagedCopier, "_send", "staged._send (table upload)"),
     (staged_copy.StagedCopier, "_issue_wave", "staged._issue_wave (every unit)"),
     (staged_copy.StagedCopier, "_kernel", "staged._kernel (gather launch)"),
@@ -105,11 +112,17 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--layouts", default="page_first,layer_first")
     parser.add_argument("--slots", default="scattered,runs")
+    parser.add_argument("--plan-waves", default="default",
+                        help="comma-separated backup_plan_wave values to time (default: the policy's; 0: one wave)")
     parser.add_argument("--trace-ms", type=float, default=5.0, help="print the first rep's steps up to this ms")
     tg.add_shape_arguments(parser)
     args = parser.parse_args()
     if args.reps < 1:
         parser.error("--reps must be at least 1")
+    try:
+        plan_waves = [plan_wave(value) for value in args.plan_waves.split(",")]
+    except (ValueError, ConfigError) as error:
+        parser.error(f"--plan-waves: {error}")
     torch.manual_seed(0)
     spec = tg.Bench(args).spec
     device_pool, hosts = tg.random_pools(spec, args)
@@ -123,7 +136,8 @@ def main() -> int:
         for layout in args.layouts.split(","):
             engine = TransferEngine(device_pool, hosts[layout], path="auto")
             for kind in args.slots.split(","):
-                results.append(time_case(args, engine, layout, kind, page_sets, slot_sets, timers, marks))
+                for options in plan_waves:
+                    results.append(time_case(args, engine, layout, kind, page_sets, slot_sets, timers, marks, options))
             engine.close()
     finally:  # the ring's and the engine's methods as they were, also after an error
         marks.uninstall()
@@ -137,9 +151,16 @@ def main() -> int:
     return 0
 
 
-def time_case(args, engine, layout: str, kind: str, page_sets, slot_sets, timers, marks: FirstUnit) -> dict:
+def plan_wave(value: str) -> TransferOptions:
+    """``--plan-waves`` item: ``default`` or a unit count (0: one wave)."""
+    return TransferOptions() if value.strip() == "default" else TransferOptions(backup_plan_wave=int(value))
+
+
+def time_case(args, engine, layout: str, kind: str, page_sets, slot_sets, timers, marks: FirstUnit,
+              options: TransferOptions) -> dict:
     """``args.reps`` backups from the call (after one unmeasured), each with its first unit's marks."""
     per_rep, trace = [], []
+    watcher = torch.cuda.Stream()
     timers.wall.clear(), timers.cpu.clear(), timers.calls.clear()
     for i in range(args.reps + 1):
         measured = i > 0
@@ -149,8 +170,13 @@ def time_case(args, engine, layout: str, kind: str, page_sets, slot_sets, timers
         start.record()
         t0 = time.perf_counter()
         marks.reset(t0)
-        handle = engine.backup(page_sets[i % 4], slot_sets[kind][i % 4])
+        handle = engine.backup(page_sets[i % 4], slot_sets[kind][i % 4], options=options)
         returned = time.perf_counter()
+        # The handle's event is not a timing event: a timing event on a stream that waits for it
+        # completes when the backup lands (or when it is enqueued, just after the return, if later).
+        landed = torch.cuda.Event(enable_timing=True)
+        watcher.wait_event(handle.event)
+        landed.record(watcher)
         handle.synchronize()
         torch.cuda.synchronize()
         timers.on = False
@@ -160,15 +186,16 @@ def time_case(args, engine, layout: str, kind: str, page_sets, slot_sets, timers
             trace = [(label, thread, (a - t0) * 1e3, (z - t0) * 1e3) for label, thread, a, z in timers.trace
                      if (a - t0) * 1e3 <= args.trace_ms]
         per_rep.append({
-            "returned_ms": (returned - t0) * 1e3, "landed_ms": start.elapsed_time(handle.event),
+            "returned_ms": (returned - t0) * 1e3, "landed_ms": start.elapsed_time(landed),
             "first_launch_ms": marks.launch_ms, "first_copy_ms": marks.copy_ms,
             "first_gathered_ms": start.elapsed_time(marks.gathered) if marks.gathered is not None else None,
             "first_copied_ms": start.elapsed_time(marks.copied) if marks.copied is not None else None,
         })
     keys = per_rep[0].keys()
     med = {key: (statistics.median(r[key] for r in per_rep) if per_rep[0][key] is not None else None) for key in keys}
-    row = {"layout": layout, "slots": kind, "path": handle.path, **med, "trace": trace, "steps": timers.rows(args.reps)}
-    print(f"== auto backup {layout} {kind} ({handle.path}): " + ", ".join(
+    wave = backup_plan_wave(options)
+    row = {"layout": layout, "slots": kind, "path": handle.path, "plan_wave": wave, **med, "trace": trace, "steps": timers.rows(args.reps)}
+    print(f"== auto backup {layout} {kind} ({handle.path}, plan_wave {wave}): " + ", ".join(
         f"{key} {'-' if value is None else f'{value:.2f}'}" for key, value in med.items()), flush=True)
     for s in row["steps"]:
         print(f"   {s['step']:45s} {s['thread']:22s} calls {s['calls_per_rep']:6.1f} wall {s['wall_ms_per_rep']:7.2f} "

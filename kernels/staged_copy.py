@@ -283,13 +283,19 @@ class StagedCopier:
         kernel_stream: torch.cuda.Stream | None = None,
         unit_rows: int | None = None,
         pitched: bool = False,
+        unit_wave: int | None = None,
     ) -> None:
         """Backup: for every ``(device_view, host_view)`` pair and i, ``host[host_ids[i]] = device[device_ids[i]]``.
 
         Completion is ordered on ``copy_stream`` (the first one if several: it joins the others;
-        record an event there after this call).
+        record an event there after this call). ``unit_wave``: the units are planned, their tables
+        uploaded (on the ring's own stream) and their work enqueued in waves of ``unit_wave``
+        units, then twice as many each time (``waves``), so the first units gather and copy while
+        the rest are planned (None: one wave, every unit planned and uploaded before the first
+        gather).
         """
-        self._run([pairs], host_ids, device_ids, False, copy_stream, kernel_stream, None, unit_rows, None, pitched)
+        self._run([pairs], host_ids, device_ids, False, copy_stream, kernel_stream, None, unit_rows, None, pitched,
+                  unit_wave=unit_wave)
 
     # --- planning --------------------------------------------------------------------------------
     def _units(self, host_views: Sequence[torch.Tensor], host_sorted: np.ndarray, run_starts: np.ndarray,
@@ -444,7 +450,7 @@ class StagedCopier:
 
     # --- running ---------------------------------------------------------------------------------
     def _run(self, groups, host_ids, device_ids, to_device, copy_stream, kernel_stream, on_group_done,
-             unit_rows=None, num_ctas=None, pitched=False, first_wave=None) -> None:
+             unit_rows=None, num_ctas=None, pitched=False, first_wave=None, unit_wave=None) -> None:
         if host_ids.numel() != device_ids.numel():
             raise ValueError(f"host_ids has {host_ids.numel()} ids, device_ids {device_ids.numel()}")
         if host_ids.numel() == 0 or not groups:
@@ -472,16 +478,17 @@ class StagedCopier:
         self._last_slot = None
         device_dev = stage_dev = None
         done_groups = 0
+        own_stream = first_wave is not None or unit_wave is not None
         for g0, g1 in waves(len(groups), first_wave):
-            work, plans = self._plan_wave(groups, g0, g1, to_device, host_sorted, run_starts, run_ends, unit_rows,
-                                          pitched)
-            extra = [device_sorted, torch.arange(host_sorted.size, dtype=torch.int64)] if device_dev is None else []
-            to_send = [p.table for p in plans] + extra
-            uploaded = self._send(to_send, kernel_stream, own_stream=first_wave is not None) if to_send else []
-            if device_dev is None:
-                uploaded, (device_dev, stage_dev) = uploaded[:-2], uploaded[-2:]
-            done_groups = self._issue_wave(work, plans, uploaded, device_dev, stage_dev, to_device, copy_streams,
-                                           kernel_stream, on_group_done, done_groups, num_ctas, pitched)
+            units = self._wave_units(groups, g0, g1, to_device, host_sorted, run_starts, run_ends, unit_rows, pitched)
+            for u0, u1 in waves(len(units), unit_wave):
+                work, plans = self._plan_wave(units[u0:u1], to_device)
+                extra = [device_sorted, torch.arange(host_sorted.size, dtype=torch.int64)] if device_dev is None else []
+                uploaded = self._send([p.table for p in plans] + extra, kernel_stream, own_stream=own_stream)
+                if device_dev is None:
+                    uploaded, (device_dev, stage_dev) = uploaded[:-2], uploaded[-2:]
+                done_groups = self._issue_wave(work, plans, uploaded, device_dev, stage_dev, to_device, copy_streams,
+                                               kernel_stream, on_group_done, done_groups, num_ctas, pitched)
         while on_group_done is not None and done_groups < len(groups):
             on_group_done(done_groups)
             done_groups += 1
@@ -508,28 +515,36 @@ class StagedCopier:
         sent[0].record_stream(kernel_stream)
         return sent
 
-    def _plan_wave(self, groups, g0: int, g1: int, to_device: bool, host_sorted, run_starts, run_ends, unit_rows,
-                   pitched) -> tuple[list, list[UvaPlan]]:
-        """Plan every unit of groups ``g0..g1``: the work (group, unit, slot, table index) and a
-        kernel plan per distinct table. Units with the same group, slot, rows and pairs have
-        the same table (a span backup has at most one per buffer), so each is built and sent once."""
-        work = []  # (group, unit, slot, table index)
-        tables: list[np.ndarray] = []
-        table_index: dict[tuple, int] = {}
+    def _wave_units(self, groups, g0: int, g1: int, to_device: bool, host_sorted, run_starts, run_ends, unit_rows,
+                    pitched) -> list[tuple[int, _Unit, Sequence[torch.Tensor]]]:
+        """The units of groups ``g0..g1`` in order, each with its group and that group's device views."""
+        units = []
         for g in range(g0, g1):
             pairs = groups[g]
             if not pairs:
                 continue
             host_views = [pair[0] if to_device else pair[1] for pair in pairs]
             device_views = [pair[1] if to_device else pair[0] for pair in pairs]
-            for unit in self._units(host_views, host_sorted, run_starts, run_ends, unit_rows, pitched):
-                slot = self._next
-                self._next = (slot + 1) % self._num_buffers
-                key = (g, slot, unit.r1 - unit.r0, unit.pairs[0], len(unit.pairs))
-                if key not in table_index:
-                    table_index[key] = len(tables)
-                    tables.append(self._table(unit, slot, device_views, to_device))
-                work.append((g, unit, slot, table_index[key]))
+            units += [(g, unit, device_views)
+                      for unit in self._units(host_views, host_sorted, run_starts, run_ends, unit_rows, pitched)]
+        return units
+
+    def _plan_wave(self, units, to_device: bool) -> tuple[list, list[UvaPlan]]:
+        """Plan a wave of ``_wave_units``: each unit's ring slot, its work (group, unit, slot, table
+        index) and a kernel plan per distinct table. Units with the same group, slot, rows and
+        pairs have the same table (a span backup has at most one per buffer), so each is built and
+        sent once per wave."""
+        work = []  # (group, unit, slot, table index)
+        tables: list[np.ndarray] = []
+        table_index: dict[tuple, int] = {}
+        for g, unit, device_views in units:
+            slot = self._next
+            self._next = (slot + 1) % self._num_buffers
+            key = (g, slot, unit.r1 - unit.r0, unit.pairs[0], len(unit.pairs))
+            if key not in table_index:
+                table_index[key] = len(tables)
+                tables.append(self._table(unit, slot, device_views, to_device))
+            work.append((g, unit, slot, table_index[key]))
         if not tables:
             return work, []
         common = int(np.gcd.reduce(np.concatenate([t.reshape(-1) for t in tables] + [np.array([self._storage.data_ptr()])])))

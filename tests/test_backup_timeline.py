@@ -62,9 +62,16 @@ def test_steps_and_marks_wrap_a_staged_backup_and_undo_restores_them():
             assert torch.equal(host.chunk_view(ci, layer)[slots], device.pool.chunk_view(ci, layer)[pages])
 
 
-def test_bad_arguments_exit_2_before_any_device_work(monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["backup_timeline.py", "--reps", "0"])
+@pytest.mark.parametrize("bad", [["--reps", "0"], ["--plan-waves", "default,-1"], ["--plan-waves", "two"]])
+def test_bad_arguments_exit_2_before_any_device_work(monkeypatch, capsys, bad):
+    monkeypatch.setattr(sys, "argv", ["backup_timeline.py", *bad])
     with pytest.raises(SystemExit) as exit_info:
         backup_timeline.main()
     assert exit_info.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_plan_waves_name_the_options_of_each_case():
+    assert backup_timeline.plan_wave("default") == backup_timeline.TransferOptions()
+    assert backup_timeline.plan_wave(" 4").backup_plan_wave == 4
+    assert backup_timeline.backup_plan_wave(backup_timeline.plan_wave("0")) is None

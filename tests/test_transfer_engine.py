@@ -444,7 +444,8 @@ def test_scattered_splits_follow_the_policy():
 
 
 @pytest.mark.parametrize("bad", [{"ce_fraction": -0.1}, {"backup_ce_fraction": 1.5}, {"num_ctas": 0}, {"issue_threads": -1}, {"issue_threads": 99},
-                                 {"pitched_batch": "yes"}, {"pitched_batch": 1}])
+                                 {"pitched_batch": "yes"}, {"pitched_batch": 1}, {"backup_plan_wave": -1},
+                                 {"backup_plan_wave": 1.5}, {"backup_plan_wave": True}])
 def test_options_reject_nonsense(bad):
     with pytest.raises(ConfigError, match="TransferOptions"):
         TransferOptions(**bad)
@@ -945,3 +946,26 @@ def test_gpu_ids_ring_wraps_and_falls_back_without_blocking():
     assert all(torch.equal(o[0].cpu(), torch.full((8,), i)) for i, o in enumerate(outs))
     long = torch.arange(100)
     assert torch.equal(ring.upload([long])[0].cpu(), long) and ring.fallbacks >= 3
+
+
+@pytest.mark.parametrize(("wave", "expected"), [(None, "policy"), (0, None), (1, 1), (3, 3)])
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_staged_backups_hand_the_rings_unit_wave_from_the_options(monkeypatch, layout, wave, expected):
+    """A staged backup asks the ring for waves of ``backup_plan_wave`` units (None: the policy's
+    ``BACKUP_PLAN_WAVE``; 0: one wave) and still writes every byte of its slots."""
+    from tiered_kv.kernels import staged_copy
+    from tiered_kv.transfer_policy import BACKUP_PLAN_WAVE
+
+    device, host = _pools("nsa", layout)
+    engine = TransferEngine(device.pool, host, path="staged")
+    seen, to_host = [], staged_copy.StagedCopier.to_host
+
+    def recorded(self, *args, unit_wave="missing", **kwargs):
+        seen.append(unit_wave)
+        return to_host(self, *args, unit_wave=unit_wave, **kwargs)
+    monkeypatch.setattr(staged_copy.StagedCopier, "to_host", recorded)
+    pages, slots = random_ids(7, 1, 20), random_ids(7, 0, 16)
+    engine.backup(pages, slots, options=TransferOptions(backup_plan_wave=wave)).synchronize()
+    assert seen == [BACKUP_PLAN_WAVE if expected == "policy" else expected]
+    for d, h in backup_pairs(device.pool, host):
+        assert torch.equal(h[slots], d[pages])

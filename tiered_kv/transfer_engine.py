@@ -76,6 +76,7 @@ from .transfer_policy import (
     LoadSplit,
     TransferOptions,
     backup_issue_threads,
+    backup_plan_wave,
     choose_backup_split,
     choose_path,
     choose_split,
@@ -758,7 +759,8 @@ class StagedPath(CopyPath):
         job.done_on = job.stream("backup_copy_stream")
         job.engine.staging_copier("backup").to_host(job.pairs, job.copy.device_pages, job.copy.host_slots,
                                                     copy_stream=job.done_on, kernel_stream=job.stream("backup_stream"),
-                                                    pitched=job.options.pitched_batch)
+                                                    pitched=job.options.pitched_batch,
+                                                    unit_wave=backup_plan_wave(job.options))
 
     def load(self, job: _Load) -> None:
         job.staged_half((job.copy.host_slots, job.copy.device_pages), job.engine._components(job.split)[1])

@@ -262,6 +262,19 @@ CALLER_HEAD_BLOCKS = 2
 #: (``layer_first`` runs), within a spread the unchanged control showed as 0.74-0.88. Loads beside
 #: a backup were not measured with waves and keep one call.
 WAVES = {"plan_wave": 1}
+#: A staged backup plans, uploads and enqueues its units in waves from this many units
+#: (``TransferOptions.backup_plan_wave``). Planned whole, a backup's first gather waited for every
+#: unit's table: on the H200 (2026-12-03, twenty-second session, ``benchmarks/backup_timeline.py``)
+#: it was launched 2.7-3.8 ms after the call (planning 1.4-1.7 ms, the upload 0.35-0.9 ms of it)
+#: while each unit then copies about 0.55 ms, and that start is what staged backups lost from the
+#: call (2.2-2.8 ms, twenty-first session).
+BACKUP_PLAN_WAVE = 2
+
+
+def backup_plan_wave(options: TransferOptions) -> int | None:
+    """The staging ring's ``unit_wave`` for a staged backup under ``options`` (None: one wave)."""
+    wave = BACKUP_PLAN_WAVE if options.backup_plan_wave is None else options.backup_plan_wave
+    return wave or None
 #: The staging scatter of ``layer_first`` loads of several layers with slots in runs takes 16 CTAs
 #: instead of the copier's 4: it finishes each block four times sooner, and beside the model's
 #: matmuls the time a scatter holds SMs is what the matmuls lose. Measured on the H200 with compute alone and
@@ -499,6 +512,10 @@ class TransferOptions:
         beside the matmuls is the same (1.75-2.03 ms against 1.75-2.26), the share hidden at 1.25x
         0.88 / 0.69 / 0.87 / 0.75 (page_first runs / scattered, layer_first runs / scattered)
         against 0.88 / 0.81 / 0.85 / 0.76, idle loads the same; so off by default.
+    backup_plan_wave: a staged backup's ring plans, uploads and enqueues its units in waves of
+        this many units, then twice as many each time, so the first units gather and copy while
+        the rest are planned (None: ``BACKUP_PLAN_WAVE``; 0: one wave, every unit planned and its
+        table uploaded before the first gather, as before waves).
     beside_compute: the model computes on the GPU while loads run (a serving engine that waits
         on layers with ``wait_layer``): ``auto`` then takes the splits measured beside the model's
         matmuls (``BESIDE_COMPUTE_LOADS``), which leave the model its SMs at a small cost in idle
@@ -516,6 +533,7 @@ class TransferOptions:
     caller_head_blocks: int | None = None
     device_tables: bool = False
     beside_compute: bool = False
+    backup_plan_wave: int | None = None
 
     def __post_init__(self) -> None:
         if self.load_split is not None and not isinstance(self.load_split, LoadSplit):
@@ -527,6 +545,7 @@ class TransferOptions:
         for name in ("issue_threads", "backup_issue_threads"):
             _count(self, name, low=0, high=MAX_ISSUE_THREADS, optional=True)
         _count(self, "caller_head_blocks", low=1, optional=True)
+        _count(self, "backup_plan_wave", low=0, optional=True)
         for name in ("pitched_batch", "device_tables", "beside_compute"):
             _flag(self, name)
 

@@ -278,6 +278,73 @@ def test_staged_waves_plan_the_first_groups_then_enqueue_them_before_planning_th
     assert built == 0
 
 
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("unit_wave", [None, 1, 2, 64])
+def test_backup_unit_waves_plan_gather_and_copy_each_wave_before_planning_the_next(monkeypatch, layout, unit_wave):
+    """With ``unit_wave`` a backup's units are cut once, then each wave's tables are built, sent
+    (one upload per wave, the ids with the first, on the ring's own stream) and its units gathered
+    and copied before the next wave's tables are built; every byte lands, as in one wave."""
+    from tiered_kv.kernels import staged_copy
+    from tiered_kv.kernels.staged_copy import waves
+
+    spec = SPECS["nsa"]
+    device = make_device_pool(spec, NUM_PAGES)
+    host = make_host_pool(spec, NUM_SLOTS, layout)
+    slots, pages = random_ids(9, 0, NUM_SLOTS), random_ids(9, 1, NUM_PAGES)
+    pairs = backup_pairs(device.pool, host)
+    copier = StagedCopier("cpu", buffer_bytes=3 * max(p[0].shape[1] for p in pairs) + 7, num_buffers=3)
+    events, cut = [], []
+    units, table, kernel, real_upload = copier._units, copier._table, copier._kernel, staged_copy.upload
+
+    def planned(*args, **kwargs):
+        cut.append(units(*args, **kwargs))
+        return cut[-1]
+
+    def tabled(*args, **kwargs):
+        events.append("table")
+        return table(*args, **kwargs)
+
+    def gathered(*args, **kwargs):
+        events.append("gather")
+        return kernel(*args, **kwargs)
+
+    def counted(device, tensors):
+        events.append(("upload", len(tensors)))
+        return real_upload(device, tensors)
+    monkeypatch.setattr(copier, "_units", planned)
+    monkeypatch.setattr(copier, "_table", tabled)
+    monkeypatch.setattr(copier, "_kernel", gathered)
+    asked, send = [], copier._send
+
+    def sent(parts, kernel_stream, *, own_stream):
+        asked.append(own_stream)
+        return send(parts, kernel_stream, own_stream=own_stream)
+    monkeypatch.setattr(staged_copy, "upload", counted)
+    monkeypatch.setattr(copier, "_send", sent)
+    for d, h in pairs:  # poison the slots, so the check below needs the backup's bytes
+        h[slots] = 0
+    copier.to_host(pairs, pages, slots, unit_wave=unit_wave)
+    for d, h in pairs:
+        assert torch.equal(h[slots], d[pages])
+    assert len(cut) == 1 and len(cut[0]) > 2  # one cut into units, and several of them
+    ranges = waves(len(cut[0]), unit_wave)
+    uploads = [e for e in events if e != "table" and e != "gather"]
+    assert len(uploads) == len(ranges)
+    # Wave by wave: its tables, then its upload (ids with the first), then one gather per unit.
+    position = 0
+    for index, (u0, u1) in enumerate(ranges):
+        tables = 0
+        while events[position] == "table":
+            tables, position = tables + 1, position + 1
+        assert 1 <= tables <= u1 - u0
+        assert events[position] == ("upload", tables + (2 if index == 0 else 0))
+        position += 1
+        assert events[position:position + u1 - u0] == ["gather"] * (u1 - u0)
+        position += u1 - u0
+    assert position == len(events)
+    assert asked == [unit_wave is not None] * len(ranges)  # waves upload on the ring's own stream
+
+
 @pytest.mark.parametrize(("first_wave", "own"), [(None, False), (1, True), (64, True)])
 def test_only_calls_with_waves_upload_on_the_rings_own_stream(monkeypatch, first_wave, own):
     """``_run`` asks ``_send`` for the ring's own stream exactly when the call has ``first_wave``

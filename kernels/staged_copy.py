@@ -60,9 +60,11 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import weakref
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -113,6 +115,14 @@ PITCHED_MIN_PAIRS = 16
 #: (DeepSeek-V3.2 latent: 51k slots and more) is wider, and such bases stay unfolded.
 MAX_PITCH = (1 << 31) - 1
 
+#: Lists of pairs whose geometry (``_Geometry``) a ring keeps, the least recently used dropped:
+#: an engine's backups pass one list, its loads a group per layer or block of layers.
+GEOMETRIES_KEPT = 256
+#: Tables a geometry keeps: one per ring slot and unit layout (a ``layer_first`` backup of 61
+#: layers has 61 layouts per slot, and a short last unit its own, so calls of many sizes add more),
+#: the least recently used dropped. A table is 40 bytes per pair.
+TABLES_KEPT = 1024
+
 CopyStreams = torch.cuda.Stream | Sequence[torch.cuda.Stream] | None
 
 
@@ -151,6 +161,36 @@ class _Unit:
     stage_views: list[tuple[int, int, int]]  # per pair: (staging offset, staging pitch, chunk)
     host_views: Sequence[torch.Tensor]
     bases: int = 1  # host_copies is [bases, pieces] flattened base-major (see ``_units``)
+    # The row count its staging offsets were laid out for (dense blocks: a short last unit's differ;
+    # 0: spans, the same for any rows); with the slot and pairs it names the unit's kernel table.
+    stage_rows: int = 0
+
+
+@dataclass
+class _KeptTable:
+    """A unit table's kernel plan and, once uploaded, its device copy and the event after the upload
+    (``landed``; None on CPU), with the streams already made to wait for it."""
+
+    plan: UvaPlan
+    device: torch.Tensor | None = None
+    landed: torch.cuda.Event | None = None
+    waited: list = field(default_factory=list)
+
+
+@dataclass
+class _Geometry:
+    """What the ring needs of one list of pairs besides the ids, kept across calls
+    (``StagedCopier._geometry_of``): the host views' ``(address, row pitch, width)``, the device
+    views' offsets from the staging storage and row pitches, and the tables built for them.
+    Reading a view's address and pitch is a torch call each (on the H200 a 61-layer backup's
+    geometry and tables cost 1.4 ms of the caller's thread before its first gather, 2026-12-03)."""
+
+    views: tuple  # weak references to every pair's views in order (the key is their ids)
+    info: list[tuple[int, int, int]]
+    device_offsets: np.ndarray  # int64 [pairs]
+    device_pitches: np.ndarray
+    # (slot, first pair, pairs, ``_Unit.stage_rows``) -> _KeptTable, the least recently used dropped
+    tables: OrderedDict = field(default_factory=OrderedDict)
 
 
 def _spans(host_views: Sequence[torch.Tensor]) -> list[tuple[int, int]] | None:
@@ -218,6 +258,8 @@ class StagedCopier:
         self._join: list[torch.cuda.Event] = []
         # Waves' uploads (``first_wave``), made once the first one needs them.
         self._upload_stream: torch.cuda.Stream | None = None
+        # Geometry of the lists of pairs seen, by their views' ids and direction (``_geometry_of``).
+        self._geometries: OrderedDict[tuple[tuple[int, ...], bool], _Geometry] = OrderedDict()
         #: Loads' copy-engine starvation so far (``IssueLag``; read deltas around a call).
         self.lag = IssueLag()
         # The ring slot of the last unit a load call issued (None before a call's first unit).
@@ -299,17 +341,20 @@ class StagedCopier:
 
     # --- planning --------------------------------------------------------------------------------
     def _units(self, host_views: Sequence[torch.Tensor], host_sorted: np.ndarray, run_starts: np.ndarray,
-               run_ends: np.ndarray, unit_rows: int | None = None, pitched: bool = False) -> list[_Unit]:
+               run_ends: np.ndarray, unit_rows: int | None = None, pitched: bool = False,
+               info: Sequence[tuple[int, int, int]] | None = None) -> list[_Unit]:
         """Split (rows x pairs) into units that each fit one buffer, with their host-side copies.
 
         Views with one row pitch stage as *spans*: a staging row holds each contiguous piece of a
         host row side by side, and one copy per run and piece moves it (whole-slot or layer-block
         rows: wide rows copy engines stream at full rate, also beside a backup). Otherwise each
         pair stages as its own dense block of rows. ``run_starts`` / ``run_ends``: the runs of
-        adjacent ids in ``host_sorted``, which tile it.
+        adjacent ids in ``host_sorted``, which tile it. ``info``: the views' ``(address, row
+        pitch, width)`` if known (``_Geometry.info``), else read from them.
         """
         n = host_sorted.size
-        info = [(v.data_ptr(), v.stride(0), v.shape[1]) for v in host_views]  # torch calls, once
+        if info is None:
+            info = [(v.data_ptr(), v.stride(0), v.shape[1]) for v in host_views]  # torch calls, once
         spans = _spans_of(info)
         if spans is not None:
             columns = list(itertools.accumulate((_round(width) for _, width in spans), initial=0))
@@ -392,10 +437,10 @@ class StagedCopier:
                 if (u, k0) in folded:  # folded for the whole group at once: the unit's pieces of it
                     rows, first = folded[(u, k0)]
                     units.append(_Unit(list(range(k0, k1)), r0, r1, rows[:, p0 - first:p1 - first].reshape(-1, 7), stage,
-                                       host_views, 1))
+                                       host_views, 1, r1 - r0))
                     continue
                 units.append(_Unit(list(range(k0, k1)), r0, r1, table[k0:k1, p0:p1].reshape(-1, 7), stage, host_views,
-                                   k1 - k0))
+                                   k1 - k0, r1 - r0))
         return units
 
     @staticmethod
@@ -436,17 +481,41 @@ class StagedCopier:
         ranges.append((k0, len(info)))
         return ranges, offsets
 
-    def _table(self, unit: _Unit, slot: int, device_views: Sequence[torch.Tensor], to_device: bool) -> np.ndarray:
+    def _table(self, unit: _Unit, slot: int, geometry: _Geometry, to_device: bool) -> np.ndarray:
         """The unit's kernel table in bytes relative to the staging storage: int64 [pairs, 5]."""
-        stage_base = slot * self.buffer_bytes
+        k0 = unit.pairs[0]
+        k1 = k0 + len(unit.pairs)  # a unit's pairs are consecutive
+        stage = np.asarray(unit.stage_views, dtype=np.int64).reshape(-1, 3)
+        stage_offsets = stage[:, 0] + slot * self.buffer_bytes
+        device_offsets, device_pitches = geometry.device_offsets[k0:k1], geometry.device_pitches[k0:k1]
+        if to_device:
+            columns = (stage_offsets, device_offsets, stage[:, 1], device_pitches, stage[:, 2])
+        else:
+            columns = (device_offsets, stage_offsets, device_pitches, stage[:, 1], stage[:, 2])
+        return np.stack(columns, axis=1)
+
+    def _geometry_of(self, pairs: Sequence[ChunkPair], to_device: bool) -> _Geometry:
+        """``pairs``' geometry, kept across calls by the identity of their views (an engine builds
+        its views once per pool, so a backup's list, and a load's groups of the same layers, find
+        theirs). It holds the views weakly, so a pool dropped by its owner is freed; a view's id
+        taken by a new view after that finds the old entry dead and is planned anew."""
+        views = [view for pair in pairs for view in pair]
+        key = (tuple(map(id, views)), to_device)
+        geometry = self._geometries.get(key)
+        if geometry is not None and all(ref() is view for ref, view in zip(geometry.views, views)):
+            self._geometries.move_to_end(key)
+            return geometry
+        host_views = [pair[0] if to_device else pair[1] for pair in pairs]
+        device_views = [pair[1] if to_device else pair[0] for pair in pairs]
         storage = self._storage.data_ptr()
-        rows = []
-        for k, (offset, pitch, chunk) in zip(unit.pairs, unit.stage_views):
-            view = device_views[k]
-            stage, device = (stage_base + offset, pitch), (view.data_ptr() - storage, view.stride(0))
-            src, dst = (stage, device) if to_device else (device, stage)
-            rows.append((src[0], dst[0], src[1], dst[1], chunk))
-        return np.asarray(rows, dtype=np.int64)
+        device = np.array([(v.data_ptr() - storage, v.stride(0)) for v in device_views], dtype=np.int64).reshape(-1, 2)
+        geometry = _Geometry(tuple(map(weakref.ref, views)), [(v.data_ptr(), v.stride(0), v.shape[1]) for v in host_views],
+                             device[:, 0], device[:, 1])
+        self._geometries[key] = geometry
+        self._geometries.move_to_end(key)
+        while len(self._geometries) > GEOMETRIES_KEPT:
+            self._geometries.popitem(last=False)
+        return geometry
 
     # --- running ---------------------------------------------------------------------------------
     def _run(self, groups, host_ids, device_ids, to_device, copy_stream, kernel_stream, on_group_done,
@@ -482,12 +551,17 @@ class StagedCopier:
         for g0, g1 in waves(len(groups), first_wave):
             units = self._wave_units(groups, g0, g1, to_device, host_sorted, run_starts, run_ends, unit_rows, pitched)
             for u0, u1 in waves(len(units), unit_wave):
-                work, plans = self._plan_wave(units[u0:u1], to_device)
+                work, tables = self._plan_wave(units[u0:u1], to_device)
+                missing = [kept for kept in tables if kept.device is None]
                 extra = [device_sorted, torch.arange(host_sorted.size, dtype=torch.int64)] if device_dev is None else []
-                uploaded = self._send([p.table for p in plans] + extra, kernel_stream, own_stream=own_stream)
-                if device_dev is None:
-                    uploaded, (device_dev, stage_dev) = uploaded[:-2], uploaded[-2:]
-                done_groups = self._issue_wave(work, plans, uploaded, device_dev, stage_dev, to_device, copy_streams,
+                if missing or extra:
+                    uploaded = self._send([kept.plan.table for kept in missing] + extra, kernel_stream,
+                                          own_stream=own_stream)
+                    if device_dev is None:
+                        uploaded, (device_dev, stage_dev) = uploaded[:-2], uploaded[-2:]
+                    self._keep(missing, uploaded, kernel_stream)
+                self._wait_kept(tables, kernel_stream)
+                done_groups = self._issue_wave(work, tables, device_dev, stage_dev, to_device, copy_streams,
                                                kernel_stream, on_group_done, done_groups, num_ctas, pitched)
         while on_group_done is not None and done_groups < len(groups):
             on_group_done(done_groups)
@@ -516,55 +590,88 @@ class StagedCopier:
         return sent
 
     def _wave_units(self, groups, g0: int, g1: int, to_device: bool, host_sorted, run_starts, run_ends, unit_rows,
-                    pitched) -> list[tuple[int, _Unit, Sequence[torch.Tensor]]]:
-        """The units of groups ``g0..g1`` in order, each with its group and that group's device views."""
+                    pitched) -> list[tuple[int, _Unit, _Geometry]]:
+        """The units of groups ``g0..g1`` in order, each with its group and that group's geometry."""
         units = []
         for g in range(g0, g1):
             pairs = groups[g]
             if not pairs:
                 continue
+            geometry = self._geometry_of(pairs, to_device)
             host_views = [pair[0] if to_device else pair[1] for pair in pairs]
-            device_views = [pair[1] if to_device else pair[0] for pair in pairs]
-            units += [(g, unit, device_views)
-                      for unit in self._units(host_views, host_sorted, run_starts, run_ends, unit_rows, pitched)]
+            units += [(g, unit, geometry) for unit in self._units(host_views, host_sorted, run_starts, run_ends,
+                                                                  unit_rows, pitched, info=geometry.info)]
         return units
 
-    def _plan_wave(self, units, to_device: bool) -> tuple[list, list[UvaPlan]]:
+    def _plan_wave(self, units, to_device: bool) -> tuple[list, list[_KeptTable]]:
         """Plan a wave of ``_wave_units``: each unit's ring slot, its work (group, unit, slot, table
-        index) and a kernel plan per distinct table. Units with the same group, slot, rows and
-        pairs have the same table (a span backup has at most one per buffer), so each is built and
-        sent once per wave."""
+        index) and its table. A table depends only on the slot and the unit's pairs and staging
+        layout, not on the ids, so each is built once per geometry and kept with it, its device
+        copy too once uploaded (``_kept_tables``): a span backup has one per buffer, and after the
+        first call a wave builds and sends none."""
         work = []  # (group, unit, slot, table index)
-        tables: list[np.ndarray] = []
+        tables: list[_KeptTable] = []
         table_index: dict[tuple, int] = {}
-        for g, unit, device_views in units:
+        for g, unit, geometry in units:
             slot = self._next
             self._next = (slot + 1) % self._num_buffers
-            key = (g, slot, unit.r1 - unit.r0, unit.pairs[0], len(unit.pairs))
+            key = (id(geometry), slot, unit.pairs[0], len(unit.pairs), unit.stage_rows)
             if key not in table_index:
+                kept = geometry.tables.get(key[1:])
+                if kept is None:
+                    kept = geometry.tables[key[1:]] = self._kept_table(self._table(unit, slot, geometry, to_device))
+                    while len(geometry.tables) > TABLES_KEPT:
+                        geometry.tables.popitem(last=False)
+                else:
+                    geometry.tables.move_to_end(key[1:])
                 table_index[key] = len(tables)
-                tables.append(self._table(unit, slot, device_views, to_device))
+                tables.append(kept)
             work.append((g, unit, slot, table_index[key]))
-        if not tables:
-            return work, []
-        common = int(np.gcd.reduce(np.concatenate([t.reshape(-1) for t in tables] + [np.array([self._storage.data_ptr()])])))
+        return work, tables
+
+    def _kept_table(self, table: np.ndarray) -> _KeptTable:
+        """``table``'s kernel plan (words of 4 bytes where every offset, pitch and the storage
+        allow, 16-B vectors where they are 16-B aligned), not yet uploaded."""
+        common = int(np.gcd.reduce(np.append(table.reshape(-1), self._storage.data_ptr())))
         word = 4 if common % 4 == 0 else 1
         align = 16 // word if common % 16 == 0 else 1
         anchor = torch.as_strided(self._storage, (word,), (1,))
         if word == 4:
             anchor = anchor.view(torch.int32)
-        plans = [UvaPlan(anchor, torch.from_numpy(t // word), word, align, int(t[:, 4].max()) // word, self.num_ctas)
-                 for t in tables]
-        return work, plans
+        plan = UvaPlan(anchor, torch.from_numpy(table // word), word, align, int(table[:, 4].max()) // word, self.num_ctas)
+        return _KeptTable(plan)
 
-    def _issue_wave(self, work, plans, uploaded, device_dev, stage_dev, to_device, copy_streams, kernel_stream,
+    def _keep(self, missing: list[_KeptTable], uploaded: list[torch.Tensor], kernel_stream) -> None:
+        """The device copies of newly built tables, kept with them: on a GPU with an event recorded
+        on ``kernel_stream`` (which the upload is ordered before), so a later call on any stream can
+        wait for the upload, and read by that stream for the caching allocator."""
+        landed = None
+        if self._on_gpu and missing:
+            landed = torch.cuda.Event()
+            landed.record(kernel_stream)
+        for kept, device in zip(missing, uploaded):
+            kept.device, kept.landed = device, landed
+
+    def _wait_kept(self, tables: list[_KeptTable], kernel_stream) -> None:
+        """``kernel_stream`` waits for the uploads of the kept tables it reads (once per upload and
+        stream: a stream's later work is ordered after the first wait)."""
+        if not self._on_gpu:
+            return
+        for kept in tables:
+            if kept.landed is not None and kernel_stream not in kept.waited:
+                kernel_stream.wait_event(kept.landed)
+                # Read there: a table dropped later (``TABLES_KEPT``) is not reused before that is done.
+                kept.device.record_stream(kernel_stream)
+                kept.waited.append(kernel_stream)
+
+    def _issue_wave(self, work, tables, device_dev, stage_dev, to_device, copy_streams, kernel_stream,
                     on_group_done, done_groups: int, num_ctas, pitched) -> int:
         """Enqueue a planned wave's units in order; ``on_group_done`` after each group's last unit
         (and for the groups without pairs before it). Returns the groups done so far."""
         copy_stream = copy_streams[0]
         producer, consumer = (copy_stream, kernel_stream) if to_device else (kernel_stream, copy_stream)
         for index, (g, unit, slot, t) in enumerate(work):
-            plan, table = plans[t], uploaded[t]
+            plan, table = tables[t].plan, tables[t].device
             rows = unit.r1 - unit.r0
             if self._on_gpu and self._free_recorded[slot]:
                 producer.wait_event(self._free[slot])

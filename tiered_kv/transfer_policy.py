@@ -263,12 +263,15 @@ CALLER_HEAD_BLOCKS = 2
 #: a backup were not measured with waves and keep one call.
 WAVES = {"plan_wave": 1}
 #: A staged backup plans, uploads and enqueues its units in waves from this many units
-#: (``TransferOptions.backup_plan_wave``). Planned whole, a backup's first gather waited for every
-#: unit's table: on the H200 (2026-12-03, twenty-second session, ``benchmarks/backup_timeline.py``)
-#: it was launched 2.7-3.8 ms after the call (planning 1.4-1.7 ms, the upload 0.35-0.9 ms of it)
-#: while each unit then copies about 0.55 ms, and that start is what staged backups lost from the
-#: call (2.2-2.8 ms, twenty-first session).
-BACKUP_PLAN_WAVE = 2
+#: (``TransferOptions.backup_plan_wave``; 0: one wave). Planned whole, a backup's first gather
+#: waited for every unit's table: on the H200 (2026-12-03, twenty-second session,
+#: ``benchmarks/backup_timeline.py``) it was launched 2.7-3.8 ms after the call (planning 1.4-1.7
+#: ms, the upload 0.35-0.9 ms of it) while each unit then copies about 0.55 ms: that start is what
+#: staged backups lost from the call (2.2-2.8 ms, twenty-first session). Waves of 1, 2 and 4 units
+#: moved the first gather only 0.3-1.8 ms earlier (each wave's tables and upload had a fixed cost
+#: of about 0.6 and 0.3 ms) and kept the caller's thread 2.3-5.6 ms longer, so one wave stays the
+#: default; the ring now keeps each list's tables on the device instead (``kernels.staged_copy``).
+BACKUP_PLAN_WAVE = 0
 
 
 def backup_plan_wave(options: TransferOptions) -> int | None:

@@ -237,7 +237,10 @@ def test_staged_waves_plan_the_first_groups_then_enqueue_them_before_planning_th
     device = make_device_pool(spec, NUM_PAGES)
     host = make_host_pool(spec, NUM_SLOTS, layout)
     slots, pages = random_ids(9, 0, NUM_SLOTS), random_ids(9, 1, NUM_PAGES)
-    groups = [load_pairs(host, device.pool, layer) for layer in range(spec.num_layers)] * 3  # 9 groups
+    # 9 groups, each of its own views (the ring keeps the tables of views it has seen: a group of
+    # them sends none), three of each layer.
+    groups = [[(h[:], d[:]) for h, d in load_pairs(host, device.pool, layer)]
+              for layer in range(spec.num_layers) for _ in range(3)]
     copier = StagedCopier("cpu", buffer_bytes=4 * 2624, num_buffers=3)
     events, uploads, sent = [], [], []
     units, table, real_upload = copier._units, copier._table, staged_copy.upload
@@ -328,21 +331,113 @@ def test_backup_unit_waves_plan_gather_and_copy_each_wave_before_planning_the_ne
         assert torch.equal(h[slots], d[pages])
     assert len(cut) == 1 and len(cut[0]) > 2  # one cut into units, and several of them
     ranges = waves(len(cut[0]), unit_wave)
-    uploads = [e for e in events if e != "table" and e != "gather"]
-    assert len(uploads) == len(ranges)
-    # Wave by wave: its tables, then its upload (ids with the first), then one gather per unit.
-    position = 0
+    # Wave by wave: the tables it is the first to need, then their upload (the ids with the first
+    # wave's; a wave that needs no new table sends nothing), then one gather per unit.
+    position, built, uploads = 0, 0, 0
     for index, (u0, u1) in enumerate(ranges):
         tables = 0
         while events[position] == "table":
             tables, position = tables + 1, position + 1
-        assert 1 <= tables <= u1 - u0
-        assert events[position] == ("upload", tables + (2 if index == 0 else 0))
-        position += 1
+        assert tables <= u1 - u0 and (index > 0 or tables >= 1)
+        if tables or index == 0:
+            assert events[position] == ("upload", tables + (2 if index == 0 else 0))
+            position, uploads = position + 1, uploads + 1
         assert events[position:position + u1 - u0] == ["gather"] * (u1 - u0)
-        position += u1 - u0
+        position, built = position + u1 - u0, built + tables
     assert position == len(events)
-    assert asked == [unit_wave is not None] * len(ranges)  # waves upload on the ring's own stream
+    # A table per ring slot and staging layout: page_first spans share one per slot.
+    layouts = {(slot % 3, unit.pairs[0], len(unit.pairs), tuple(unit.stage_views)) for slot, unit in enumerate(cut[0])}
+    assert built == len(layouts)
+    assert asked == [unit_wave is not None] * uploads  # waves upload on the ring's own stream
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_the_ring_keeps_a_lists_tables_across_calls_until_its_views_change(monkeypatch, layout):
+    """A second backup of the same views (the same list or another) builds and uploads no table
+    (only its ids) and still writes every byte; other views, in place of the first in the same
+    list or new views of the same memory, are planned anew and copy their own bytes."""
+    from tiered_kv.kernels import staged_copy
+
+    spec = SPECS["nsa"]
+    device = make_device_pool(spec, NUM_PAGES)
+    host, other = make_host_pool(spec, NUM_SLOTS, layout), make_host_pool(spec, NUM_SLOTS, layout)
+    pairs = backup_pairs(device.pool, host)
+    # One buffer: every unit is staged in slot 0, so a call's units map to the tables of the last.
+    copier = StagedCopier("cpu", buffer_bytes=3 * max(p[0].shape[1] for p in pairs) + 7, num_buffers=1)
+    built, uploads, table, real_upload = [], [], copier._table, staged_copy.upload
+
+    def tabled(*args, **kwargs):
+        built.append(1)
+        return table(*args, **kwargs)
+
+    def counted(device, tensors):
+        uploads.append(len(tensors))
+        return real_upload(device, tensors)
+    monkeypatch.setattr(copier, "_table", tabled)
+    monkeypatch.setattr(staged_copy, "upload", counted)
+
+    def backup(pairs, seed):
+        slots, pages = random_ids(9, seed, NUM_SLOTS), random_ids(9, seed + 1, NUM_PAGES)
+        for _, h in pairs:
+            h[slots] = 0
+        built.clear(), uploads.clear()
+        copier.to_host(pairs, pages, slots)
+        assert all(torch.equal(h[slots], d[pages]) for d, h in pairs)
+        return len(built), list(uploads)
+
+    first, first_uploads = backup(pairs, 0)
+    assert first >= 1 and first_uploads == [first + 2]
+    assert backup(pairs, 3) == (0, [2])  # the ids only
+    assert backup(list(pairs), 4) == (0, [2])  # another list of the same views
+    assert backup([(d[:], h[:]) for d, h in pairs], 5)[0] == first  # new views of the same memory
+    pairs[:] = backup_pairs(device.pool, other)  # the same list, other views
+    assert backup(pairs, 7)[0] == first
+
+
+def test_the_ring_does_not_keep_dropped_host_memory_alive_and_plans_its_successor_anew():
+    """The kept geometry holds views weakly: once their owner drops host memory and its pairs, the
+    memory is freed; new host memory (its views' ids possibly reused) gets its own bytes. Plain
+    tensors stand in for a host pool (the test harness keeps every ``HostPool`` to check it)."""
+    import gc
+    import weakref
+
+    spec = SPECS["nsa"]
+    device = make_device_pool(spec, NUM_PAGES)
+    device_views = [d for d, _ in backup_pairs(device.pool, make_host_pool(spec, NUM_SLOTS, "layer_first"))]
+    copier = StagedCopier("cpu", buffer_bytes=4 * 2624, num_buffers=2)
+    for round_ in range(3):
+        memory = torch.zeros(len(device_views), NUM_SLOTS, max(d.shape[1] for d in device_views), dtype=torch.uint8)
+        pairs = [(d, memory[k, :, :d.shape[1]]) for k, d in enumerate(device_views)]
+        slots, pages = random_ids(6, 0, NUM_SLOTS), random_ids(6, 1, NUM_PAGES)
+        copier.to_host(pairs, pages, slots)
+        assert all(torch.equal(h[slots], d[pages]) for d, h in pairs)
+        gone = weakref.ref(memory)
+        del memory, pairs
+        gc.collect()
+        assert gone() is None, round_
+
+
+def test_the_rings_kept_geometries_and_tables_stay_within_their_bounds(monkeypatch):
+    """With room for one list and two tables, backups alternating between two lists and of
+    changing sizes keep at most that much and still write every byte."""
+    from tiered_kv.kernels import staged_copy
+
+    monkeypatch.setattr(staged_copy, "GEOMETRIES_KEPT", 1)
+    monkeypatch.setattr(staged_copy, "TABLES_KEPT", 2)
+    spec = SPECS["nsa"]
+    device = make_device_pool(spec, NUM_PAGES)
+    host = make_host_pool(spec, NUM_SLOTS, "layer_first")
+    lists = [backup_pairs(device.pool, host), [(d[:], h[:]) for d, h in backup_pairs(device.pool, host)]]
+    copier = StagedCopier("cpu", buffer_bytes=3 * max(p[0].shape[1] for p in lists[0]) + 7, num_buffers=3)
+    for call in range(6):
+        pairs = lists[call % 2]
+        slots, pages = random_ids(4 + call, call, NUM_SLOTS), random_ids(4 + call, call + 1, NUM_PAGES)
+        for _, h in pairs:
+            h[slots] = 0
+        copier.to_host(pairs, pages, slots)
+        assert all(torch.equal(h[slots], d[pages]) for d, h in pairs)
+        assert len(copier._geometries) == 1
+        assert all(len(geometry.tables) <= 2 for geometry in copier._geometries.values())
 
 
 @pytest.mark.parametrize(("first_wave", "own"), [(None, False), (1, True), (64, True)])

@@ -121,3 +121,34 @@ def test_gpu_issue_lag_counts_every_unit_after_the_first_of_a_load():
         copier.to_host(backup_pairs(device.pool, host)[:2], dst, src, copy_stream=copy_stream, kernel_stream=kernel_stream)
         torch.cuda.synchronize()
         assert (copier.lag.units, copier.lag.starved) == before
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_gpu_kept_tables_serve_later_calls_of_any_size_on_other_streams(layout):
+    """The ring keeps each list's unit tables on the device after the first call: later backups
+    and loads of the same views, of other sizes and slots, issued on other streams (which must
+    wait for the tables' upload), still copy every byte."""
+    spec = SPECS["nsa"]
+    device, host = make_device_pool(spec, PAGES, "cuda"), make_host_pool(spec, SLOTS, layout)
+    with host:
+        copiers = {"backup": StagedCopier("cuda", buffer_bytes=8 << 20, num_buffers=3), "load": StagedCopier("cuda")}
+        backup, load = backup_pairs(device.pool, host), [load_pairs(host, device.pool, layer) for layer in (0, 30)]
+        for call, count in enumerate((COUNT, 64, COUNT, 1, 200)):
+            copy_stream, kernel_stream = torch.cuda.Stream(), torch.cuda.Stream()  # new streams each call
+            for stream in (copy_stream, kernel_stream):
+                stream.wait_stream(torch.cuda.current_stream())
+            pages = random_ids(count, 1, PAGES)
+            slots = adjacent_ids(count, 0, SLOTS) if call % 2 else random_ids(count, 0, SLOTS)
+            streams = {"copy_stream": copy_stream, "kernel_stream": kernel_stream}
+
+            def run_backup():
+                copiers["backup"].to_host(backup, pages, slots, **streams)
+                torch.cuda.current_stream().wait_stream(copy_stream)
+
+            def run_load():
+                copiers["load"].to_device_groups(load, slots, pages, **streams)
+                torch.cuda.current_stream().wait_stream(kernel_stream)
+            check_copy(backup, pages, slots, [host.buffer], run_backup)
+            check_copy([pair for group in load for pair in group], slots, pages, device.roots, run_load)
+        kept = [len(geometry.tables) for geometry in copiers["backup"]._geometries.values()]
+        assert kept and all(count >= 1 for count in kept)

@@ -449,3 +449,26 @@ def test_issue_lag_counts_nothing_on_cpu():
     src, dst = random_ids(20, 0, 30), random_ids(20, 0, 40)
     check_copy(pairs, src, dst, device.roots, lambda: copier.to_device_groups([pairs], src, dst, unit_rows=4))
     assert (copier.lag.units, copier.lag.starved) == (0, 0)
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize("pitched", [False, True])
+@pytest.mark.parametrize("buffer_bytes", [THREE_BLOCK_ROWS, 5 * 2624 + 11, 1 << 20])
+def test_a_units_first_pair_pair_count_and_stage_rows_name_its_staging_layout(layout, pitched, buffer_bytes):
+    """The ring keeps a unit's kernel table by (slot, first pair, pairs, ``stage_rows``) across
+    calls, so across calls of any size and slots those must fix the unit's staging layout (and
+    pairs must be consecutive, as ``_table`` reads them)."""
+    device = make_device_pool(SPEC, NUM_PAGES)
+    host = make_host_pool(SPEC, NUM_SLOTS, layout)
+    host_views = [pair[1] for pair in backup_pairs(device.pool, host)]
+    copier = StagedCopier("cpu", buffer_bytes=buffer_bytes, num_buffers=2)
+    layouts, seen = {}, 0
+    for count in (1, 7, 11, 20, 36):
+        for slots in (random_ids(count, 0, NUM_SLOTS), adjacent_ids(count, 0, NUM_SLOTS)):
+            units = copier._units(host_views, *_sorted_runs(slots), pitched=pitched)
+            for unit in units:
+                assert unit.pairs == list(range(unit.pairs[0], unit.pairs[0] + len(unit.pairs)))
+                key = (unit.pairs[0], len(unit.pairs), unit.stage_rows)
+                assert layouts.setdefault(key, unit.stage_views) == unit.stage_views, key
+            seen += len(units)
+    assert seen > len(layouts) >= 1  # the layouts recur, as the kept tables need

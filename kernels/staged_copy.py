@@ -186,7 +186,7 @@ class _Geometry:
     geometry and tables cost 1.4 ms of the caller's thread before its first gather, 2026-12-03)."""
 
     views: tuple  # weak references to every pair's views in order (the key is their ids)
-    info: list[tuple[int, int, int]]
+    info: tuple[tuple[int, int, int], ...]
     device_offsets: np.ndarray  # int64 [pairs]
     device_pitches: np.ndarray
     # (slot, first pair, pairs, ``_Unit.stage_rows``) -> _KeptTable, the least recently used dropped
@@ -201,6 +201,41 @@ def _spans(host_views: Sequence[torch.Tensor]) -> list[tuple[int, int]] | None:
     piece: whole-slot rows), and a block of adjacent layers is one latent and one indexer piece.
     """
     return _spans_of([(v.data_ptr(), v.stride(0), v.shape[1]) for v in host_views])
+
+
+@dataclass(frozen=True)
+class _SpanLayout:
+    """Staging rows of views that stage as spans (``_span_layout``): the spans, the staging row
+    pitch, a base copy row per span and each view's ``(staging offset, staging pitch, width)``."""
+
+    spans: list[tuple[int, int]]
+    stage_pitch: int
+    bases: list[tuple[int, ...]]
+    stage_views: list[tuple[int, int, int]]
+
+
+@functools.lru_cache(maxsize=512)
+def _span_layout(info: tuple[tuple[int, int, int], ...], buffer_bytes: int) -> _SpanLayout | None:
+    """How views given as ``(address, row pitch, width)`` stage as spans in ``buffer_bytes``
+    buffers, or None (no common pitch, overlap, or a staging row wider than a buffer). Kept per
+    ``info``: it depends on nothing else, and a 61-layer backup's 122 views cost about 0.15 ms of
+    Python each call."""
+    spans = _spans_of(info)
+    if spans is None:
+        return None
+    columns = list(itertools.accumulate((_round(width) for _, width in spans), initial=0))
+    stage_pitch = columns[-1]
+    if stage_pitch > buffer_bytes:
+        return None
+    pitch = info[0][1]
+    span_starts = [start for start, _ in spans]
+    bases = [(start, pitch, column, stage_pitch, width, 0, 0) for (start, width), column in zip(spans, columns)]
+    # Each view's staging column: its span's plus its place in the span.
+    stage_views = []
+    for ptr, _, width in info:
+        j = bisect.bisect_right(span_starts, ptr) - 1
+        stage_views.append((columns[j] + ptr - span_starts[j], stage_pitch, width))
+    return _SpanLayout(spans, stage_pitch, bases, stage_views)
 
 
 def _spans_of(info: Sequence[tuple[int, int, int]]) -> list[tuple[int, int]] | None:
@@ -355,13 +390,10 @@ class StagedCopier:
         n = host_sorted.size
         if info is None:
             info = [(v.data_ptr(), v.stride(0), v.shape[1]) for v in host_views]  # torch calls, once
-        spans = _spans_of(info)
+        span_layout = _span_layout(tuple(info), self.buffer_bytes)
+        spans = None if span_layout is None else span_layout.spans
         if spans is not None:
-            columns = list(itertools.accumulate((_round(width) for _, width in spans), initial=0))
-            stage_pitch = columns[-1]
-            if stage_pitch > self.buffer_bytes:
-                spans = None
-        if spans is not None:
+            stage_pitch = span_layout.stage_pitch
             rows_per_unit = self.buffer_bytes // stage_pitch
         else:
             biggest = _round(max(width for _, _, width in info))
@@ -395,14 +427,7 @@ class StagedCopier:
         # One copy per (base row, piece): a base row per span (span layout) or per pair (dense
         # blocks), plus the piece's terms. A unit's copies are table[its bases, its pieces], base-major.
         if spans is not None:
-            pitch = info[0][1]
-            span_starts = [start for start, _ in spans]
-            bases = [(start, pitch, column, stage_pitch, width, 0, 0) for (start, width), column in zip(spans, columns)]
-            # Each view's staging column: its span's plus its place in the span.
-            span_stage = []
-            for ptr, _, width in info:
-                j = bisect.bisect_right(span_starts, ptr) - 1
-                span_stage.append((columns[j] + ptr - span_starts[j], stage_pitch, width))
+            bases, span_stage = span_layout.bases, span_layout.stage_views
         else:
             # Pair groups and staging offsets per unit row count: every unit but the last has the same.
             groups_of = {rows: self._pair_groups(info, rows) for rows in {r1 - r0 for r0, r1, _, _ in unit_bounds}}
@@ -509,7 +534,7 @@ class StagedCopier:
         device_views = [pair[1] if to_device else pair[0] for pair in pairs]
         storage = self._storage.data_ptr()
         device = np.array([(v.data_ptr() - storage, v.stride(0)) for v in device_views], dtype=np.int64).reshape(-1, 2)
-        geometry = _Geometry(tuple(map(weakref.ref, views)), [(v.data_ptr(), v.stride(0), v.shape[1]) for v in host_views],
+        geometry = _Geometry(tuple(map(weakref.ref, views)), tuple((v.data_ptr(), v.stride(0), v.shape[1]) for v in host_views),
                              device[:, 0], device[:, 1])
         self._geometries[key] = geometry
         self._geometries.move_to_end(key)

@@ -43,9 +43,13 @@ event above stays on it); copy engines working side by side hide the per-row cos
 its scatter runs behind the copy of the next unit instead of after the whole layer.
 
 CPU cost matters as much as bytes: everything a call's kernels need (tables, ids) goes to the
-device in one pinned copy (one per wave with ``first_wave``: the first groups are planned, sent and
-enqueued before the rest are planned, so they copy meanwhile), so a unit costs one launch, a few
-copies and a few event operations.
+device in one pinned copy (one per wave with ``first_wave`` / ``unit_wave``: the first groups or
+units are planned, sent and enqueued before the rest are planned, so they copy meanwhile), so a
+unit costs one launch, a few copies and a few event operations. A unit's kernel table depends only
+on its ring slot, pairs and staging layout, so the ring keeps each list of views' geometry and
+tables, their device copies too (``_Geometry``, views held weakly): once a list's tables are known,
+a call uploads only its ids (on the H200 a staged backup's first gather moved from 2.7-3.3 ms after
+the call to 2.1-2.3 ms, 2026-12-03, ``benchmarks/backup_timeline.py``).
 Planning is numpy, per group of pairs: the call's runs are cut at unit boundaries at once, and a
 unit's host copies are a slice of one int64 table (a row per span or pair and piece of a run);
 copy lists, stream shares and the ``cudaMemcpy2DAsync`` loop read those tables, so scattered

@@ -49,7 +49,10 @@ unit costs one launch, a few copies and a few event operations. A unit's kernel 
 on its ring slot, pairs and staging layout, so the ring keeps each list of views' geometry and
 tables, their device copies too (``_Geometry``, views held weakly): once a list's tables are known,
 a call uploads only its ids (on the H200 a staged backup's first gather moved from 2.7-3.3 ms after
-the call to 2.1-2.3 ms, 2026-12-03, ``benchmarks/backup_timeline.py``).
+the call to 2.1-2.3 ms, 2026-12-03, ``benchmarks/backup_timeline.py``). Only layouts that do not
+follow the call's size are kept (spans, and full dense units): a dense unit of fewer rows, as
+every unit of a ``layer_first`` call smaller than one unit is, gets its table built per call, as
+before, so calls of ever new sizes neither keep memory nor churn the kept tables.
 Planning is numpy, per group of pairs: the call's runs are cut at unit boundaries at once, and a
 unit's host copies are a slice of one int64 table (a row per span or pair and piece of a run);
 copy lists, stream shares and the ``cudaMemcpy2DAsync`` loop read those tables, so scattered
@@ -165,9 +168,10 @@ class _Unit:
     stage_views: list[tuple[int, int, int]]  # per pair: (staging offset, staging pitch, chunk)
     host_views: Sequence[torch.Tensor]
     bases: int = 1  # host_copies is [bases, pieces] flattened base-major (see ``_units``)
-    # The row count its staging offsets were laid out for (dense blocks: a short last unit's differ;
-    # 0: spans, the same for any rows); with the slot and pairs it names the unit's kernel table.
-    stage_rows: int = 0
+    # What its staging offsets were laid out for: 0 for spans (the same for any rows), a full unit's
+    # row count for dense blocks, None for a dense unit of fewer rows (its offsets, so its kernel
+    # table, follow the call's size). With the slot and pairs it names a table the ring keeps.
+    stage_rows: int | None = 0
 
 
 @dataclass
@@ -193,7 +197,8 @@ class _Geometry:
     info: tuple[tuple[int, int, int], ...]
     device_offsets: np.ndarray  # int64 [pairs]
     device_pitches: np.ndarray
-    # (slot, first pair, pairs, ``_Unit.stage_rows``) -> _KeptTable, the least recently used dropped
+    # (slot, first pair, pairs, ``_Unit.stage_rows``) -> _KeptTable, the least recently used dropped;
+    # only layouts that do not follow a call's size (``StagedCopier._plan_wave``)
     tables: OrderedDict = field(default_factory=OrderedDict)
 
 
@@ -458,6 +463,9 @@ class StagedCopier:
         if groups_of[r1 - r0][1] != offsets:  # a short last unit: its own staging offsets
             table[:, p0:p1, _OFFSET] += np.array(groups_of[r1 - r0][1], dtype=np.int64)[:, None] - base[:, _OFFSET, None]
         folded = self._fold_units(table, unit_bounds, groups_of) if pitched else {}
+
+        def full_rows(rows: int) -> int | None:
+            return rows if rows == rows_per_unit else None
         units = []
         for u, (r0, r1, p0, p1) in enumerate(unit_bounds):
             ranges, unit_offsets = groups_of[r1 - r0]
@@ -466,10 +474,10 @@ class StagedCopier:
                 if (u, k0) in folded:  # folded for the whole group at once: the unit's pieces of it
                     rows, first = folded[(u, k0)]
                     units.append(_Unit(list(range(k0, k1)), r0, r1, rows[:, p0 - first:p1 - first].reshape(-1, 7), stage,
-                                       host_views, 1, r1 - r0))
+                                       host_views, 1, full_rows(r1 - r0)))
                     continue
                 units.append(_Unit(list(range(k0, k1)), r0, r1, table[k0:k1, p0:p1].reshape(-1, 7), stage, host_views,
-                                   k1 - k0, r1 - r0))
+                                   k1 - k0, full_rows(r1 - r0)))
         return units
 
     @staticmethod
@@ -588,7 +596,7 @@ class StagedCopier:
                                           own_stream=own_stream)
                     if device_dev is None:
                         uploaded, (device_dev, stage_dev) = uploaded[:-2], uploaded[-2:]
-                    self._keep(missing, uploaded, kernel_stream)
+                    self._keep(missing, uploaded, kernel_stream, own_stream)
                 self._wait_kept(tables, kernel_stream)
                 done_groups = self._issue_wave(work, tables, device_dev, stage_dev, to_device, copy_streams,
                                                kernel_stream, on_group_done, done_groups, num_ctas, pitched)
@@ -597,9 +605,9 @@ class StagedCopier:
             done_groups += 1
 
     def _send(self, parts: list, kernel_stream, *, own_stream: bool) -> list[torch.Tensor]:
-        """Upload ``parts`` (``upload``) for ``kernel_stream``'s kernels. Without ``first_wave`` the
-        copy is enqueued on ``kernel_stream`` itself, as before waves existed. With it
-        (``own_stream``; every call then, a call of one wave too) it goes on a stream of the
+        """Upload ``parts`` (``upload``) for ``kernel_stream``'s kernels. Without ``first_wave`` or
+        ``unit_wave`` the copy is enqueued on ``kernel_stream`` itself, as before waves existed.
+        With one (``own_stream``; every upload of the call then, a call of one wave too) it goes on a stream of the
         copier's that waits for nothing, and ``kernel_stream`` waits for it: on ``kernel_stream`` a
         later wave's copy could start only after the scatters before it and then queue behind the
         data copies on the copy engines (H200, fifteenth session: waves uploaded there cost idle
@@ -635,28 +643,39 @@ class StagedCopier:
     def _plan_wave(self, units, to_device: bool) -> tuple[list, list[_KeptTable]]:
         """Plan a wave of ``_wave_units``: each unit's ring slot, its work (group, unit, slot, table
         index) and its table. A table depends only on the slot and the unit's pairs and staging
-        layout, not on the ids, so each is built once per geometry and kept with it, its device
-        copy too once uploaded (``_kept_tables``): a span backup has one per buffer, and after the
-        first call a wave builds and sends none."""
+        layout, not on the ids. Where that layout does not follow the call's size
+        (``_Unit.stage_rows``: spans, full dense units) the table is built once per geometry and
+        kept with it, its device copy too once uploaded: a span backup has one per buffer, and
+        after the first call a wave builds and sends none. The others are built for the call, as
+        every table was before, so calls of ever new sizes keep nothing."""
         work = []  # (group, unit, slot, table index)
         tables: list[_KeptTable] = []
         table_index: dict[tuple, int] = {}
         for g, unit, geometry in units:
             slot = self._next
             self._next = (slot + 1) % self._num_buffers
-            key = (id(geometry), slot, unit.pairs[0], len(unit.pairs), unit.stage_rows)
+            layout = unit.stage_rows if unit.stage_rows is not None else ("call", unit.r1 - unit.r0)
+            key = (id(geometry), slot, unit.pairs[0], len(unit.pairs), layout)
             if key not in table_index:
-                kept = geometry.tables.get(key[1:])
-                if kept is None:
-                    kept = geometry.tables[key[1:]] = self._kept_table(self._table(unit, slot, geometry, to_device))
-                    while len(geometry.tables) > TABLES_KEPT:
-                        geometry.tables.popitem(last=False)
-                else:
-                    geometry.tables.move_to_end(key[1:])
                 table_index[key] = len(tables)
-                tables.append(kept)
+                tables.append(self._table_for(unit, slot, geometry, to_device))
             work.append((g, unit, slot, table_index[key]))
         return work, tables
+
+    def _table_for(self, unit: _Unit, slot: int, geometry: _Geometry, to_device: bool) -> _KeptTable:
+        """``unit``'s table in ``slot``: the one kept with ``geometry``, else a new one, kept there
+        if its layout does not follow the call's size."""
+        if unit.stage_rows is None:
+            return self._kept_table(self._table(unit, slot, geometry, to_device))
+        key = (slot, unit.pairs[0], len(unit.pairs), unit.stage_rows)
+        kept = geometry.tables.get(key)
+        if kept is not None:
+            geometry.tables.move_to_end(key)
+            return kept
+        kept = geometry.tables[key] = self._kept_table(self._table(unit, slot, geometry, to_device))
+        while len(geometry.tables) > TABLES_KEPT:
+            geometry.tables.popitem(last=False)
+        return kept
 
     def _kept_table(self, table: np.ndarray) -> _KeptTable:
         """``table``'s kernel plan (words of 4 bytes where every offset, pitch and the storage
@@ -670,16 +689,19 @@ class StagedCopier:
         plan = UvaPlan(anchor, torch.from_numpy(table // word), word, align, int(table[:, 4].max()) // word, self.num_ctas)
         return _KeptTable(plan)
 
-    def _keep(self, missing: list[_KeptTable], uploaded: list[torch.Tensor], kernel_stream) -> None:
-        """The device copies of newly built tables, kept with them: on a GPU with an event recorded
-        on ``kernel_stream`` (which the upload is ordered before), so a later call on any stream can
-        wait for the upload, and read by that stream for the caching allocator."""
+    def _keep(self, missing: list[_KeptTable], uploaded: list[torch.Tensor], kernel_stream, own_stream: bool) -> None:
+        """The device copies of newly built tables, kept with them. On a GPU with an event recorded
+        right behind the upload on the stream it went on (the ring's own, or ``kernel_stream``), so
+        a later call on another stream waits for the upload only; ``kernel_stream`` is already
+        ordered after it and counted as waited."""
         landed = None
         if self._on_gpu and missing:
             landed = torch.cuda.Event()
-            landed.record(kernel_stream)
+            landed.record(self._upload_stream if own_stream else kernel_stream)
         for kept, device in zip(missing, uploaded):
             kept.device, kept.landed = device, landed
+            if landed is not None:
+                kept.waited = [kernel_stream]
 
     def _wait_kept(self, tables: list[_KeptTable], kernel_stream) -> None:
         """``kernel_stream`` waits for the uploads of the kept tables it reads (once per upload and

@@ -278,6 +278,8 @@ def backup_plan_wave(options: TransferOptions) -> int | None:
     """The staging ring's ``unit_wave`` for a staged backup under ``options`` (None: one wave)."""
     wave = BACKUP_PLAN_WAVE if options.backup_plan_wave is None else options.backup_plan_wave
     return wave or None
+
+
 #: The staging scatter of ``layer_first`` loads of several layers with slots in runs takes 16 CTAs
 #: instead of the copier's 4: it finishes each block four times sooner, and beside the model's
 #: matmuls the time a scatter holds SMs is what the matmuls lose. Measured on the H200 with compute alone and

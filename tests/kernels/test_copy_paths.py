@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import pytest
 import torch
 
@@ -352,10 +353,12 @@ def test_backup_unit_waves_plan_gather_and_copy_each_wave_before_planning_the_ne
 
 
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
-def test_the_ring_keeps_a_lists_tables_across_calls_until_its_views_change(monkeypatch, layout):
-    """A second backup of the same views (the same list or another) builds and uploads no table
-    (only its ids) and still writes every byte; other views, in place of the first in the same
-    list or new views of the same memory, are planned anew and copy their own bytes."""
+@pytest.mark.parametrize("count", [8, 9])
+def test_the_ring_keeps_a_lists_tables_across_calls_until_its_views_change(monkeypatch, layout, count):
+    """A second backup of the same views (the same list or another) builds and uploads only the
+    tables whose layout follows its size (a dense unit of fewer rows than a full one), with its
+    ids, and still writes every byte; other views, in place of the first in the same list or new
+    views of the same memory, are planned anew and copy their own bytes."""
     from tiered_kv.kernels import staged_copy
 
     spec = SPECS["nsa"]
@@ -376,22 +379,33 @@ def test_the_ring_keeps_a_lists_tables_across_calls_until_its_views_change(monke
     monkeypatch.setattr(copier, "_table", tabled)
     monkeypatch.setattr(staged_copy, "upload", counted)
 
+    def per_call(pairs, slots) -> int:
+        """Tables a call builds even once the rest are kept: one per unit of fewer rows than a full one."""
+        ordered = np.sort(slots.numpy())
+        breaks = np.flatnonzero(np.diff(ordered) != 1) + 1
+        units = copier._units([h for _, h in pairs], ordered, np.concatenate(([0], breaks)),
+                              np.concatenate((breaks, [ordered.size])))
+        return sum(unit.stage_rows is None for unit in units)
+
     def backup(pairs, seed):
-        slots, pages = random_ids(9, seed, NUM_SLOTS), random_ids(9, seed + 1, NUM_PAGES)
+        slots, pages = random_ids(count, seed, NUM_SLOTS), random_ids(count, seed + 1, NUM_PAGES)
         for _, h in pairs:
             h[slots] = 0
         built.clear(), uploads.clear()
         copier.to_host(pairs, pages, slots)
         assert all(torch.equal(h[slots], d[pages]) for d, h in pairs)
-        return len(built), list(uploads)
+        return len(built), list(uploads), per_call(pairs, slots)
 
-    first, first_uploads = backup(pairs, 0)
-    assert first >= 1 and first_uploads == [first + 2]
-    assert backup(pairs, 3) == (0, [2])  # the ids only
-    assert backup(list(pairs), 4) == (0, [2])  # another list of the same views
+    first, first_uploads, short = backup(pairs, 0)
+    assert first > short and first_uploads == [first + 2]
+    assert backup(pairs, 3) == (short, [short + 2], short)  # the ids (and the size's own tables) only
+    assert backup(list(pairs), 4) == (short, [short + 2], short)  # another list of the same views
     assert backup([(d[:], h[:]) for d, h in pairs], 5)[0] == first  # new views of the same memory
     pairs[:] = backup_pairs(device.pool, other)  # the same list, other views
     assert backup(pairs, 7)[0] == first
+    # A span layout (page_first) and full dense units keep everything: 8 ids fill whole units.
+    if count == 8:
+        assert short == 0
 
 
 def test_the_ring_does_not_keep_dropped_host_memory_alive_and_plans_its_successor_anew():

@@ -123,7 +123,8 @@ PITCHED_MIN_PAIRS = 16
 MAX_PITCH = (1 << 31) - 1
 
 #: Lists of pairs whose geometry (``_Geometry``) a ring keeps, the least recently used dropped:
-#: an engine's backups pass one list, its loads a group per layer or block of layers.
+#: an engine's backups pass one list, its loads a group per layer or block of layers (a serving
+#: engine whose loads cut ever other blocks would cycle through them: planned as before, no harm).
 GEOMETRIES_KEPT = 256
 #: Tables a geometry keeps: one per ring slot and unit layout (a ``layer_first`` backup of 61
 #: layers has 61 layouts per slot, and a short last unit its own, so calls of many sizes add more),

@@ -126,9 +126,9 @@ MAX_PITCH = (1 << 31) - 1
 #: an engine's backups pass one list, its loads a group per layer or block of layers (a serving
 #: engine whose loads cut ever other blocks would cycle through them: planned as before, no harm).
 GEOMETRIES_KEPT = 256
-#: Tables a geometry keeps: one per ring slot and unit layout (a ``layer_first`` backup of 61
-#: layers has 61 layouts per slot, and a short last unit its own, so calls of many sizes add more),
-#: the least recently used dropped. A table is 40 bytes per pair.
+#: Tables a geometry keeps: one per ring slot and unit layout that does not follow the call's size
+#: (a ``layer_first`` backup larger than one unit has up to 61 such layouts per slot; a short unit's
+#: table is never kept), the least recently used dropped. A table is 40 bytes per pair.
 TABLES_KEPT = 1024
 
 CopyStreams = torch.cuda.Stream | Sequence[torch.cuda.Stream] | None

@@ -21,6 +21,7 @@ from tiered_kv.kernels import staged_copy  # noqa: E402
 from tiered_kv.transfer_engine import TransferEngine  # noqa: E402
 
 from .kernels.pools import make_device_pool, make_host_pool  # noqa: E402
+from .probe_cli import assert_refused  # noqa: E402
 
 
 def _current(owner, name):
@@ -64,11 +65,7 @@ def test_steps_and_marks_wrap_a_staged_backup_and_undo_restores_them():
 
 @pytest.mark.parametrize("bad", [["--reps", "0"], ["--plan-waves", "default,-1"], ["--plan-waves", "two"]])
 def test_bad_arguments_exit_2_before_any_device_work(monkeypatch, capsys, bad):
-    monkeypatch.setattr(sys, "argv", ["backup_timeline.py", *bad])
-    with pytest.raises(SystemExit) as exit_info:
-        backup_timeline.main()
-    assert exit_info.value.code == 2
-    assert "error:" in capsys.readouterr().err
+    assert_refused(monkeypatch, capsys, backup_timeline.main, "backup_timeline.py", bad)
 
 
 def test_plan_waves_name_the_options_of_each_case():

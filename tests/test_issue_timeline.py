@@ -53,14 +53,10 @@ def test_timers_count_each_thread_only_while_on_and_undo_restores():
 def test_bad_arguments_exit_2_before_any_device_work(monkeypatch, capsys):
     """An unknown candidate set, ``--set`` with ``--lead-blocks`` (both swap the policy tables) and
     ``--reps 0`` are refused with one line, exit 2, before any pool is made (no CUDA here)."""
-    import pytest
+    from .probe_cli import assert_refused
 
     for argv in (["--set", "nosuchset"], ["--set", "twentyfourth", "--lead-blocks", "1,3"], ["--reps", "0"]):
-        monkeypatch.setattr(sys, "argv", ["issue_timeline.py", *argv])
-        with pytest.raises(SystemExit) as exit_info:
-            issue_timeline.main()
-        assert exit_info.value.code == 2
-        assert "error:" in capsys.readouterr().err
+        assert_refused(monkeypatch, capsys, issue_timeline.main, "issue_timeline.py", argv)
 
 
 def test_every_step_wraps_the_real_engine_and_undo_restores_it():

@@ -1,0 +1,61 @@
+"""The stream-alias probe (benchmarks/stream_alias_probe.py) on CPU: it finds every stream an
+engine holds (its own attributes, lists of them, its issue threads'), names which new streams are
+engine streams, and refuses bad arguments before any device work."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import stream_alias_probe as probe  # noqa: E402
+
+from .probe_cli import assert_refused  # noqa: E402
+
+
+class Stream:
+    """A stand-in for ``torch.cuda.Stream``: only its handle."""
+
+    def __init__(self, handle: int) -> None:
+        self.cuda_stream = handle
+
+
+class Holder:
+    def __init__(self, streams) -> None:
+        self.streams = streams
+
+
+class Engine:
+    def __init__(self) -> None:
+        self.backup_stream, self.load_stream = Stream(11), Stream(12)
+        self._head_streams = [Stream(13), Stream(14)]
+        self._half_streams = (Stream(15), Stream(11))  # two names for one handle
+        self._issuer = Holder([Stream(16)])
+        self._backup_issuer = None
+        self.not_a_stream = 17
+
+
+def test_engine_streams_finds_attributes_lists_and_issue_threads():
+    found = probe.engine_streams(Engine(), stream_type=Stream)
+    assert found == {"backup_stream": 11, "load_stream": 12, "_head_streams[0]": 13, "_head_streams[1]": 14,
+                     "_half_streams[0]": 15, "_half_streams[1]": 11, "_issuer.streams[0]": 16}
+
+
+def test_aliases_name_each_new_stream_that_is_an_engine_stream():
+    handles = probe.engine_streams(Engine(), stream_type=Stream)
+    assert probe.aliases(handles, [99, 11, 16, 98]) == {1: ["backup_stream", "_half_streams[1]"],
+                                                       2: ["_issuer.streams[0]"]}
+    assert probe.aliases(handles, [1, 2, 3]) == {}
+
+
+@pytest.mark.parametrize("bad", [["--streams", "0"], ["--reps", "0"], ["--streams", "x"]])
+def test_bad_arguments_exit_2_before_any_device_work(monkeypatch, capsys, bad):
+    assert_refused(monkeypatch, capsys, probe.main, "stream_alias_probe.py", bad)
+
+
+def test_without_cuda_it_says_so_in_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(probe.torch.cuda, "is_available", lambda: False)
+    assert_refused(monkeypatch, capsys, probe.main, "stream_alias_probe.py", [], "needs a CUDA device")

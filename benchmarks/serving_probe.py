@@ -793,7 +793,7 @@ def candidate_probe(args, b, engine, hosts, page_sets, slot_sets, sets, check_lo
                     for group, sleep in LOAD_TIMINGS[:3 if args.from_call else 1]:
                         lag = load_lag(e)
                         t = tg.measure(lambda i: [e.load(slot_sets[kind][i % sets], page_sets[i % sets], options=options)],
-                                       b.reps, sleep=sleep)
+                                       b.reps, sleep=sleep, engine=e)
                         row = add(f"{group.replace('_', ' ')} {name} {layout} {kind}", transfer_bytes, t, group=group,
                                   path=name, layout=layout, slots=kind,
                                   frac_of_ceiling=transfer_bytes / t["ms"] / 1e6 / ceiling["load61"],
@@ -810,7 +810,7 @@ def candidate_probe(args, b, engine, hosts, page_sets, slot_sets, sets, check_lo
                 for rnd in range(args.backup_rounds):
                     for group, sleep in (("backup", True), ("backup_from_call", False), ("backup_from_call_busy", "beside")):
                         t = tg.measure(lambda i: [e.backup(page_sets[i % sets], slot_sets[kind][i % sets])], b.reps,
-                                       sleep=sleep)
+                                       sleep=sleep, engine=e)
                         add(f"{group.replace('_', ' ')} auto {layout} {kind} round {rnd}", transfer_bytes, t, group=group,
                             path="auto", layout=layout, slots=kind, round=rnd,
                             frac_of_ceiling=transfer_bytes / t["ms"] / 1e6 / d2h["gbps"])

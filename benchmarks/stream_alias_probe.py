@@ -42,29 +42,8 @@ import transfer_gpu as tg  # noqa: E402
 
 from tiered_kv.transfer_engine import TransferEngine  # noqa: E402
 
-#: Engine attributes that hold objects with streams of their own (its issue threads).
-HOLDERS = ("_issuer", "_backup_issuer")
-
-
-def engine_streams(engine, stream_type: type = torch.cuda.Stream) -> dict[str, int]:
-    """Every stream ``engine`` holds, by attribute path, as its handle (``cuda_stream``): the
-    engine's own attributes (lists too) and its issue threads' ``streams``."""
-    found: dict[str, int] = {}
-
-    def visit(name: str, value) -> None:
-        if isinstance(value, stream_type):
-            found[name] = value.cuda_stream
-        elif isinstance(value, (list, tuple)):
-            for i, item in enumerate(value):
-                visit(f"{name}[{i}]", item)
-
-    for name, value in vars(engine).items():
-        visit(name, value)
-    for holder in HOLDERS:
-        streams = getattr(getattr(engine, holder, None), "streams", None)
-        if streams is not None:
-            visit(f"{holder}.streams", streams)
-    return found
+#: The engine's streams by name (``transfer_gpu.engine_stream_handles``, which ``measure`` avoids).
+engine_streams = tg.engine_stream_handles
 
 
 def aliases(engine_handles: dict[str, int], candidates: Iterable[int]) -> dict[int, list[str]]:

@@ -20,6 +20,7 @@ the sleep it shows up in the device time too). Never imported by the library or 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import statistics
@@ -60,7 +61,46 @@ def _end_events(item) -> list[torch.cuda.Event]:
     return [item.event] if isinstance(item, BackupHandle) else [item]
 
 
-def measure(issue, reps: int, warmup: int = 2, *, sleep: bool | str = True) -> dict:
+#: Engine attributes that hold objects with streams of their own (its issue threads).
+ENGINE_STREAM_HOLDERS = ("_issuer", "_backup_issuer")
+
+
+def engine_stream_handles(engine, stream_type: type = torch.cuda.Stream) -> dict[str, int]:
+    """Every stream ``engine`` holds, by attribute path, as its handle (``cuda_stream``): the
+    engine's own attributes (lists too) and its issue threads' ``streams``."""
+    found: dict[str, int] = {}
+
+    def visit(name: str, value) -> None:
+        if isinstance(value, stream_type):
+            found[name] = value.cuda_stream
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                visit(f"{name}[{i}]", item)
+
+    for name, value in vars(engine).items():
+        visit(name, value)
+    for holder in ENGINE_STREAM_HOLDERS:
+        streams = getattr(getattr(engine, holder, None), "streams", None)
+        if streams is not None:
+            visit(f"{holder}.streams", streams)
+    return found
+
+
+def side_stream(avoid=(), *, tries: int = 64, make=None):
+    """A new stream whose handle is none of ``avoid``. ``torch.cuda.Stream()`` hands out the
+    streams of a pool of 32 per priority round-robin, so a "new" stream can be one an engine
+    already uses: the busy-GPU 40.6% of 2026-12-03 was a backup queued behind the 40 ms sleep put
+    on such a stream (docs/benchmarks.md, twenty-second session)."""
+    make = make or torch.cuda.Stream
+    avoid = set(avoid)
+    for _ in range(tries):
+        stream = make()
+        if stream.cuda_stream not in avoid:
+            return stream
+    raise RuntimeError(f"no new stream in {tries} is free of the {len(avoid)} to avoid")
+
+
+def measure(issue, reps: int, warmup: int = 2, *, sleep: bool | str = True, engine=None) -> dict:
     """Median device ms of ``issue(i) -> list of end events or load handles`` (from a start event
     before it), the caller's issue time (wall and its thread's CPU) and the CPU the op costs in
     the whole process (every thread, from the issue until the device finished; the wait polls).
@@ -68,17 +108,21 @@ def measure(issue, reps: int, warmup: int = 2, *, sleep: bool | str = True) -> d
     ahead of it and the time is the device's alone; False, nothing before it: the time counts
     from the call on an idle GPU (an issue slower than the copies shows, and so do clocks that
     rise only once work arrives); ``"beside"``, the same sleep on a stream of its own that the op
-    does not wait for: from the call, on a GPU already busy (its clocks up, as beside a model)."""
+    does not wait for: from the call, on a GPU already busy (its clocks up, as beside a model).
+    That stream is none of ``engine``'s (``side_stream``), taken once the warmup reps have made
+    the engine's lazily made streams; the warmup reps run without the sleep."""
     if sleep not in (True, False, "beside"):
         raise ValueError(f"measure: sleep must be True, False or 'beside', got {sleep!r}")
-    side = torch.cuda.Stream() if sleep == "beside" else None
+    side = None
     device_ms, issue_ms, caller_cpu, cpu = [], [], [], []
     for i in range(warmup + reps):
         torch.cuda.synchronize()
+        if sleep == "beside" and i == warmup:
+            side = side_stream(engine_stream_handles(engine).values() if engine is not None else ())
         if side is not None:
             with torch.cuda.stream(side):
                 torch.cuda._sleep(SLEEP_CYCLES)
-        elif sleep:
+        elif sleep is True:
             torch.cuda._sleep(SLEEP_CYCLES)
         start = torch.cuda.Event(enable_timing=True)
         start.record()
@@ -406,14 +450,14 @@ def main() -> int:
                 name=None, sleep=True):
         engine = engines[(layout, path)]
         rows = {}
+        timed = functools.partial(measure, reps=reps, sleep=sleep, engine=engine)
         for op in ops:
             if op == "backup":
-                timing, nbytes = measure(backup(engine, slots_kind, options), reps, sleep=sleep), transfer_bytes
+                timing, nbytes = timed(backup(engine, slots_kind, options)), transfer_bytes
             elif op == "load61":
-                timing, nbytes = measure(load(engine, slots_kind, options=options), reps, sleep=sleep), transfer_bytes
+                timing, nbytes = timed(load(engine, slots_kind, options=options)), transfer_bytes
             else:
-                timing, nbytes = (measure(load(engine, slots_kind, [spec.num_layers // 2], options), reps, sleep=sleep),
-                                  layer_bytes)
+                timing, nbytes = timed(load(engine, slots_kind, [spec.num_layers // 2], options)), layer_bytes
             if path == "torch":
                 # The reference copies through pageable CPU memory synchronously: the device
                 # events miss the CPU half, the caller's wall time does not.

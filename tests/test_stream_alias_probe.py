@@ -1,6 +1,7 @@
-"""The stream-alias probe (benchmarks/stream_alias_probe.py) on CPU: it finds every stream an
-engine holds (its own attributes, lists of them, its issue threads'), names which new streams are
-engine streams, and refuses bad arguments before any device work."""
+"""The stream-alias probe (benchmarks/stream_alias_probe.py) and the benchmark's side stream
+(``transfer_gpu.side_stream``) on CPU: every stream an engine holds is found (its own attributes,
+lists of them, its issue threads'), new streams that are engine streams are named, the side stream
+of a busy-GPU timing is none of them, and bad arguments are refused before any device work."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import stream_alias_probe as probe  # noqa: E402
+import transfer_gpu as tg  # noqa: E402
 
 from .probe_cli import assert_refused  # noqa: E402
 
@@ -49,6 +51,18 @@ def test_aliases_name_each_new_stream_that_is_an_engine_stream():
     assert probe.aliases(handles, [99, 11, 16, 98]) == {1: ["backup_stream", "_half_streams[1]"],
                                                        2: ["_issuer.streams[0]"]}
     assert probe.aliases(handles, [1, 2, 3]) == {}
+
+
+def test_the_side_stream_of_a_busy_gpu_timing_is_none_of_the_engines():
+    """torch's pool hands streams out round-robin: the side stream skips those the engine holds,
+    and says so when every new stream is one of them."""
+    handles = iter([11, 16, 12, 40, 11])
+    stream = tg.side_stream(probe.engine_streams(Engine(), stream_type=Stream).values(),
+                            make=lambda: Stream(next(handles)))
+    assert stream.cuda_stream == 40
+    with pytest.raises(RuntimeError, match="no new stream in 3"):
+        tg.side_stream([11], tries=3, make=lambda: Stream(11))
+    assert tg.side_stream([], make=lambda: Stream(11)).cuda_stream == 11
 
 
 @pytest.mark.parametrize("bad", [["--streams", "0"], ["--reps", "0"], ["--streams", "x"]])

@@ -42,10 +42,6 @@ import transfer_gpu as tg  # noqa: E402
 
 from tiered_kv.transfer_engine import TransferEngine  # noqa: E402
 
-#: The engine's streams by name (``transfer_gpu.engine_stream_handles``, which ``measure`` avoids).
-engine_streams = tg.engine_stream_handles
-
-
 def aliases(engine_handles: dict[str, int], candidates: Iterable[int]) -> dict[int, list[str]]:
     """For each candidate stream handle (by position) that is an engine stream, the engine's names for it."""
     names: dict[int, list[str]] = {}
@@ -74,7 +70,7 @@ def main() -> int:
     try:
         engine.backup(pages, slots).synchronize()  # the lazily made streams exist after a backup and a load
         engine.load(slots, pages).synchronize()
-        handles = engine_streams(engine)
+        handles = tg.engine_stream_handles(engine)
         report = {"engine_streams": handles, "aliases": {}, "timed": {}}
         made: dict[int, list[torch.cuda.Stream]] = {}
         for priority in (0, -1):

@@ -41,13 +41,13 @@ class Engine:
 
 
 def test_engine_streams_finds_attributes_lists_and_issue_threads():
-    found = probe.engine_streams(Engine(), stream_type=Stream)
+    found = tg.engine_stream_handles(Engine(), stream_type=Stream)
     assert found == {"backup_stream": 11, "load_stream": 12, "_head_streams[0]": 13, "_head_streams[1]": 14,
                      "_half_streams[0]": 15, "_half_streams[1]": 11, "_issuer.streams[0]": 16}
 
 
 def test_aliases_name_each_new_stream_that_is_an_engine_stream():
-    handles = probe.engine_streams(Engine(), stream_type=Stream)
+    handles = tg.engine_stream_handles(Engine(), stream_type=Stream)
     assert probe.aliases(handles, [99, 11, 16, 98]) == {1: ["backup_stream", "_half_streams[1]"],
                                                        2: ["_issuer.streams[0]"]}
     assert probe.aliases(handles, [1, 2, 3]) == {}
@@ -57,7 +57,7 @@ def test_the_side_stream_of_a_busy_gpu_timing_is_none_of_the_engines():
     """torch's pool hands streams out round-robin: the side stream skips those the engine holds,
     and says so when every new stream is one of them."""
     handles = iter([11, 16, 12, 40, 11])
-    stream = tg.side_stream(probe.engine_streams(Engine(), stream_type=Stream).values(),
+    stream = tg.side_stream(tg.engine_stream_handles(Engine(), stream_type=Stream).values(),
                             make=lambda: Stream(next(handles)))
     assert stream.cuda_stream == 40
     with pytest.raises(RuntimeError, match="no new stream in 3"):

@@ -30,13 +30,14 @@ def test_chunks_cover_every_row_once(n, parts):
     assert covered == list(range(n)) and len(hg.chunks(n, parts)) <= parts
 
 
-@pytest.mark.parametrize("threads, pool", [(1, False), (3, True), (4, False), (5, True)])
-def test_gather_then_scatter_moves_exactly_the_indexed_rows(threads, pool):
+@pytest.mark.parametrize("threads, pool, numpy", [(1, False, False), (3, True, False), (4, False, False),
+                                                  (5, True, False), (1, True, True), (3, True, True)])
+def test_gather_then_scatter_moves_exactly_the_indexed_rows(threads, pool, numpy):
     g = torch.Generator().manual_seed(threads)
     sources = [torch.randint(0, 256, (40, w), dtype=torch.uint8, generator=g) for w in (96, 24)]
     idx = torch.randperm(40, generator=g)[:13]
     outs = [torch.empty(13, s.shape[1], dtype=torch.uint8) for s in sources]
-    mover = hg.Mover(threads, pool)
+    mover = hg.Mover(threads, pool, numpy)
     try:
         mover.gather([(s, idx, o) for s, o in zip(sources, outs)])
         for s, o in zip(sources, outs):
@@ -51,3 +52,14 @@ def test_gather_then_scatter_moves_exactly_the_indexed_rows(threads, pool):
             assert not t[untouched].any()  # no row outside the index was written
     finally:
         mover.close()
+
+
+def test_numpy_mover_needs_its_own_threads():
+    with pytest.raises(ValueError, match="pool=True"):
+        hg.Mover(2, False, numpy=True)
+
+
+def test_mover_kinds_name_what_they_measure():
+    assert {hg.Mover(2, pool, numpy).name() for pool, numpy in hg.MOVER_KINDS["all"]} == {
+        "intra-op 2", "2 python threads", "2 numpy threads"}
+    assert all(numpy for _, numpy in hg.MOVER_KINDS["numpy"]) and not any(n for _, n in hg.MOVER_KINDS["torch"])

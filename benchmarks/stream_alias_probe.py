@@ -11,6 +11,11 @@ The twenty-second session (2026-12-03, docs/benchmarks.md) traced the busy-GPU 4
 GB/s, which is 70 ms: the backup's 30 ms plus the 40 ms sleep that ``measure(sleep="beside")``
 put on "a stream of its own".
 
+Since the twenty-third session the engine makes its own streams (``kernels.owned_streams``), so
+no new torch stream should be one of them; the first run (at the twenty-second session's code,
+docs/benchmarks/stream_alias_probe_pool.json) found 6 of 64 and a backup held 70.3 ms instead of
+31.4.
+
 This script checks that on the device:
 - ``aliases``: which of ``--streams`` new streams per priority (0 and -1) are which engine streams,
   found through every stream attribute of the engine and its issue threads (a backup and a
@@ -71,7 +76,10 @@ def main() -> int:
         engine.backup(pages, slots).synchronize()  # the lazily made streams exist after a backup and a load
         engine.load(slots, pages).synchronize()
         handles = tg.engine_stream_handles(engine)
-        report = {"engine_streams": handles, "aliases": {}, "timed": {}}
+        # Since 2026-12-03 (twenty-third session) the engine's streams are its own
+        # (``kernels.owned_streams``): no new torch stream should be one of them.
+        report = {"engine_streams": handles, "owned_streams": engine._streams.owned, "aliases": {}, "timed": {}}
+        print(f"engine streams owned by the library: {engine._streams.owned}", flush=True)
         made: dict[int, list[torch.cuda.Stream]] = {}
         for priority in (0, -1):
             made[priority] = [torch.cuda.Stream(priority=priority) for _ in range(args.streams)]

@@ -20,7 +20,6 @@ This module never synchronises the device and never validates ids (the caller di
 from __future__ import annotations
 
 import ctypes
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,6 +27,7 @@ import numpy as np
 import torch
 
 from . import cudart
+from .owned_streams import kept_stream
 from .reference import ChunkPair, copy_pages_reference
 
 
@@ -125,9 +125,8 @@ def issue_batch(stream: torch.cuda.Stream, call) -> None:
     stream.wait_stream(side)
 
 
-@functools.cache
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    return torch.cuda.Stream(device)
+    return kept_stream(device)
 
 
 def available() -> bool:

@@ -93,6 +93,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.cudaMemcpy2DAsync.restype = ctypes.c_int
     lib.cudaGetErrorString.argtypes = [ctypes.c_int]
     lib.cudaGetErrorString.restype = ctypes.c_char_p
+    lib.cudaStreamCreateWithPriority.argtypes = [ctypes.POINTER(ptr), ctypes.c_uint, ctypes.c_int]
+    lib.cudaStreamCreateWithPriority.restype = ctypes.c_int
+    lib.cudaDeviceGetStreamPriorityRange.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]
+    lib.cudaDeviceGetStreamPriorityRange.restype = ctypes.c_int
 
 
 def _check(status: int, what: str) -> None:
@@ -118,6 +122,26 @@ def memcpy_2d_async(dst: int, dst_pitch: int, src: int, src_pitch: int, width: i
         _runtime().cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height, _MEMCPY_DEFAULT, stream),
         "cudaMemcpy2DAsync",
     )
+
+
+_STREAM_NON_BLOCKING = 1  # cudaStreamNonBlocking: no implicit order with the legacy default stream (as torch's)
+
+
+def stream_create(priority: int) -> int:
+    """A new non-blocking stream of ``priority`` on the current device, as a ``cudaStream_t`` int.
+    The caller owns it (``kernels.owned_streams`` never destroys one)."""
+    handle = ctypes.c_void_p(0)
+    _check(_runtime().cudaStreamCreateWithPriority(ctypes.byref(handle), _STREAM_NON_BLOCKING, int(priority)),
+           "cudaStreamCreateWithPriority")
+    return int(handle.value or 0)
+
+
+def stream_priority_range() -> tuple[int, int]:
+    """(least, greatest) stream priority of the current device; greatest is the lower number."""
+    least, greatest = ctypes.c_int(0), ctypes.c_int(0)
+    _check(_runtime().cudaDeviceGetStreamPriorityRange(ctypes.byref(least), ctypes.byref(greatest)),
+           "cudaDeviceGetStreamPriorityRange")
+    return least.value, greatest.value
 
 
 def runtime_version() -> int:

@@ -78,6 +78,7 @@ import torch
 
 from . import cudart
 from .reference import ChunkPair, copy_pages_reference
+from .owned_streams import StreamLease
 from .streams import on_stream
 from .uva_copy import DEFAULT_CTAS_ON_DEVICE, UvaPlan, launch_uva, upload
 
@@ -281,6 +282,7 @@ class StagedCopier:
         num_buffers: int = DEFAULT_NUM_BUFFERS,
         num_ctas: int = DEFAULT_CTAS_ON_DEVICE,
         host_batch: bool | None = None,
+        streams: StreamLease | None = None,
     ) -> None:
         if buffer_bytes <= 0 or num_buffers <= 0:
             raise ValueError(f"staging needs buffer_bytes > 0 and num_buffers > 0, got {buffer_bytes}, {num_buffers}")
@@ -292,6 +294,8 @@ class StagedCopier:
         self.host_batch = host_batch
         self.block, self.num_warps = STAGING_BLOCK, STAGING_NUM_WARPS
         self._on_gpu = self.device.type == "cuda"
+        # The ring's own streams (its upload stream) come from its owner's lease, else its own.
+        self._streams = streams
         self._storage = torch.empty(self.buffer_bytes * num_buffers, dtype=torch.uint8, device=self.device)
         self._num_buffers = num_buffers
         self._next = 0
@@ -617,7 +621,9 @@ class StagedCopier:
             with on_stream(kernel_stream) if self._on_gpu else nullcontext():
                 return upload(self.device, parts)
         if self._upload_stream is None:
-            self._upload_stream = torch.cuda.Stream(self._storage.device)  # the ring's own device, with its index
+            if self._streams is None:
+                self._streams = StreamLease(self._storage.device)  # the ring's own device, with its index
+            self._upload_stream = self._streams.take()
         with on_stream(self._upload_stream):
             sent = upload(self.device, parts)
         landed = torch.cuda.Event()

@@ -60,6 +60,7 @@ from .errors import ConfigError, IndexValidationError, PoolError, SpecMismatchEr
 from .host_pool import HostPool
 from .integers import as_int
 from .kernels import copy_pages_reference
+from .kernels.owned_streams import StreamLease
 from .kernels.streams import on_stream
 from .transfer import IdsLike, PageCopy, backup_pairs, load_pairs, validate
 from .transfer_policy import (
@@ -272,9 +273,10 @@ class _IssueThreads:
     thread run in order; the engine's lock serialises what they share with other loads.
     """
 
-    def __init__(self, device: torch.device, count: int, priority: int = 0) -> None:
+    def __init__(self, device: torch.device, count: int, priority: int = 0, streams: StreamLease | None = None) -> None:
         self.device = device
-        self.streams = [torch.cuda.Stream(device, priority=priority) for _ in range(count)]
+        self._lease = streams if streams is not None else StreamLease(device)
+        self.streams = [self._lease.take(priority) for _ in range(count)]
         self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(count)]
         self._threads = [threading.Thread(target=self._work, args=(k,), name=f"tiered-kv-issue-{k}", daemon=True)
                          for k in range(count)]
@@ -302,12 +304,16 @@ class _IssueThreads:
                     issued.job_done(exc)
                 else:
                     issued.job_done()
+                # A finished job's closure holds its engine: not kept while this thread waits.
+                item = job = issued = None
 
     def close(self) -> None:
         for q in self._queues:
             q.put(None)
         for thread in self._threads:
             thread.join()
+        self._lease.give_back(self.streams)  # no thread issues on them any more
+        self.streams = []
 
 
 # --- the copy paths -------------------------------------------------------------------------------
@@ -882,6 +888,9 @@ class TransferEngine:
         self._backup_issuer: _IssueThreads | None = None
         # Loads issued by library threads and by the caller share plans and the staging ring.
         self._lock = threading.RLock()
+        # Every stream of the engine is its own, never one of torch's pool that other code in the
+        # process may be handed too (``kernels.owned_streams``); they go back with the engine.
+        self._streams = StreamLease(self.device)
         from .kernels.batch_copy import available as batch_available
 
         # On CPU the batch path is memmove over the same copy list: always there.
@@ -892,24 +901,24 @@ class TransferEngine:
                 raise PoolError("a GPU transfer engine needs a pinned host pool (HostPool(..., pin=True))")
             with torch.cuda.device(self.device):
                 high = self._load_priority
-                self.load_stream = torch.cuda.Stream(self.device, priority=high)
-                self.load_copy_stream = torch.cuda.Stream(self.device, priority=high)
-                self.backup_stream = torch.cuda.Stream(self.device)
-                self.backup_copy_stream = torch.cuda.Stream(self.device)
-                self.load_uva_stream = torch.cuda.Stream(self.device, priority=high)  # the kernel half of ``mixed`` loads
+                take = self._streams.take
+                self.load_stream = take(high)
+                self.load_copy_stream = take(high)
+                self.backup_stream = take()
+                self.backup_copy_stream = take()
+                self.load_uva_stream = take(high)  # the kernel half of ``mixed`` loads
                 # Heads (``LoadSplit.head_layers``), one stream per load in turn: a handed-over head's
                 # rest is launched by a library thread after its call returned, and the next load's
                 # caller makes its head stream wait on the caller's stream (compute queued since),
                 # which must not hold back an earlier load's layers still to be launched.
-                self._head_streams = [torch.cuda.Stream(self.device, priority=high) for _ in range(HEAD_STREAMS)]
+                self._head_streams = [take(high) for _ in range(HEAD_STREAMS)]
                 self._head_turn = 0
                 self.load_head_stream = self._head_streams[0]
                 # More copy streams for staged loads split over several copy engines.
-                self._load_copy_extra = [torch.cuda.Stream(self.device, priority=high) for _ in range(MAX_COPY_STREAMS - 1)]
+                self._load_copy_extra = [take(high) for _ in range(MAX_COPY_STREAMS - 1)]
                 # The second half of a staged load issued by its own thread (``LoadSplit.issue_halves``):
                 # its scatter kernel's stream and its copy stream.
-                self._half_streams = (torch.cuda.Stream(self.device, priority=high),
-                                      torch.cuda.Stream(self.device, priority=high))
+                self._half_streams = (take(high), take(high))
                 # Join events of ``mixed`` loads, re-recorded per layer (a wait binds to the record
                 # before it, so reuse across layers is safe).
                 self._uva_done = [torch.cuda.Event() for _ in range(4)]
@@ -1128,7 +1137,7 @@ class TransferEngine:
             if issuer is not None:
                 issuer.close()
             # Backups keep the default stream priority; loads get the engine's.
-            issuer = _IssueThreads(self.device, count, 0 if backups else self._load_priority)
+            issuer = _IssueThreads(self.device, count, 0 if backups else self._load_priority, self._streams)
             setattr(self, name, issuer)
         return issuer
 
@@ -1238,7 +1247,7 @@ class TransferEngine:
                     plan_table = self._load_plan(layers, components).table
                     if self.on_gpu:
                         if self._table_stream is None:
-                            self._table_stream = torch.cuda.Stream(self.device)
+                            self._table_stream = self._streams.take()
                         with torch.cuda.stream(self._table_stream):
                             table = upload(self.device, [plan_table])[0]
                         self._table_stream.synchronize()
@@ -1282,7 +1291,7 @@ class TransferEngine:
 
             copier = self._copiers[direction] = StagedCopier(
                 self.device, buffer_bytes=self._staging_bytes or DEFAULT_BUFFER_BYTES, num_buffers=self._staging_buffers,
-                num_ctas=self._staging_ctas or DEFAULT_CTAS_ON_DEVICE,
+                num_ctas=self._staging_ctas or DEFAULT_CTAS_ON_DEVICE, streams=self._streams,
             )
         return copier
 

@@ -15,6 +15,17 @@ size_t last_num_attrs = 0;
 int cudaRuntimeGetVersion(int *version) { *version = FAKE_VERSION; return 0; }
 int cudaDriverGetVersion(int *version) { *version = FAKE_DRIVER; return 0; }
 const char *cudaGetErrorString(int status) { return status == 1 ? "invalid argument" : "unknown error"; }
+/* Streams: handles 0x5000, 0x5001, ...; priorities [-5, 0] as on the H200; a priority outside
+ * the range is refused, so the binding must clamp (the real runtime clamps silently). */
+unsigned int last_stream_flags = 0xffffffffu;
+int last_stream_priority = 99;
+static size_t streams_made = 0;
+int cudaStreamCreateWithPriority(void **stream, unsigned int flags, int priority) {
+    if (priority < -5 || priority > 0) return 1;
+    last_stream_flags = flags; last_stream_priority = priority;
+    *stream = (void *)(0x5000 + streams_made++); return 0;
+}
+int cudaDeviceGetStreamPriorityRange(int *least, int *greatest) { *least = 0; *greatest = -5; return 0; }
 int cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *stream) {
     (void)kind; memcpy(dst, src, n); last_stream = stream; return 0;
 }

@@ -174,3 +174,32 @@ def test_staged_pitched_ops_through_the_runtime_match_the_cpu_copies(fake_runtim
         assert not torch.equal(results[-1], before), mode  # something was copied
         host.buffer.copy_(host_before)
     assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
+
+
+def test_streams_are_made_non_blocking_at_the_clamped_priority(fake_runtime, monkeypatch):
+    """``cudaStreamCreateWithPriority`` gets (out pointer, cudaStreamNonBlocking, priority) and the
+    lender's maker clamps a priority below the device's range (``LOAD_STREAM_PRIORITY``) to its
+    greatest, as torch's pool does; the fake refuses anything outside [-5, 0]."""
+    from tiered_kv.kernels.owned_streams import CudaStreamMaker
+
+    _, lib = fake_runtime
+    assert cudart.stream_priority_range() == (0, -5)
+    first, second = cudart.stream_create(-5), cudart.stream_create(0)
+    assert (first, second) == (0x5000, 0x5001)
+    assert ctypes.c_uint.in_dll(lib, "last_stream_flags").value == 1
+    assert ctypes.c_int.in_dll(lib, "last_stream_priority").value == 0
+    with pytest.raises(cudart.CudaRuntimeError, match="cudaStreamCreateWithPriority failed"):
+        cudart.stream_create(-100)
+    maker = CudaStreamMaker()
+    maker._range.cache_clear()
+    try:
+        import torch
+
+        from tests.fake_cuda import Nothing
+
+        monkeypatch.setattr(torch.cuda, "device", Nothing)  # no device to make current on CPU
+        assert [maker.priority(0, p) for p in (-100, -5, -1, 0, 3)] == [-5, -5, -1, 0, 0]
+        assert maker.make(0, maker.priority(0, -100)) == 0x5002
+        assert ctypes.c_int.in_dll(lib, "last_stream_priority").value == -5
+    finally:
+        maker._range.cache_clear()

@@ -44,10 +44,13 @@ import transfer_gpu as tg  # noqa: E402  (the main benchmark's pools, matmuls an
 
 from tiered_kv import HostPool  # noqa: E402
 from tiered_kv.transfer_engine import TransferEngine  # noqa: E402
+from tiered_kv.kernels import owned_streams  # noqa: E402
 from tiered_kv.transfer_policy import (HEAD, MIXED_LOADS, PITCHED_RUNS_LOADS, SCATTERED_LOADS, WAVES,  # noqa: E402
                                        LoadSplit, TransferOptions)
 
 FACTORS = (0.5, 1.25)
+#: Engine kwarg of this probe (not the engine's): the engine takes torch's pool streams.
+POOL_STREAMS = {"streams": "torch pool"}
 LOW = {"high_priority_loads": False}
 #: ``auto`` told that the model computes beside its loads.
 BESIDE_COMPUTE = TransferOptions(beside_compute=True)
@@ -205,6 +208,18 @@ SETS = {
                                (", head 4", {"head_layers": 4}),
                                (", 2 copy streams", {"copy_streams": 2}))],
     ],
+    # The engine's own streams (``kernels.owned_streams``, since the twenty-third session) against
+    # torch's pool streams as before, each row's cells in the same round: the first run of record
+    # with owned streams had several beside rows lower than the one before it.
+    "streams": [
+        (f"{label} {streams} {layout} {kind}", layout, kind, "auto", options,
+         {} if streams == "owned" else POOL_STREAMS)
+        for label, layout, kind, options in (("auto beside compute", "page_first", "runs", BESIDE_COMPUTE),
+                                             ("auto beside compute", "page_first", "scattered", BESIDE_COMPUTE),
+                                             ("auto", "layer_first", "runs", None),
+                                             ("auto", "layer_first", "scattered", None))
+        for streams in ("owned", "pool")
+    ],
 }
 Model = tg.BesideModel
 ROWS_MAX = tg.BesideModel.ROWS_MAX
@@ -252,6 +267,22 @@ def measure_loader(model: Model, name: str, load, reps: int, fields: dict, facto
     return rows
 
 
+def make_engine(device_pool, host, path: str, kwargs: dict) -> TransferEngine:
+    """A timing engine; with ``POOL_STREAMS`` its streams are torch's pool streams (its lease
+    finds no lender), as every engine's were before the library owned its streams."""
+    kwargs = dict(kwargs)
+    if kwargs.pop("streams", None) is None:
+        return TransferEngine(device_pool, host, path=path, timing=True, **kwargs)
+    lender = owned_streams.default_lender
+    owned_streams.default_lender = lambda: None
+    try:
+        engine = TransferEngine(device_pool, host, path=path, timing=True, **kwargs)
+    finally:
+        owned_streams.default_lender = lender
+    assert not engine._streams.owned
+    return engine
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/benchmarks/beside_floor.json")
@@ -277,7 +308,7 @@ def main() -> int:
     for _, layout, _, path, _, kwargs in loaders:
         key = (layout, path, tuple(sorted(kwargs.items())))
         if key not in engines:
-            engines[key] = TransferEngine(device_pool, hosts[layout], path=path, timing=True, **kwargs)
+            engines[key] = make_engine(device_pool, hosts[layout], path, kwargs)
     sets = 4
     page_sets, slot_sets = tg.id_sets(args, sets)
     floor = tg.FloorLoader(spec.num_layers, layer_bytes)

@@ -44,7 +44,6 @@ import transfer_gpu as tg  # noqa: E402  (the main benchmark's pools, matmuls an
 
 from tiered_kv import HostPool  # noqa: E402
 from tiered_kv.transfer_engine import TransferEngine  # noqa: E402
-from tiered_kv.kernels import owned_streams  # noqa: E402
 from tiered_kv.transfer_policy import (HEAD, MIXED_LOADS, PITCHED_RUNS_LOADS, SCATTERED_LOADS, WAVES,  # noqa: E402
                                        LoadSplit, TransferOptions)
 
@@ -268,19 +267,11 @@ def measure_loader(model: Model, name: str, load, reps: int, fields: dict, facto
 
 
 def make_engine(device_pool, host, path: str, kwargs: dict) -> TransferEngine:
-    """A timing engine; with ``POOL_STREAMS`` its streams are torch's pool streams (its lease
-    finds no lender), as every engine's were before the library owned its streams."""
+    """A timing engine; with ``POOL_STREAMS`` its streams are torch's pool streams
+    (``transfer_gpu.pool_stream_engine``)."""
     kwargs = dict(kwargs)
-    if kwargs.pop("streams", None) is None:
-        return TransferEngine(device_pool, host, path=path, timing=True, **kwargs)
-    lender = owned_streams.default_lender
-    owned_streams.default_lender = lambda: None
-    try:
-        engine = TransferEngine(device_pool, host, path=path, timing=True, **kwargs)
-    finally:
-        owned_streams.default_lender = lender
-    assert not engine._streams.owned
-    return engine
+    make = TransferEngine if kwargs.pop("streams", None) is None else tg.pool_stream_engine
+    return make(device_pool, host, path=path, timing=True, **kwargs)
 
 
 def main() -> int:

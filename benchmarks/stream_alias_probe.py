@@ -20,6 +20,8 @@ This script checks that on the device:
 - ``aliases``: which of ``--streams`` new streams per priority (0 and -1) are which engine streams,
   found through every stream attribute of the engine and its issue threads (a backup and a
   61-layer load are run first, so the lazily made streams exist);
+- ``from_call``: backups and 61-layer loads of scattered slots timed from the call, by an engine
+  with the library's own streams and one with torch's pool streams, in turn (``--ab-reps``);
 - ``timed``: a backup from the call with a 40 ms sleep put first on a new stream that is the
   engine's backup stream, and on one that is no engine stream. With aliasing, the first should
   land about 40 ms later.
@@ -55,15 +57,48 @@ def aliases(engine_handles: dict[str, int], candidates: Iterable[int]) -> dict[i
     return {i: names[handle] for i, handle in enumerate(candidates) if handle in names}
 
 
+def from_call_ab(device_pool, hosts, pages, slots, reps: int) -> dict:
+    """Backups and 61-layer loads of scattered slots timed from the call to their end (ms), by an
+    engine with the library's own streams and one with torch's pool streams, rep by rep in turn
+    (so both see the same host and link), per layout; the engine's ``auto`` path."""
+    rows: dict = {}
+    nbytes = len(pages) * device_pool.spec.page_bytes
+    for layout, host in hosts.items():
+        engines = {"owned": TransferEngine(device_pool, host, path="auto"),
+                   "pool": tg.pool_stream_engine(device_pool, host, path="auto")}
+        ops = {"backup": lambda e: e.backup(pages, slots), "load61": lambda e: e.load(slots, pages)}
+        try:
+            for op, issue in ops.items():
+                times: dict[str, list[float]] = {name: [] for name in engines}
+                for rep in range(reps + 1):  # the first rep of each warms up
+                    for name, engine in engines.items():
+                        torch.cuda.synchronize()
+                        t0 = time.perf_counter()
+                        issue(engine).synchronize()
+                        if rep:
+                            times[name].append((time.perf_counter() - t0) * 1e3)
+                for name, each in times.items():
+                    ms = statistics.median(each)
+                    rows[f"{op} {layout} scattered {name}"] = {"ms": ms, "gbps": nbytes / ms / 1e6, "each": each}
+                    print(f"from the call: {op:6s} {layout:11s} scattered, {name:5s} streams: {ms:6.2f} ms "
+                          f"= {nbytes / ms / 1e6:5.2f} GB/s (median of {reps})", flush=True)
+        finally:
+            for engine in engines.values():
+                engine.close()
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/benchmarks/stream_alias_probe.json")
     parser.add_argument("--streams", type=int, default=64, help="new streams made per priority (0 and -1)")
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--ab-reps", type=int, default=12,
+                        help="reps of the from-the-call A/B of owned against pool streams (0: none)")
     tg.add_shape_arguments(parser)
     args = parser.parse_args()
-    if args.streams < 1 or args.reps < 1:
-        parser.error("--streams and --reps must be at least 1")
+    if args.streams < 1 or args.reps < 1 or args.ab_reps < 0:
+        parser.error("--streams and --reps must be at least 1, --ab-reps at least 0")
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device")
     torch.manual_seed(0)
@@ -106,6 +141,8 @@ def main() -> int:
             report["timed"][label] = {"landed_ms": statistics.median(landed), "each": landed}
             print(f"backup from the call, 40 ms sleep on a new stream {label}: landed after "
                   f"{statistics.median(landed):.1f} ms (median of {args.reps})", flush=True)
+        if args.ab_reps:
+            report["from_call"] = from_call_ab(device_pool, hosts, pages, slot_sets["scattered"][0], args.ab_reps)
     finally:
         engine.close()
         for host in hosts.values():

@@ -33,7 +33,7 @@ import torch
 import triton
 
 from tiered_kv import HostPool, allocate_engine_like, nsa_spec
-from tiered_kv.kernels import copy_pages_reference, copy_pages_uva, plan_uva_copy
+from tiered_kv.kernels import copy_pages_reference, copy_pages_uva, owned_streams, plan_uva_copy
 from tiered_kv.kernels.uva_copy import DEFAULT_CTAS_ON_DEVICE
 from tiered_kv.transfer import backup_pairs, load_pairs
 from tiered_kv.transfer_engine import BackupHandle, LoadSplit, TransferEngine, TransferOptions
@@ -84,6 +84,21 @@ def engine_stream_handles(engine, stream_type: type = torch.cuda.Stream) -> dict
         if streams is not None:
             visit(f"{holder}.streams", streams)
     return found
+
+
+def pool_stream_engine(*args, **kwargs) -> TransferEngine:
+    """A ``TransferEngine(*args, **kwargs)`` whose streams are torch's pool streams, as every
+    engine's were before the library owned its streams (``kernels.owned_streams``, twenty-third
+    session): its lease is made while the process has no lender, and keeps none."""
+    lender = owned_streams.default_lender
+    owned_streams.default_lender = lambda: None
+    try:
+        engine = TransferEngine(*args, **kwargs)
+    finally:
+        owned_streams.default_lender = lender
+    if engine._streams.owned:
+        raise RuntimeError("the engine took owned streams")
+    return engine
 
 
 def side_stream(avoid=(), *, tries: int = 64, make=None):

@@ -65,7 +65,7 @@ def test_the_side_stream_of_a_busy_gpu_timing_is_none_of_the_engines():
     assert tg.side_stream([], make=lambda: Stream(11)).cuda_stream == 11
 
 
-@pytest.mark.parametrize("bad", [["--streams", "0"], ["--reps", "0"], ["--streams", "x"]])
+@pytest.mark.parametrize("bad", [["--streams", "0"], ["--reps", "0"], ["--streams", "x"], ["--ab-reps", "-1"]])
 def test_bad_arguments_exit_2_before_any_device_work(monkeypatch, capsys, bad):
     assert_refused(monkeypatch, capsys, probe.main, "stream_alias_probe.py", bad)
 
@@ -73,3 +73,27 @@ def test_bad_arguments_exit_2_before_any_device_work(monkeypatch, capsys, bad):
 def test_without_cuda_it_says_so_in_one_line(monkeypatch, capsys):
     monkeypatch.setattr(probe.torch.cuda, "is_available", lambda: False)
     assert_refused(monkeypatch, capsys, probe.main, "stream_alias_probe.py", [], "needs a CUDA device")
+
+
+def test_the_from_call_ab_times_both_engines_per_op_and_layout_and_copies_the_bytes(monkeypatch):
+    """On CPU pools (the engine's CPU path; no device to synchronise): every (op, layout, streams)
+    row has its reps, and the last backup and load moved the right bytes."""
+    import torch
+
+    from tiered_kv import nsa_spec
+
+    from .kernels.pools import make_device_pool, make_host_pool, random_ids
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    spec = nsa_spec(num_layers=3, page_size=4)
+    device = make_device_pool(spec, 24, "cpu")
+    hosts = {layout: make_host_pool(spec, 20, layout) for layout in ("page_first", "layer_first")}
+    pages, slots = random_ids(6, 0, 23) + 1, random_ids(6, 1, 20)  # page 0 is the engine's reserved page
+    rows = probe.from_call_ab(device.pool, hosts, pages, slots, reps=3)
+    assert sorted(rows) == sorted(f"{op} {layout} scattered {name}" for op in ("backup", "load61")
+                                  for layout in hosts for name in ("owned", "pool"))
+    assert all(len(row["each"]) == 3 and row["ms"] > 0 and row["gbps"] > 0 for row in rows.values())
+    for host in hosts.values():  # the load brought back what the backup wrote: slots == pages
+        for ci in range(len(spec.components)):
+            for layer in range(spec.num_layers):
+                assert torch.equal(host.chunk_view(ci, layer)[slots], device.pool.chunk_view(ci, layer)[pages])

@@ -60,7 +60,8 @@ def aliases(engine_handles: dict[str, int], candidates: Iterable[int]) -> dict[i
 def from_call_ab(device_pool, hosts, pages, slots, reps: int) -> dict:
     """Backups and 61-layer loads of scattered slots timed from the call to their end (ms), by an
     engine with the library's own streams and one with torch's pool streams, rep by rep in turn
-    (so both see the same host and link), per layout; the engine's ``auto`` path."""
+    (so both see the same host and link; each goes first every other rep), per layout; the
+    engine's ``auto`` path."""
     rows: dict = {}
     nbytes = len(pages) * device_pool.spec.page_bytes
     for layout, host in hosts.items():
@@ -71,7 +72,8 @@ def from_call_ab(device_pool, hosts, pages, slots, reps: int) -> dict:
             for op, issue in ops.items():
                 times: dict[str, list[float]] = {name: [] for name in engines}
                 for rep in range(reps + 1):  # the first rep of each warms up
-                    for name, engine in engines.items():
+                    order = list(engines.items())
+                    for name, engine in order if rep % 2 else order[::-1]:  # each goes first in turn
                         torch.cuda.synchronize()
                         t0 = time.perf_counter()
                         issue(engine).synchronize()

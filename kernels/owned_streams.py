@@ -59,9 +59,8 @@ class CudaStreamMaker:
             return cudart.stream_priority_range()
 
     def priority(self, device_index: int, priority: int) -> int:
-        # Like torch's pool: below the range (``LOAD_STREAM_PRIORITY``) is the device's greatest.
         least, greatest = self._range(device_index)
-        return min(max(int(priority), greatest), least)
+        return torch_pool_priority(priority, least, greatest)
 
     def make(self, device_index: int, priority: int) -> int:
         with torch.cuda.device(device_index):
@@ -69,6 +68,20 @@ class CudaStreamMaker:
 
     def wrap(self, handle: int, device_index: int) -> torch.cuda.Stream:
         return torch.cuda.ExternalStream(handle, device=torch.device("cuda", device_index))
+
+
+#: Priorities torch's stream pool has at most (``c10::cuda::max_compile_time_stream_priorities``).
+TORCH_POOL_PRIORITIES = 4
+
+
+def torch_pool_priority(priority: int, least: int, greatest: int) -> int:
+    """The CUDA priority ``torch.cuda.Stream(priority=priority)`` gets on a device whose range is
+    [greatest, least]: torch makes pools at 0, -1, ... down to as many levels as the device has,
+    at most ``TORCH_POOL_PRIORITIES``, and clamps a request into them (so ``LOAD_STREAM_PRIORITY``,
+    -100, is -3 on an H200, whose range goes to -5). Owned streams keep exactly those priorities,
+    so only their sharing changes, never their order against the model's streams."""
+    levels = min(least - greatest + 1, TORCH_POOL_PRIORITIES)
+    return least - min(max(least - int(priority), 0), levels - 1)
 
 
 class StreamLender:

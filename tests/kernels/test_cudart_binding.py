@@ -178,8 +178,8 @@ def test_staged_pitched_ops_through_the_runtime_match_the_cpu_copies(fake_runtim
 
 def test_streams_are_made_non_blocking_at_the_clamped_priority(fake_runtime, monkeypatch):
     """``cudaStreamCreateWithPriority`` gets (out pointer, cudaStreamNonBlocking, priority) and the
-    lender's maker clamps a priority below the device's range (``LOAD_STREAM_PRIORITY``) to its
-    greatest, as torch's pool does; the fake refuses anything outside [-5, 0]."""
+    lender's maker gives a priority what torch's pool would (``LOAD_STREAM_PRIORITY`` -> -3 of the
+    range [-5, 0]); the fake refuses anything outside that range."""
     from tiered_kv.kernels.owned_streams import CudaStreamMaker
 
     _, lib = fake_runtime
@@ -198,8 +198,8 @@ def test_streams_are_made_non_blocking_at_the_clamped_priority(fake_runtime, mon
         from tests.fake_cuda import Nothing
 
         monkeypatch.setattr(torch.cuda, "device", Nothing)  # no device to make current on CPU
-        assert [maker.priority(0, p) for p in (-100, -5, -1, 0, 3)] == [-5, -5, -1, 0, 0]
+        assert [maker.priority(0, p) for p in (-100, -5, -1, 0, 3)] == [-3, -3, -1, 0, 0]
         assert maker.make(0, maker.priority(0, -100)) == 0x5002
-        assert ctypes.c_int.in_dll(lib, "last_stream_priority").value == -5
+        assert ctypes.c_int.in_dll(lib, "last_stream_priority").value == -3
     finally:
         maker._range.cache_clear()

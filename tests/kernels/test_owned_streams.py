@@ -18,7 +18,7 @@ from tiered_kv.kernels.owned_streams import StreamLease, StreamLender
 
 
 class FakeMaker:
-    """Handles 0x1000, 0x1001, ...; priorities clamped to [-5, 0] (the H200's range)."""
+    """Handles 0x1000, 0x1001, ...; priorities as torch's pool gives them on the H200's range [-5, 0]."""
 
     LEAST, GREATEST = 0, -5
 
@@ -26,7 +26,7 @@ class FakeMaker:
         self.made: list[tuple[int, int]] = []  # (device, priority) of each stream made
 
     def priority(self, device_index: int, priority: int) -> int:
-        return min(max(priority, self.GREATEST), self.LEAST)
+        return owned_streams.torch_pool_priority(priority, self.LEAST, self.GREATEST)
 
     def make(self, device_index: int, priority: int) -> int:
         self.made.append((device_index, priority))
@@ -67,13 +67,22 @@ def test_freed_streams_are_lent_again_by_priority_and_none_is_made_twice():
     high = first.take(-100).cuda_stream
     first.release()
     second = StreamLease(0, lender)
-    again_high = second.take(-5).cuda_stream  # -100 and -5 are one priority on this device
+    again_high = second.take(-3).cuda_stream  # -100 and -3 are one priority in torch's pool
     again_low = {second.take(0).cuda_stream for _ in range(2)}
     assert again_high == high and again_low == low
-    assert lender.made == 3 and maker.made == [(0, 0), (0, 0), (0, -5)]
+    assert lender.made == 3 and maker.made == [(0, 0), (0, 0), (0, -3)]
     third = StreamLease(0, lender)
     assert third.take(0).cuda_stream not in low | {high}  # all lent out: a new one
     assert lender.made == 4
+
+
+@pytest.mark.parametrize("least, greatest, expected", [
+    (0, -5, {-100: -3, -5: -3, -3: -3, -2: -2, -1: -1, 0: 0, 7: 0}),  # H200: torch's 4 levels of 6
+    (0, -1, {-100: -1, -1: -1, 0: 0, 3: 0}),  # a device of two levels
+    (0, 0, {-100: 0, 0: 0}),  # no priorities at all
+])
+def test_owned_streams_keep_the_priorities_torchs_pool_gives(least, greatest, expected):
+    assert {p: owned_streams.torch_pool_priority(p, least, greatest) for p in expected} == expected
 
 
 def test_streams_of_other_devices_are_not_mixed():

@@ -67,6 +67,7 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import math
 import weakref
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager, nullcontext
@@ -297,6 +298,7 @@ class StagedCopier:
         # The ring's own streams (its upload stream) come from its owner's lease, else its own.
         self._streams = streams
         self._storage = torch.empty(self.buffer_bytes * num_buffers, dtype=torch.uint8, device=self.device)
+        self._anchors: dict[int, torch.Tensor] = {}  # ``_anchor``: word size -> view of the storage
         self._num_buffers = num_buffers
         self._next = 0
         self._ready = [torch.cuda.Event() for _ in range(num_buffers)] if self._on_gpu else []
@@ -528,13 +530,14 @@ class StagedCopier:
         k0 = unit.pairs[0]
         k1 = k0 + len(unit.pairs)  # a unit's pairs are consecutive
         stage = np.asarray(unit.stage_views, dtype=np.int64).reshape(-1, 3)
-        stage_offsets = stage[:, 0] + slot * self.buffer_bytes
-        device_offsets, device_pitches = geometry.device_offsets[k0:k1], geometry.device_pitches[k0:k1]
-        if to_device:
-            columns = (stage_offsets, device_offsets, stage[:, 1], device_pitches, stage[:, 2])
-        else:
-            columns = (device_offsets, stage_offsets, device_pitches, stage[:, 1], stage[:, 2])
-        return np.stack(columns, axis=1)
+        table = np.empty((len(stage), 5), dtype=np.int64)  # filled by column: no temporaries to stack
+        src, dst = (0, 1) if to_device else (1, 0)
+        np.add(stage[:, 0], slot * self.buffer_bytes, out=table[:, src])
+        table[:, src + 2] = stage[:, 1]
+        table[:, dst] = geometry.device_offsets[k0:k1]
+        table[:, dst + 2] = geometry.device_pitches[k0:k1]
+        table[:, 4] = stage[:, 2]
+        return table
 
     def _geometry_of(self, pairs: Sequence[ChunkPair], to_device: bool) -> _Geometry:
         """``pairs``' geometry, kept across calls by the identity of their views (an engine builds
@@ -687,14 +690,23 @@ class StagedCopier:
     def _kept_table(self, table: np.ndarray) -> _KeptTable:
         """``table``'s kernel plan (words of 4 bytes where every offset, pitch and the storage
         allow, 16-B vectors where they are 16-B aligned), not yet uploaded."""
-        common = int(np.gcd.reduce(np.append(table.reshape(-1), self._storage.data_ptr())))
+        common = math.gcd(int(np.gcd.reduce(table.reshape(-1))), self._storage.data_ptr())
         word = 4 if common % 4 == 0 else 1
         align = 16 // word if common % 16 == 0 else 1
-        anchor = torch.as_strided(self._storage, (word,), (1,))
-        if word == 4:
-            anchor = anchor.view(torch.int32)
-        plan = UvaPlan(anchor, torch.from_numpy(table // word), word, align, int(table[:, 4].max()) // word, self.num_ctas)
+        plan = UvaPlan(self._anchor(word), torch.from_numpy(table // word), word, align, int(table[:, 4].max()) // word,
+                       self.num_ctas)
         return _KeptTable(plan)
+
+    def _anchor(self, word: int) -> torch.Tensor:
+        """The staging storage's first ``word`` bytes as one word (the base of every table's
+        offsets), made once per word size: a view costs microseconds of torch per unit."""
+        anchor = self._anchors.get(word)
+        if anchor is None:
+            anchor = torch.as_strided(self._storage, (word,), (1,))
+            if word == 4:
+                anchor = anchor.view(torch.int32)
+            self._anchors[word] = anchor
+        return anchor
 
     def _keep(self, missing: list[_KeptTable], uploaded: list[torch.Tensor], kernel_stream, own_stream: bool) -> None:
         """The device copies of newly built tables, kept with them. On a GPU with an event recorded

@@ -8,6 +8,7 @@ random bytes each run; checks are byte for byte, untouched bytes included.
 from __future__ import annotations
 
 import functools
+import itertools
 
 import numpy as np
 import pytest
@@ -589,3 +590,32 @@ def test_batch_copy_list_splits_into_ordered_parts_of_similar_bytes(parts):
     assert [a for part in split for a in part.dsts.tolist()] == copies.dsts.tolist()
     largest = int(copies.sizes.max())
     assert all(abs(part.nbytes - copies.nbytes / parts) <= largest for part in split)
+
+
+@pytest.mark.parametrize("to_device", [True, False])
+def test_unit_tables_hold_source_then_destination_columns_and_share_one_anchor(to_device):
+    """A unit's table is (src offset, dst offset, src pitch, dst pitch, chunk bytes) per pair, the
+    staging side in the ring slot's buffer; every plan's anchor is the one view of the storage for
+    its word size (made once, not per unit)."""
+    spec = SPECS["nsa"]
+    device = make_device_pool(spec, NUM_PAGES)
+    host = make_host_pool(spec, NUM_SLOTS, "layer_first")
+    pairs = [p for layer in range(spec.num_layers) for p in load_pairs(device.pool, host, layer)] if to_device \
+        else backup_pairs(device.pool, host)
+    copier = StagedCopier("cpu", buffer_bytes=4 * 2624, num_buffers=3)
+    slots = np.sort(random_ids(9, 2, NUM_SLOTS).numpy())
+    breaks = np.flatnonzero(np.diff(slots) != 1) + 1
+    geometry = copier._geometry_of(pairs, to_device)
+    host_views = [p[0] if to_device else p[1] for p in pairs]
+    units = copier._units(host_views, slots, np.concatenate(([0], breaks)), np.concatenate((breaks, [slots.size])))
+    storage = copier._storage.data_ptr()
+    anchors = set()
+    for slot, unit in zip(itertools.cycle(range(3)), units):
+        table = copier._table(unit, slot, geometry, to_device)
+        for row, k, (offset, pitch, chunk) in zip(table.tolist(), unit.pairs, unit.stage_views):
+            view = pairs[k][1] if to_device else pairs[k][0]
+            stage, dev = (slot * copier.buffer_bytes + offset, pitch), (view.data_ptr() - storage, view.stride(0))
+            src, dst = (stage, dev) if to_device else (dev, stage)
+            assert row == [src[0], dst[0], src[1], dst[1], chunk]
+        anchors.add(id(copier._kept_table(table).plan.anchor))
+    assert len(anchors) == len(copier._anchors) <= 2

@@ -178,9 +178,10 @@ class StreamLease:
         return stream
 
     def give_back(self, streams: Iterable[torch.cuda.Stream]) -> None:
-        """Return ``streams`` (taken from this lease, no longer used) before the lease ends."""
-        if self._lender is None:
-            return
+        """Return ``streams`` (taken from this lease, no longer used) before the lease ends; after
+        ``release`` there is nothing left to return."""
+        if self._lender is None or not self._release.alive:
+            return  # nothing lent, or everything went back already
         handles = [int(stream.cuda_stream) for stream in streams]
         unknown = [h for h in handles if h not in self._handles]
         if unknown:

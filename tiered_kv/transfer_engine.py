@@ -50,6 +50,7 @@ from __future__ import annotations
 import functools
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -278,6 +279,7 @@ class _IssueThreads:
         self._lease = streams if streams is not None else StreamLease(device)
         self.streams = [self._lease.take(priority) for _ in range(count)]
         self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(count)]
+        self._stopped = False
         self._threads = [threading.Thread(target=self._work, args=(k,), name=f"tiered-kv-issue-{k}", daemon=True)
                          for k in range(count)]
         for thread in self._threads:
@@ -291,29 +293,39 @@ class _IssueThreads:
         self._queues[k].put((job, issued))
 
     def _work(self, k: int) -> None:
-        with torch.cuda.device(self.device):
-            while True:
-                item = self._queues[k].get()
-                if item is None:
-                    return
-                job, issued = item
-                try:
-                    with torch.cuda.stream(self.streams[k]):
-                        job()
-                except BaseException as exc:  # handed to the caller's thread through the handle
-                    issued.job_done(exc)
-                else:
-                    issued.job_done()
-                # A finished job's closure holds its engine: not kept while this thread waits.
-                item = job = issued = None
+        try:
+            with torch.cuda.device(self.device):
+                while True:
+                    item = self._queues[k].get()
+                    if item is None:
+                        return
+                    job, issued = item
+                    try:
+                        with torch.cuda.stream(self.streams[k]):
+                            job()
+                    except BaseException as exc:  # handed to the caller's thread through the handle
+                        issued.job_done(exc)
+                    else:
+                        issued.job_done()
+                    # A finished job's closure holds its engine: not kept while this thread waits.
+                    item = job = issued = None
+        finally:
+            self._lease.give_back([self.streams[k]])  # this thread issues nothing more on it
+
+    def stop(self) -> None:
+        """Ask every thread to end after the jobs already queued (once; returns at once, so a
+        finalizer may call it from any thread). Each thread gives its stream back as it ends."""
+        if not self._stopped:
+            self._stopped = True
+            for q in self._queues:
+                q.put(None)
 
     def close(self) -> None:
-        for q in self._queues:
-            q.put(None)
+        """``stop``, then wait for the threads (not from one of them: a job cannot wait for itself)."""
+        self.stop()
         for thread in self._threads:
-            thread.join()
-        self._lease.give_back(self.streams)  # no thread issues on them any more
-        self.streams = []
+            if thread is not threading.current_thread():
+                thread.join()
 
 
 # --- the copy paths -------------------------------------------------------------------------------
@@ -886,6 +898,7 @@ class TransferEngine:
         self._tables_lock = threading.Lock()
         self._issuer: _IssueThreads | None = None
         self._backup_issuer: _IssueThreads | None = None
+        self._issuer_stops: dict[str, weakref.finalize] = {}
         # Loads issued by library threads and by the caller share plans and the staging ring.
         self._lock = threading.RLock()
         # Every stream of the engine is its own, never one of torch's pool that other code in the
@@ -1052,10 +1065,8 @@ class TransferEngine:
     def close(self) -> None:
         """Stop the library issue threads (if any were started); the engine stays usable."""
         for name in ("_issuer", "_backup_issuer"):
-            issuer = getattr(self, name)
-            if issuer is not None:
-                issuer.close()
-                setattr(self, name, None)
+            if getattr(self, name) is not None:
+                self._close_issuer(name)
 
     def _load_on_threads(self, job: _Load, name: str, threads: int, ready: torch.cuda.Event,
                          rest_of_head: Callable[[], None] | None = None,
@@ -1135,11 +1146,20 @@ class TransferEngine:
         issuer = getattr(self, name)
         if issuer is None or len(issuer) < count:
             if issuer is not None:
-                issuer.close()
+                self._close_issuer(name)
             # Backups keep the default stream priority; loads get the engine's.
             issuer = _IssueThreads(self.device, count, 0 if backups else self._load_priority, self._streams)
             setattr(self, name, issuer)
+            # An engine dropped without ``close`` still ends its threads (and so gives their streams back).
+            self._issuer_stops[name] = weakref.finalize(self, issuer.stop)
         return issuer
+
+    def _close_issuer(self, name: str) -> None:
+        getattr(self, name).close()
+        setattr(self, name, None)
+        stop = self._issuer_stops.pop(name, None)
+        if stop is not None:
+            stop.detach()
 
     def _load_split(self, num_layers: int, options: TransferOptions | None = None,
                     copy: PageCopy | None = None) -> LoadSplit:

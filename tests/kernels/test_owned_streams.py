@@ -117,6 +117,7 @@ def test_give_back_returns_only_what_this_lease_holds():
         lease.give_back([mine])  # twice
     lease.release()
     assert lender.free_count() == 1 and lender.lent_count() == 1  # the other lease's stream stays lent
+    lease.give_back([mine])  # after release: everything went back already, nothing to return
 
 
 def test_the_lender_refuses_a_stream_given_back_twice():
@@ -182,6 +183,50 @@ def test_issue_threads_give_their_streams_back_when_closed(monkeypatch):
     bigger = _IssueThreads(torch.device("cuda", 0), 4, -1, lease)
     assert lender.made == 4  # three lent again, one new
     bigger.close()
+
+
+def test_an_engine_dropped_without_close_ends_its_threads_and_its_streams_go_back(monkeypatch):
+    from tests.fake_cuda import patch_cuda
+    from tests.kernels.pools import make_device_pool, make_host_pool
+    from tiered_kv import nsa_spec
+    from tiered_kv.transfer_engine import TransferEngine
+
+    patch_cuda(monkeypatch)
+    lender, _ = _lender()
+    spec = nsa_spec(num_layers=2, page_size=4)
+    engine = TransferEngine(make_device_pool(spec, 8, "cpu").pool, make_host_pool(spec, 8, "page_first"))
+    engine._streams = StreamLease(0, lender)  # stand-in streams for the engine's lease
+    threads = engine._issue_threads(3)._threads + engine._issue_threads(2, backups=True)._threads
+    engine._issue_threads(4)  # grown: the three threads before are closed now
+    threads += engine._issuer._threads
+    assert [t.is_alive() for t in threads] == [False] * 3 + [True] * 6
+    assert lender.lent_count() == 6 and lender.free_count() == 0 and lender.made == 6  # three lent again
+    del engine
+    gc.collect()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert not any(t.is_alive() for t in threads)
+    assert lender.lent_count() == 0 and lender.free_count() == lender.made == 6
+
+
+def test_a_closed_engine_stays_usable_and_its_next_threads_take_streams_again(monkeypatch):
+    from tests.fake_cuda import patch_cuda
+    from tests.kernels.pools import make_device_pool, make_host_pool
+    from tiered_kv import nsa_spec
+    from tiered_kv.transfer_engine import TransferEngine
+
+    patch_cuda(monkeypatch)
+    lender, _ = _lender()
+    spec = nsa_spec(num_layers=2, page_size=4)
+    engine = TransferEngine(make_device_pool(spec, 8, "cpu").pool, make_host_pool(spec, 8, "page_first"))
+    engine._streams = StreamLease(0, lender)
+    engine._issue_threads(2)
+    engine.close()
+    assert engine._issuer is None and engine._issuer_stops == {} and lender.lent_count() == 0
+    again = engine._issue_threads(2)
+    assert lender.lent_count() == 2 and lender.made == 2  # the same two streams, lent again
+    engine.close()
+    assert not any(t.is_alive() for t in again._threads)
 
 
 def test_a_finished_job_does_not_keep_its_closure(monkeypatch):

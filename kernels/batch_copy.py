@@ -119,14 +119,10 @@ def issue_batch(stream: torch.cuda.Stream, call) -> None:
     if stream.cuda_stream != 0:
         call(stream.cuda_stream)
         return
-    side = _side_stream(stream.device)
+    side = kept_stream(stream.device)
     side.wait_stream(stream)
     call(side.cuda_stream)
     stream.wait_stream(side)
-
-
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    return kept_stream(device)
 
 
 def available() -> bool:

@@ -198,11 +198,14 @@ class StreamLease:
 
 
 @functools.cache
+def _process_lease(device: torch.device) -> StreamLease:
+    """The lease of the streams kept for the life of the process (never released)."""
+    return StreamLease(device)
+
+
+@functools.cache
 def kept_stream(device: torch.device, priority: int = 0) -> torch.cuda.Stream:
     """A stream of the library's for the life of the process (one per device and priority)."""
-    return _KEPT_LEASES.setdefault(device, StreamLease(device)).take(priority)
-
-
-_KEPT_LEASES: dict[torch.device, StreamLease] = {}
+    return _process_lease(device).take(priority)
 
 __all__ = ["CudaStreamMaker", "StreamLease", "StreamLender", "StreamMaker", "default_lender", "kept_stream"]

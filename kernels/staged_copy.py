@@ -676,20 +676,21 @@ class StagedCopier:
         """``unit``'s table in ``slot``: the one kept with ``geometry``, else a new one, kept there
         if its layout does not follow the call's size."""
         if unit.stage_rows is None:
-            return self._kept_table(self._table(unit, slot, geometry, to_device))
+            return self._plan_table(self._table(unit, slot, geometry, to_device))
         key = (slot, unit.pairs[0], len(unit.pairs), unit.stage_rows)
         kept = geometry.tables.get(key)
         if kept is not None:
             geometry.tables.move_to_end(key)
             return kept
-        kept = geometry.tables[key] = self._kept_table(self._table(unit, slot, geometry, to_device))
+        kept = geometry.tables[key] = self._plan_table(self._table(unit, slot, geometry, to_device))
         while len(geometry.tables) > TABLES_KEPT:
             geometry.tables.popitem(last=False)
         return kept
 
-    def _kept_table(self, table: np.ndarray) -> _KeptTable:
+    def _plan_table(self, table: np.ndarray) -> _KeptTable:
         """``table``'s kernel plan (words of 4 bytes where every offset, pitch and the storage
-        allow, 16-B vectors where they are 16-B aligned), not yet uploaded."""
+        allow, 16-B vectors where they are 16-B aligned), not yet uploaded; kept with its
+        geometry or used for one call, as ``_table_for`` decides."""
         common = math.gcd(int(np.gcd.reduce(table.reshape(-1))), self._storage.data_ptr())
         word = 4 if common % 4 == 0 else 1
         align = 16 // word if common % 16 == 0 else 1

@@ -617,5 +617,5 @@ def test_unit_tables_hold_source_then_destination_columns_and_share_one_anchor(t
             stage, dev = (slot * copier.buffer_bytes + offset, pitch), (view.data_ptr() - storage, view.stride(0))
             src, dst = (stage, dev) if to_device else (dev, stage)
             assert row == [src[0], dst[0], src[1], dst[1], chunk]
-        anchors.add(id(copier._kept_table(table).plan.anchor))
+        anchors.add(id(copier._plan_table(table).plan.anchor))
     assert len(anchors) == len(copier._anchors) <= 2

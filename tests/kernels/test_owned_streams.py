@@ -285,3 +285,27 @@ def test_an_engines_streams_are_none_of_torchs_and_go_back_with_it():
         TransferEngine(device.pool, host)
         gc.collect()
     assert lender.made == made  # every later engine took the freed streams
+
+
+def test_a_batch_on_the_legacy_default_stream_runs_on_the_kept_side_stream_in_order(monkeypatch):
+    """The runtime refuses batches on the legacy default stream (handle 0): ``issue_batch`` runs
+    them on the library's kept side stream, after the default stream's work and before its next."""
+    from tiered_kv.kernels import batch_copy
+
+    events: list = []
+
+    class Recording:
+        def __init__(self, handle: int) -> None:
+            self.cuda_stream, self.device = handle, torch.device("cpu")
+
+        def wait_stream(self, other) -> None:
+            events.append(("wait", self.cuda_stream, other.cuda_stream))
+
+    side = Recording(0x77)
+    asked: list = []
+    monkeypatch.setattr(batch_copy, "kept_stream", lambda device: asked.append(device) or side)
+    batch_copy.issue_batch(Recording(0), lambda handle: events.append(("batch", handle)))
+    assert events == [("wait", 0x77, 0), ("batch", 0x77), ("wait", 0, 0x77)] and len(asked) == 1
+    events.clear()
+    batch_copy.issue_batch(Recording(0x12), lambda handle: events.append(("batch", handle)))
+    assert events == [("batch", 0x12)] and len(asked) == 1  # any other stream: the batch runs there

@@ -37,6 +37,7 @@ import transfer_gpu as tg  # noqa: E402  (the main benchmark's measuring helpers
 
 from tiered_kv.transfer_engine import LoadSplit, TransferEngine, TransferOptions  # noqa: E402
 from tiered_kv.transfer_policy import HEAD as tp_HEAD  # noqa: E402
+from tiered_kv.transfer_policy import SCATTERED_LOADS_WITHOUT_BATCH  # noqa: E402
 
 B8 = LoadSplit(1.0, layers_per_copy=8)
 B8R = LoadSplit(1.0, layers_per_copy=8, ramp=True)
@@ -733,6 +734,24 @@ THIRTYTHIRD = THIRTYSECOND + [
     for name in ("kernel on 1 issue thread", "kernel 0.6 + batch 0.4 on 1 thread", "batch 4 issue threads")]
 
 
+#: Thirty-fourth probe (twenty-fourth session, ``--skip load61,backup,beside``): load + backup at once
+#: with scattered slots. In every run of record since the tenth session scattered ``layer_first``
+#: pairs moved 1.01-1.02x one direction with ``auto`` (a kernel 0.7 + batch 0.3 load beside a kernel
+#: 0.85 + batch 0.15 backup) and 1.11-1.13x with the UVA kernel alone both ways. Which half's
+#: copy-engine share costs it: each half without its share, both without, and the kernel paths.
+#: ``auto + auto`` pairs share one engine (the load sees the backup in flight); the others each
+#: take their own. ``--both-order load`` issues the load first.
+KERNEL_ONLY_LOAD = TransferOptions(load_split=SCATTERED_LOADS_WITHOUT_BATCH)
+KERNEL_ONLY_BACKUP = TransferOptions(backup_ce_fraction=0.0)
+THIRTYFOURTH_BOTH = [("auto + auto", "auto", None, "auto", None),
+                     ("kernel + kernel", "kernel", None, "kernel", None),
+                     ("auto load kernel only + auto", "mixed", KERNEL_ONLY_LOAD, "auto", None),
+                     ("auto + auto backup kernel only", "auto", None, "auto", KERNEL_ONLY_BACKUP),
+                     ("auto load kernel only + auto backup kernel only", "mixed", KERNEL_ONLY_LOAD, "auto",
+                      KERNEL_ONLY_BACKUP),
+                     ("kernel + auto", "kernel", None, "auto", None),
+                     ("auto + kernel", "auto", None, "kernel", None)]
+
 CANDIDATE_SETS = {"sixth": SIXTH, "seventh": SEVENTH, "eighth": EIGHTH, "eleventh": ELEVENTH, "twelfth": TWELFTH,
                   "thirteenth": THIRTEENTH, "fourteenth": FOURTEENTH,
                   "fifteenth": FIFTEENTH, "sixteenth": SIXTEENTH, "eighteenth": EIGHTEENTH,
@@ -750,7 +769,8 @@ SETS = {"fifth": ([], [], [], FIFTH_BESIDE), "first": (FIRST_LOADS, FIRST_BACKUP
         "third": ([], [], THIRD_BOTH, THIRD_BESIDE),
         "ninth": (NINTH_LOADS, NINTH_BACKUPS, NINTH_BOTH, NINTH_BESIDE),
         "tenth": ([], [], TENTH_BOTH, []),
-        "seventeenth": ([], SEVENTEENTH_BACKUPS, SEVENTEENTH_BOTH, [])}
+        "seventeenth": ([], SEVENTEENTH_BACKUPS, SEVENTEENTH_BOTH, []),
+        "thirtyfourth": ([], [], THIRTYFOURTH_BOTH, [])}
 
 
 #: (group, ``transfer_gpu.measure``'s sleep) of the 61-layer loads a candidate set times: after the
@@ -845,6 +865,8 @@ def main() -> int:
     parser.add_argument("--set", choices=sorted(SETS | CANDIDATE_SETS), default="second", help="which probe's candidates")
     parser.add_argument("--beside-reps", type=int, default=3, help="repetitions of each beside-compute measurement")
     parser.add_argument("--both-slots", default="scattered", help="host slots of the load + backup group (scattered, runs)")
+    parser.add_argument("--both-order", choices=("backup", "load"), default="backup",
+                        help="which of the load + backup pair is issued first (named sets)")
     parser.add_argument("--switch-interval", type=float, default=None,
                         help="sys.setswitchinterval for the beside-compute group (seconds; default Python's 0.005)")
     parser.add_argument("--layouts", default="page_first,layer_first",
@@ -945,9 +967,14 @@ def main() -> int:
         for layout in hosts:
             for name, load_path, load_options, backup_path, backup_options in BOTH:
                 le, be = engine(layout, load_path), engine(layout, backup_path)
+                check_load(name, layout, le, load_options, kind)
+                check_backup(name, layout, be, backup_options, kind)
 
                 def issue(i, le=le, be=be, lo=load_options, bo=backup_options):
                     k = i % sets
+                    if args.both_order == "load":
+                        lh = le.load(slot_sets[kind][k], page_sets[k], options=lo)
+                        return [lh, be.backup(*beside[k], options=bo)]
                     bh = be.backup(*beside[k], options=bo)
                     lh = le.load(slot_sets[kind][k], page_sets[k], options=lo)
                     return [bh, lh]

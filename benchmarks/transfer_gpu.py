@@ -229,8 +229,13 @@ def summarize(results: list[dict], ceiling: dict, layer_gbps: float, naive: dict
             r = row(group="paths", path="auto", layout=layout, op="load1", slots=slots)
             print(f"load1   {layout:11s} {slots:9s} {r['gbps']:6.2f} GB/s = {100 * r['frac_of_layer_copy']:5.1f}% of a contiguous "
                   f"copy of the layer ({layer_gbps:.2f} GB/s)")
-            r = row(group="both", layout=layout, load_path="auto", backup_path="auto", slots=slots)
-            print(f"both    {layout:11s} {slots:9s} {r['gbps']:6.2f} GB/s = {r['vs_one_direction']:.2f}x one direction (target 1.6x)")
+            for order in ("backup first", "load first"):
+                try:
+                    r = row(group="both", layout=layout, load_path="auto", backup_path="auto", slots=slots, order=order)
+                except StopIteration:  # a record from before the order was kept
+                    continue
+                print(f"both    {layout:11s} {slots:9s} {r['gbps']:6.2f} GB/s = {r['vs_one_direction']:.2f}x one direction "
+                      f"(target 1.6x), {order}")
             for factor in (0.5, 1.25):
                 # ``auto`` and ``auto`` told that the model computes beside it (``beside_compute``).
                 for path, label in (("auto", ""), ("auto beside compute", " (beside_compute)")):
@@ -630,13 +635,16 @@ def concurrent_section(b, args, engines, hosts, page_sets, slot_sets, sets, tran
               "scattered": backup_sets_beside(args, page_sets, slot_sets["scattered"], scattered=True)}
     backup_bytes = statistics.mean(p.numel() for p, _ in beside["runs"]) * page_bytes
 
-    def concurrent(layout, load_path, backup_path, split=None, slots_kind="runs", options=None):
+    def concurrent(layout, load_path, backup_path, split=None, slots_kind="runs", options=None, order="backup first"):
         le, be = engines[(layout, load_path)], engines[(layout, backup_path)]
         if split is not None:
             options = replace(options or TransferOptions(), load_split=split)
 
         def issue(i):
             k = i % sets
+            if order == "load first":
+                lh = le.load(slot_sets[slots_kind][k], page_sets[k], options=options)
+                return [lh, be.backup(*beside[slots_kind][k])]
             bh = be.backup(*beside[slots_kind][k])
             lh = le.load(slot_sets[slots_kind][k], page_sets[k], options=options)
             return [bh, lh]
@@ -659,12 +667,16 @@ def concurrent_section(b, args, engines, hosts, page_sets, slot_sets, sets, tran
                            "kernel 0.7 + batch 0.3")]
     for layout in hosts:
         for slots_kind, chosen in (("runs", variants), ("scattered", scattered_variants)):
-            for load_path, backup_path, split, name in chosen:
-                t = measure(concurrent(layout, load_path, backup_path, split, slots_kind), b.reps)
+            # Every pair with the backup issued first; ``auto`` also with the load first (a backup
+            # then sees the load in flight: ``transfer_policy.MIXED_BACKUPS_BESIDE_LOAD``).
+            for load_path, backup_path, split, name, order in [(*v, "backup first") for v in chosen] + [
+                    ("auto", "auto", None, "auto", "load first")]:
+                t = measure(concurrent(layout, load_path, backup_path, split, slots_kind, order=order), b.reps)
                 nbytes = int(transfer_bytes + backup_bytes)
-                b.add(f"load {name} + backup {backup_path} {layout} {slots_kind}", nbytes, t, group="both", op="both",
+                label = "" if order == "backup first" else f" ({order})"
+                b.add(f"load {name} + backup {backup_path}{label} {layout} {slots_kind}", nbytes, t, group="both", op="both",
                       layout=layout, slots=slots_kind, load_path=load_path if split is None else name,
-                      backup_path=backup_path, frac_of_ceiling=nbytes / t["ms"] / 1e6 / ceiling["both"],
+                      backup_path=backup_path, order=order, frac_of_ceiling=nbytes / t["ms"] / 1e6 / ceiling["both"],
                       vs_one_direction=nbytes / t["ms"] / 1e6 / max(h2d["gbps"], d2h["gbps"]))
 
 

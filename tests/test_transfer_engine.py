@@ -21,6 +21,7 @@ from tiered_kv.transfer import PageCopy, backup_pairs, load_pairs  # noqa: E402
 from tiered_kv.transfer_engine import (  # noqa: E402
     COPY_PATHS,
     BackupHandle,
+    LoadHandle,
     MIXED_LOADS_BESIDE_BACKUP,
     PATHS,
     SINGLE_LAYER_WITHOUT_BATCH,
@@ -29,10 +30,12 @@ from tiered_kv.transfer_engine import (  # noqa: E402
     TransferEngine,
     TransferOptions,
     choose_path,
+    _Issued,
 )
 from tiered_kv.transfer_policy import (  # noqa: E402
     AUTO_PATHS,
     MIXED_BACKUPS,
+    MIXED_BACKUPS_BESIDE_LOAD,
     SCATTERED_LOADS,
     SCATTERED_LOADS_BESIDE_BACKUP,
     SCATTERED_LOADS_WITHOUT_BATCH,
@@ -172,6 +175,60 @@ def test_backup_splits_follow_the_policy():
     for key in ((False, False), (False, True), (True, False)):
         assert choose_backup_split(dense_host_rows=key[0], scattered=key[1]) is None
     assert BackupSplit(0.2).kernel_ctas is None
+
+
+def test_backup_splits_beside_a_load_in_flight():
+    """While a load of the engine is in flight, scattered layer_first backups go through the UVA
+    kernel alone at its default CTAs (its 32-CTA split lost the link to the load's kernel); every
+    other backup keeps its split."""
+    beside = choose_backup_split(dense_host_rows=True, scattered=True, load_in_flight=True)
+    assert beside == MIXED_BACKUPS_BESIDE_LOAD[(True, True)] != MIXED_BACKUPS[(True, True)]
+    assert beside.ce_fraction == 0.0 and beside.kernel_ctas is None
+    assert choose_backup_split(dense_host_rows=True, scattered=True, load_in_flight=False) == MIXED_BACKUPS[(True, True)]
+    for key in ((False, False), (False, True), (True, False)):
+        assert choose_backup_split(dense_host_rows=key[0], scattered=key[1], load_in_flight=True) is None
+
+
+class _Landed:
+    """A stand-in for a CUDA event that has completed."""
+
+    def query(self) -> bool:
+        return True
+
+
+def test_load_handle_in_flight_asks_the_issue_and_every_layer():
+    """A load is in flight while a library thread still issues it or any layer's event is
+    pending (the head's layers land on a stream of their own); a failed issue is not in flight
+    and asking never raises."""
+    cpu = torch.device("cpu")
+    assert not LoadHandle(cpu, [0, 1], None, None, "torch").in_flight()  # CPU loads are complete
+    landed = {0: _Landed(), 1: _Landed(), 2: _Landed()}
+    assert not LoadHandle(cpu, [0, 1, 2], landed, None, "mixed").in_flight()
+    assert LoadHandle(cpu, [0, 1, 2], {**landed, 2: _Running()}, None, "mixed").in_flight()
+    assert LoadHandle(cpu, [0, 1, 2], {**landed, 0: _Running()}, None, "mixed").in_flight()
+    issued = _Issued()
+    issued.add_jobs(1)
+    assert LoadHandle(cpu, [0, 1, 2], landed, None, "mixed", issued).in_flight()
+    issued.job_done(RuntimeError("issue failed"))
+    assert not LoadHandle(cpu, [0, 1, 2], landed, None, "mixed", issued).in_flight()
+
+
+def test_mixed_backup_beside_a_load_in_flight_takes_the_kernel_alone(monkeypatch):
+    """The engine asks its last load: a scattered layer_first backup beside one sends no page
+    through the copy engines, and both kinds of backup copy every byte."""
+    device, host = _pools("nsa", "layer_first", pages=40, slots=64)
+    engine = TransferEngine(device.pool, host, path="mixed")
+    fractions = []
+    split = engine._split
+    monkeypatch.setattr(engine, "_split", lambda copy, path, fraction: fractions.append(fraction) or split(copy, path, fraction))
+    pages, slots = random_ids(12, 1, 40), torch.arange(0, 48, 4)  # runs of one slot: scattered
+    assert not engine._load_running()
+    check_copy(backup_pairs(device.pool, host), pages, slots, [host.buffer], lambda: engine.backup(pages, slots))
+    engine._last_load = LoadHandle(torch.device("cpu"), [0, 1], {0: _Landed(), 1: _Running()}, None, "mixed")
+    assert engine._load_running()
+    check_copy(backup_pairs(device.pool, host), pages, slots, [host.buffer], lambda: engine.backup(pages, slots))
+    assert fractions == [MIXED_BACKUPS[(True, True)].ce_fraction, 0.0]
+    host.close()
 
 
 def test_load_blocks_ramp_up_to_their_size():
@@ -587,6 +644,37 @@ def test_gpu_backup_then_load_round_trip(path):
     for layer in range(8):
         for ci in range(2):
             assert torch.equal(device.pool.chunk_view(ci, layer)[targets.cuda()], original[layer][ci])
+    host.close()
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_backup_beside_a_load_in_flight(monkeypatch):
+    """A scattered layer_first backup issued while a load of the same engine is in flight takes
+    the kernel alone; both land every byte, and the engine sees the load finished afterwards."""
+    spec = nsa_spec(num_layers=12, page_size=64)
+    device = make_device_pool(spec, 600, "cuda")
+    host = make_host_pool(spec, 1200, "layer_first")
+    engine = TransferEngine(device.pool, host)
+    calls = []  # (copy, fraction): the load's library thread splits its own copy meanwhile
+    split = engine._split
+    monkeypatch.setattr(engine, "_split", lambda copy, path, fraction: calls.append((copy, fraction)) or split(copy, path, fraction))
+    slots, pages = torch.randperm(1200)[:512], torch.randperm(599)[:512] + 1
+    load_slots, backup_slots, load_pages, backup_pages = slots[:256], slots[256:], pages[:256], pages[256:]
+    to_load = [[host.chunk_view(ci, layer)[load_slots].clone() for ci in range(2)] for layer in range(12)]
+    to_back_up = [[device.pool.chunk_view(ci, layer)[backup_pages.cuda()].cpu() for ci in range(2)] for layer in range(12)]
+    torch.cuda._sleep(50_000_000)  # the load waits behind the caller's stream: surely in flight
+    load = engine.load(load_slots, load_pages)
+    assert engine._load_running()
+    backup = engine.backup(backup_pages, backup_slots)
+    assert backup.path == "mixed" and [fraction for copy, fraction in calls if copy is backup.copy] == [0.0]
+    load.synchronize()
+    backup.synchronize()
+    assert not engine._load_running()
+    for layer in range(12):
+        for ci in range(2):
+            assert torch.equal(device.pool.chunk_view(ci, layer)[load_pages.cuda()].cpu(), to_load[layer][ci])
+            assert torch.equal(host.chunk_view(ci, layer)[backup_slots], to_back_up[layer][ci])
     host.close()
 
 

@@ -213,6 +213,18 @@ class LoadHandle:
 
     query = done
 
+    def in_flight(self) -> bool:
+        """Whether the load is still issuing or copying (never raises: what a path choice asks)."""
+        if self._events is None:
+            return False
+        if self._issued is not None:
+            if self._issued.busy():
+                return True
+            if self._issued.error is not None:
+                return False
+        # Later layers land last: the common answer comes from the first event asked.
+        return not all(self._events[layer].query() for layer in reversed(self.layers) if layer in self._events)
+
     def synchronize(self) -> None:
         """Block the calling thread until the load completed (tests, benchmarks; not the hot path)."""
         if self._events is not None:
@@ -786,10 +798,10 @@ class StagedPath(CopyPath):
 
 class MixedPath(StagedPath):
     """Loads: copy engines and the UVA kernel at once, split by ``LoadSplit``. Backups: with a
-    ``BackupSplit`` (``choose_backup_split``; ``TransferOptions.backup_ce_fraction`` overrides
-    its share) that share of the pages goes out as one memcpy batch straight from the device pages while the UVA
-    kernel writes the rest, both at once; without one, staged (its copy engines already run at
-    full rate on host runs)."""
+    ``BackupSplit`` (``choose_backup_split``, which also asks whether a load of this engine is in
+    flight; ``TransferOptions.backup_ce_fraction`` overrides its share) that share of the pages goes
+    out as one memcpy batch straight from the device pages while the UVA kernel writes the rest,
+    both at once; without one, staged (its copy engines already run at full rate on host runs)."""
 
     name = "mixed"
 
@@ -799,7 +811,7 @@ class MixedPath(StagedPath):
     def backup(self, job: _Backup) -> None:
         engine = job.engine
         split = choose_backup_split(dense_host_rows=engine._dense_host_rows, scattered=job.copy.scattered,
-                                    has_batch=engine._has_batch)
+                                    has_batch=engine._has_batch, load_in_flight=engine._load_running())
         if job.options.backup_ce_fraction is not None:
             split = BackupSplit(job.options.backup_ce_fraction, split.kernel_ctas if split is not None else None)
         if split is None:
@@ -882,6 +894,7 @@ class TransferEngine:
         #: Stream priority of loads: torch maps a number below the device's range to its highest.
         self._load_priority = LOAD_STREAM_PRIORITY if high_priority_loads else 0
         self._last_backup: BackupHandle | None = None
+        self._last_load: LoadHandle | None = None
         self._word: int | None = None
         self._copiers: dict[str, object] = {}
         self._backup_pairs = backup_pairs(device_pool, host_pool)
@@ -1043,7 +1056,8 @@ class TransferEngine:
                 ready_on = head_stream if split.body_after_head else caller
             if threads:
                 self._load_on_threads(job, name, threads, torch.cuda.Event(), rest_of_head, head_stream, ready_on)
-                return LoadHandle(self.device, layers, events, copy, name, issued)
+                self._last_load = LoadHandle(self.device, layers, events, copy, name, issued)
+                return self._last_load
             for stream in (self.load_stream, self.load_copy_stream, self.load_uva_stream):
                 stream.wait_stream(ready_on)
             with self._lock:
@@ -1052,7 +1066,8 @@ class TransferEngine:
                 else:
                     for index in range(len(layers)):
                         job.finish_layer(index)
-        return LoadHandle(self.device, layers, events, copy, name)
+        self._last_load = LoadHandle(self.device, layers, events, copy, name)
+        return self._last_load
 
     def _check_host_pinned(self) -> None:
         """A GPU engine's copies read and write the host pool through its pinned mapping (the UVA
@@ -1160,6 +1175,10 @@ class TransferEngine:
         stop = self._issuer_stops.pop(name, None)
         if stop is not None:
             stop.detach()
+
+    def _load_running(self) -> bool:
+        """Whether this engine's last load is still issuing or copying (``choose_backup_split``)."""
+        return self._last_load is not None and self._last_load.in_flight()
 
     def _load_split(self, num_layers: int, options: TransferOptions | None = None,
                     copy: PageCopy | None = None) -> LoadSplit:

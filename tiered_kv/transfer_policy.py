@@ -644,10 +644,28 @@ MIXED_BACKUPS: dict[tuple[bool, bool], BackupSplit | None] = {
 }
 
 
-def choose_backup_split(*, dense_host_rows: bool, scattered: bool, has_batch: bool = True) -> BackupSplit | None:
-    """How a ``mixed`` backup is split (``MIXED_BACKUPS``); None: staged. Without batched copies
-    the kernel takes every page."""
-    split = MIXED_BACKUPS[(dense_host_rows, scattered)]
+#: ``mixed`` backups while a load of the same engine is in flight, by (dense host rows, scattered
+#: slots); the rest keep ``MIXED_BACKUPS``. Scattered ``layer_first`` rows: the UVA kernel alone at
+#: its default CTAs. Beside a load, ``MIXED_BACKUPS``' split (its kernel at 32 CTAs) gets too little
+#: of PCIe from the load's kernel, and load + backup moved 1.01-1.02x one direction in every run of
+#: record since the tenth session. Measured on the H200 (2026-12-04, twenty-fourth session,
+#: ``serving_probe.py --set thirtyfourth --skip load61,backup,beside --both-order load``, the
+#: load issued first): ``auto``'s load + a kernel backup 65.6 GB/s (1.19x) against 55.9 (1.01x) for
+#: ``auto`` + ``auto``; the backup without its copy-engine share but still at 32 CTAs 57.0 (1.03x), so
+#: the CTAs are what counts; backup issued first 64.4 against 55.9. ``page_first`` keeps its staged
+#: backups (``auto`` + ``auto`` 86-91 GB/s, a kernel backup 61).
+MIXED_BACKUPS_BESIDE_LOAD: dict[tuple[bool, bool], BackupSplit] = {(True, True): BackupSplit(0.0)}
+
+
+def choose_backup_split(*, dense_host_rows: bool, scattered: bool, has_batch: bool = True,
+                        load_in_flight: bool = False) -> BackupSplit | None:
+    """How a ``mixed`` backup is split (``MIXED_BACKUPS``, or ``MIXED_BACKUPS_BESIDE_LOAD`` while a
+    load of the same engine is in flight); None: staged. Without batched copies the kernel takes
+    every page."""
+    key = (dense_host_rows, scattered)
+    split = MIXED_BACKUPS_BESIDE_LOAD.get(key) if load_in_flight else None
+    if split is None:
+        split = MIXED_BACKUPS[key]
     if split is not None and not has_batch:
         split = replace(split, ce_fraction=0.0)
     return split
@@ -687,6 +705,6 @@ def backup_issue_threads(path: str, options: TransferOptions) -> int:
 
 
 __all__ = ["BACKUP_ISSUE_THREADS_BY_PATH", "BESIDE_COMPUTE_LOADS", "CALLER_HEAD_BLOCKS", "backup_issue_threads", "AUTO_PATHS", "DIRECT_MIN_MEAN_RUN", "ISSUE_THREADS", "ISSUE_THREADS_BY_PATH", "KERNEL_LOADS", "LOAD_STREAM_PRIORITY", "MAX_COPY_STREAMS", "MAX_ISSUE_THREADS", "MIXED_LOADS",
-           "MIXED_BACKUPS", "MIXED_LOADS_BESIDE_BACKUP", "PATHS", "PITCHED_RUNS_LOADS", "SCATTERED_LOADS", "SCATTERED_LOADS_BESIDE_BACKUP",
+           "MIXED_BACKUPS", "MIXED_BACKUPS_BESIDE_LOAD", "MIXED_LOADS_BESIDE_BACKUP", "PATHS", "PITCHED_RUNS_LOADS", "SCATTERED_LOADS", "SCATTERED_LOADS_BESIDE_BACKUP",
            "SCATTERED_LOADS_WITHOUT_BATCH", "SINGLE_LAYER_WITHOUT_BATCH", "STAGED_MIN_MEAN_RUN",
            "BackupSplit", "LoadSplit", "TransferOptions", "choose_backup_split", "choose_path", "choose_split", "is_scattered", "issue_threads", "mean_host_run"]

@@ -49,13 +49,13 @@ def test_ninth_backup_candidates_copy_every_byte(entry, layout):
 def test_ninth_both_and_beside_entries_name_known_paths():
     from tiered_kv.transfer_policy import PATHS
 
-    for name, load_path, _, backup_path, _ in serving_probe.NINTH_BOTH:
+    for name, load_path, _, backup_path, _ in serving_probe.NINTH_BOTH + serving_probe.THIRTYFOURTH_BOTH:
         assert load_path in PATHS and backup_path in PATHS, name
     assert {e[0] for e in serving_probe.NINTH_BESIDE} <= {e[0] for e in serving_probe.NINTH_LOADS}
 
 
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
-@pytest.mark.parametrize("entry", serving_probe.TENTH_BOTH, ids=lambda e: e[0])
+@pytest.mark.parametrize("entry", serving_probe.TENTH_BOTH + serving_probe.THIRTYFOURTH_BOTH, ids=lambda e: e[0])
 def test_tenth_both_sides_copy_every_byte(entry, layout):
     name, load_path, load_options, backup_path, backup_options = entry
     device, host = make_device_pool(SPEC, 20), make_host_pool(SPEC, 16, layout)

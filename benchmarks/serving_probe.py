@@ -972,12 +972,8 @@ def main() -> int:
 
                 def issue(i, le=le, be=be, lo=load_options, bo=backup_options):
                     k = i % sets
-                    if args.both_order == "load":
-                        lh = le.load(slot_sets[kind][k], page_sets[k], options=lo)
-                        return [lh, be.backup(*beside[k], options=bo)]
-                    bh = be.backup(*beside[k], options=bo)
-                    lh = le.load(slot_sets[kind][k], page_sets[k], options=lo)
-                    return [bh, lh]
+                    return tg.issue_pair(lambda: le.load(slot_sets[kind][k], page_sets[k], options=lo),
+                                         lambda: be.backup(*beside[k], options=bo), f"{args.both_order} first")
                 t = tg.measure(issue, b.reps)
                 add(f"both {name} {layout} {kind}", nbytes, t, group="both", path=name, layout=layout, slots=kind,
                     vs_one_direction=nbytes / t["ms"] / 1e6 / max(h2d["gbps"], d2h["gbps"]))

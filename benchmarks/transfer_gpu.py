@@ -628,6 +628,13 @@ def main() -> int:
     return finish()
 
 
+def issue_pair(load, backup, order: str) -> list:
+    """Issue a load and a backup (calls without arguments) in ``order`` (``"backup first"`` or
+    ``"load first"``); their handles."""
+    first, second = (load, backup) if order == "load first" else (backup, load)
+    return [first(), second()]
+
+
 def concurrent_section(b, args, engines, hosts, page_sets, slot_sets, sets, transfer_bytes, page_bytes, h2d, d2h,
                        ceiling) -> None:
     """Load (61 layers) and backup (all layers) at the same time on the engine's two streams."""
@@ -642,12 +649,8 @@ def concurrent_section(b, args, engines, hosts, page_sets, slot_sets, sets, tran
 
         def issue(i):
             k = i % sets
-            if order == "load first":
-                lh = le.load(slot_sets[slots_kind][k], page_sets[k], options=options)
-                return [lh, be.backup(*beside[slots_kind][k])]
-            bh = be.backup(*beside[slots_kind][k])
-            lh = le.load(slot_sets[slots_kind][k], page_sets[k], options=options)
-            return [bh, lh]
+            return issue_pair(lambda: le.load(slot_sets[slots_kind][k], page_sets[k], options=options),
+                              lambda: be.backup(*beside[slots_kind][k]), order)
         return issue
 
     spec = b.spec

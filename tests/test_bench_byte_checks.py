@@ -43,3 +43,11 @@ def test_the_checks_pass_a_whole_copy_and_fail_a_missing_page():
     # destination keeps the poison.
     assert not tg.load_copies_every_byte(broken, device.pool, host, slots, torch.tensor([4, 8, 11, 15]))
     assert not tg.backup_copies_every_byte(broken, device.pool, host, pages, slots)  # the poisoned slot stays 0
+
+
+def test_issue_pair_issues_in_the_order_it_names():
+    """The both-at-once groups issue the pair as labelled: the backup first unless told otherwise."""
+    for order, expected in (("backup first", ["backup", "load"]), ("load first", ["load", "backup"])):
+        issued = []
+        handles = tg.issue_pair(lambda: issued.append("load") or "L", lambda: issued.append("backup") or "B", order)
+        assert issued == expected and sorted(handles) == ["B", "L"]

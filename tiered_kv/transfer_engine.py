@@ -1177,8 +1177,11 @@ class TransferEngine:
             stop.detach()
 
     def _load_running(self) -> bool:
-        """Whether this engine's last load is still issuing or copying (``choose_backup_split``)."""
-        return self._last_load is not None and self._last_load.in_flight()
+        """Whether this engine's last load is still issuing or copying (``choose_backup_split``).
+        A finished load is dropped, so later backups ask no events until the next load."""
+        if self._last_load is not None and not self._last_load.in_flight():
+            self._last_load = None
+        return self._last_load is not None
 
     def _load_split(self, num_layers: int, options: TransferOptions | None = None,
                     copy: PageCopy | None = None) -> LoadSplit:

@@ -8,7 +8,7 @@ CPU. ``issue_timeline.py`` times the named steps; this script runs the caller's 
 it) for ``--reps`` loads per (layout, slots) and records the functions with the most own and
 cumulative time, plus the call's wall time and layer 0's issue time without the profiler.
 
-    python3 benchmarks/caller_profile.py [--reps 30] [--top 40] [--timing] [--out docs/benchmarks/caller_profile.json]
+    python3 benchmarks/caller_profile.py [--reps 30] [--top 40] [--timing] [--beside-compute] [--out docs/benchmarks/caller_profile.json]
 """
 
 from __future__ import annotations
@@ -52,6 +52,9 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--timing", action="store_true",
                         help="engines with timing events, as benchmarks/transfer_gpu.py makes them")
+    parser.add_argument("--beside-compute", action="store_true",
+                        help="loads with TransferOptions(beside_compute=True), as transfer_gpu.py's "
+                             "'auto beside compute' rows issue them")
     tg.add_shape_arguments(parser)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -66,6 +69,7 @@ def main() -> int:
         return original_layer(self, index)
 
     te._Issued.layer = layer
+    options = te.TransferOptions(beside_compute=True) if args.beside_compute else None
     results = []
     try:
         for layout, host in hosts.items():
@@ -80,7 +84,7 @@ def main() -> int:
                     if profiled:
                         profile.enable()
                     t0 = time.perf_counter()
-                    handle = engine.load(slot_sets[kind][i % 4], page_sets[i % 4])
+                    handle = engine.load(slot_sets[kind][i % 4], page_sets[i % 4], options=options)
                     wall = time.perf_counter() - t0
                     if profiled:
                         profile.disable()

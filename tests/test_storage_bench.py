@@ -18,12 +18,29 @@ def test_bench_storage_json(url, tmp_path, capsys):
     for key in ("put_gbps", "get_gbps", "get_warm_gbps"):
         assert result[key] > 0
     assert result["pages"] == 4 and result["record_bytes"] == 4096 + 3_076_352
+    # Every medium has its raw ceiling in the same run (memory's: a plain memcpy each way).
+    assert result["raw_put_gbps"] > 0 and result["raw_get_gbps"] > 0
+    assert result["put_vs_raw"] == pytest.approx(result["put_gbps"] / result["raw_put_gbps"])
+    assert result["backend"] == url.format(tmp=tmp_path).split("?")[0]
     if url.startswith("file"):
-        assert result["raw_put_gbps"] > 0 and result["raw_get_gbps"] > 0
-        assert result["put_vs_raw"] == pytest.approx(result["put_gbps"] / result["raw_put_gbps"])
         assert list((tmp_path / "kv").rglob("*.page")) == []  # the benchmark cleans up its pages
     else:
-        assert "raw_put_gbps" not in result
+        assert "memcpy" in result["raw_method"]
+
+
+@pytest.mark.parametrize("url", ["memory://", "memory://?capacity_bytes=256MiB#frag", "file:///x/y?workers=2"])
+def test_shown_url_keeps_what_the_user_wrote_less_options(url):
+    from tiered_kv.storage_bench import shown_url
+
+    assert shown_url(url) == url.split("#")[0].split("?")[0]
+    assert shown_url("memory://") == "memory://"  # urllib's round trip would give "memory:"
+
+
+def test_bench_storage_no_raw_leaves_the_ceiling_out(capsys):
+    assert main(["bench", "storage", "--backend", "memory://", "--pages", "2", "--repeat", "1", "--warmup", "0",
+                 "--no-raw", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert "raw_put_gbps" not in result and result["backend"] == "memory://"
 
 
 def test_bench_storage_table(tmp_path, capsys):

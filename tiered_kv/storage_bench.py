@@ -78,6 +78,12 @@ async def measure(url: str, *, pages: int, batch: int, concurrency: int, raw: bo
                               warmup=warmup)
 
 
+def shown_url(url: str) -> str:
+    """``url`` as the user wrote it, less its query and fragment (options there may hold a
+    password). Not re-assembled from its parts: ``memory://`` would come back as ``memory:``."""
+    return url.split("#", 1)[0].split("?", 1)[0]
+
+
 @contextlib.contextmanager
 def _removing_empty_dirs_it_made(url: str):
     """For ``file://``: afterwards remove the directories that appeared during the run and are
@@ -160,7 +166,7 @@ async def _measure(url: str, *, pages: int, batch: int, concurrency: int, raw: b
         if key.endswith("_gbps") or "_vs_raw" in key:
             result[key] = statistics.median(r[key] for r in rounds)
     result.update({
-        "backend": split_url(url)._replace(query="").geturl(),
+        "backend": shown_url(url),
         "pages": pages,
         "batch": batch,
         "concurrency": concurrency,

@@ -291,3 +291,24 @@ def test_a_host_layout_that_is_no_name_is_a_pool_error(layout):
     # a list leaked TypeError: unhashable type: 'list'
     with pytest.raises(PoolError, match="unknown host layout"):
         HostPool(NSA, 4, layout)
+
+
+def test_host_pool_free_slots_follow_a_completion_without_reap():
+    from concurrent.futures import Future
+
+    with HostPool(nsa_spec(1, 4), 4) as pool:
+        slots = pool.allocate(4)
+        done: Future = Future()
+        pool.free(slots[:2], completion=done)
+        assert (pool.free_slots, pool.pending_slots) == (0, 2)
+        done.set_result(None)
+        assert (pool.free_slots, pool.pending_slots, pool.is_pending(slots[0])) == (2, 0, False)
+        assert pool.allocate(2) == slots[:2]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="pinning works where CUDA is present")
+def test_pinned_host_pool_without_cuda_is_a_pool_error():
+    with pytest.raises(PoolError, match="pin=True needs CUDA"):
+        HostPool(nsa_spec(1, 4), 2, pin=True)
+    with HostPool(nsa_spec(1, 4), 2) as pool:  # the default pins only where CUDA is present
+        assert not pool.memory.pinned

@@ -243,3 +243,16 @@ def test_a_completion_that_is_none_is_the_librarys_error_and_frees_nothing(compl
     assert allocator.allocated_slots() == slots
     allocator.free(slots)
     assert allocator.free_count == 4
+
+
+def test_queries_count_a_pending_free_as_free_once_its_completion_is_done():
+    """No reap between the completion and the queries: the counts follow the work, not the
+    allocator's bookkeeping."""
+    alloc = SlotAllocator(4)
+    slots = alloc.allocate(4)
+    done: Future = Future()
+    alloc.free(slots[:2], done)
+    assert (alloc.free_count, alloc.pending_count, alloc.is_pending(slots[0])) == (0, 2, True)
+    done.set_result(None)
+    assert (alloc.free_count, alloc.pending_count, alloc.is_pending(slots[0])) == (2, 0, False)
+    assert not alloc.is_allocated(slots[0]) and alloc.allocated_slots() == slots[2:]

@@ -197,3 +197,22 @@ def test_negative_token_indices_are_refused_naming_the_index():
         pages_from_token_indices([-2, -1], 2)
     with pytest.raises(IndexValidationError, match="index 2 .*value -4"):
         pages_from_token_indices(torch.tensor([4, 5, -4, -3]), 2)
+
+
+def test_pools_in_the_wrong_order_or_missing_are_the_librarys_error():
+    from tiered_kv import record
+    from tiered_kv.errors import PoolError, RecordError
+
+    spec = nsa_spec(2, 4)
+    device = allocate_engine_like(spec, 4)
+    with HostPool(spec, 4) as host:
+        before = host.buffer.clone()
+        with pytest.raises(PoolError, match="device_pool must be a DevicePool, got HostPool.*swapped"):
+            torch_backup(host, device, [1], [0])
+        with pytest.raises(PoolError, match="host_pool must be a HostPool, got NoneType"):
+            torch_load(None, device, [0], [1])
+        with pytest.raises(PoolError, match="device_pool must be a DevicePool"):
+            torch_load_layer(device, host, [0], [1], 0)
+        assert torch.equal(host.buffer, before)  # nothing moved
+    with pytest.raises(RecordError, match="header block needs 4096 bytes, got 10"):
+        record.write_header(memoryview(bytearray(10)), fingerprint=spec.fingerprint, key="k", payload=b"x")

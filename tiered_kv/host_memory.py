@@ -40,6 +40,11 @@ class HostMemory:
         flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
         if pin is None:
             pin = torch.cuda.is_available()
+        elif pin and not torch.cuda.is_available():
+            # Pinning registers the pages with the CUDA driver; without one there is nothing to
+            # pin for, and torch's own AssertionError must not leave the library.
+            raise PoolError("pin=True needs CUDA, which this process does not have "
+                            "(pass pin=None to pin only when CUDA is present, or pin=False)")
         if numa_node is None and pin:
             numa_node = gpu_numa_node(torch.cuda.current_device())
         # First touch places pages: populate while running on the chosen node's CPUs.

@@ -79,7 +79,7 @@ def write_header(header: memoryview, *, fingerprint: str, key: str, payload) -> 
     Written after the payload bytes have landed: this is what *sealing* a slot means.
     """
     if len(header) < HEADER_BYTES:
-        raise ValueError(f"header block needs {HEADER_BYTES} bytes, got {len(header)}")
+        raise RecordError(f"header block needs {HEADER_BYTES} bytes, got {len(header)}")
     raw_key = _key_bytes(key)
     raw_fingerprint = _fingerprint_bytes(fingerprint)
     payload_len = _bytes_of(payload).nbytes

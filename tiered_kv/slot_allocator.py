@@ -78,24 +78,31 @@ class SlotAllocator:
     # --- queries -----------------------------------------------------------------------------
     @property
     def free_count(self) -> int:
-        """Slots free right now (pending frees whose completion is done are counted after reap)."""
+        """Slots free right now, pending frees whose completion is done included: every query
+        reaps first, so a count never lags behind the work it waited for."""
+        self.reap()
         return self._free_count
 
     @property
     def pending_count(self) -> int:
+        self.reap()
         return len(self._pending_slots)
 
     def is_allocated(self, slot: int) -> bool:
         """True while ``slot`` is handed out and not waiting to be freed."""
         slot = slot_id(slot, self.num_slots)
+        self.reap()
         return bool(self._allocated[slot]) and slot not in self._pending_slots
 
     def is_pending(self, slot: int) -> bool:
         """True while ``slot`` was freed but waits for the completion of work that may still touch it."""
-        return slot_id(slot, self.num_slots) in self._pending_slots
+        slot = slot_id(slot, self.num_slots)
+        self.reap()
+        return slot in self._pending_slots
 
     def allocated_slots(self) -> list[int]:
         """Slots handed out and not waiting to be freed (for tests, stats and shutdown)."""
+        self.reap()
         pending = self._pending_slots
         return [s for s, used in enumerate(self._allocated) if used and s not in pending]
 

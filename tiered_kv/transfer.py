@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .device_pool import DevicePool
-from .errors import IndexValidationError, SpecMismatchError
+from .errors import IndexValidationError, PoolError, SpecMismatchError
 from .host_pool import HostPool
 from .integers import as_int
 from .kernels import copy_pages_reference
@@ -182,6 +182,12 @@ def validate(device_pool: DevicePool, host_pool: HostPool, device_pages: IdsLike
     ``token_indices=True`` means ``device_pages`` holds engine token indices (see
     ``pages_from_token_indices``). Destinations must be unique; device pages must not be reserved.
     """
+    # Checked by type first: pools passed in the wrong order (or not at all) would otherwise fail
+    # deep inside with AttributeError, which must not leave the library.
+    for name, pool, kind in (("device_pool", device_pool, DevicePool), ("host_pool", host_pool, HostPool)):
+        if not isinstance(pool, kind):
+            raise PoolError(f"{name} must be a {kind.__name__}, got {type(pool).__name__}"
+                            + (" (device and host pools swapped?)" if isinstance(pool, (DevicePool, HostPool)) else ""))
     if device_pool.spec.fingerprint != host_pool.spec.fingerprint:
         raise SpecMismatchError(
             f"device pool spec ({device_pool.spec.describe()}) differs from host pool spec ({host_pool.spec.describe()})"
@@ -220,8 +226,8 @@ def torch_backup(device_pool: DevicePool, host_pool: HostPool, device_pages: Ids
 def torch_load_layer(host_pool: HostPool, device_pool: DevicePool, host_slots: IdsLike, device_pages: IdsLike,
                      layer: int, *, token_indices: bool = False) -> PageCopy:
     """Copy one layer (every component) of ``host_slots`` into ``device_pages`` (reference path)."""
-    layer = _check_layer(layer, device_pool.spec.num_layers)
     copy = validate(device_pool, host_pool, device_pages, host_slots, to_host=False, token_indices=token_indices)
+    layer = _check_layer(layer, device_pool.spec.num_layers)
     copy_pages_reference(load_pairs(host_pool, device_pool, layer), copy.host_slots, copy.device_pages)
     return copy
 

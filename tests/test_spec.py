@@ -168,3 +168,16 @@ def test_nsa_dims_that_do_not_fill_whole_quant_blocks_are_refused(kwargs, field)
 def test_an_unhashable_dtype_is_a_spec_error(dtype):
     with pytest.raises(SpecError, match="unknown dtype"):
         mha_spec(4, 64, 8, 128, dtype)
+
+
+@pytest.mark.parametrize("model, dtype", [("llama-3.1-8b", "bf16"), ("llama-3.1-8b", "fp8"), ("deepseek-v3", "fp8")])
+def test_model_spec_refuses_a_latent_dtype_its_kind_cannot_store(model, dtype):
+    with pytest.raises(SpecError, match=f"latent_dtype '{dtype}': {model}"):
+        model_spec(model, latent_dtype=dtype)
+    assert model_spec(model).fingerprint  # the preset's own dtype still builds
+
+
+def test_model_spec_latent_dtype_defaults_to_the_presets_own():
+    assert model_spec("deepseek-v3.2") == model_spec("deepseek-v3.2", latent_dtype="fp8")
+    assert model_spec("deepseek-v3.2", latent_dtype="bf16").page_bytes != model_spec("deepseek-v3.2").page_bytes
+    assert model_spec("deepseek-v3", latent_dtype="bf16") == model_spec("deepseek-v3")

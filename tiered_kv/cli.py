@@ -108,8 +108,7 @@ def _plan_spec(args: argparse.Namespace):
     if bounds[1] > model_layers:
         raise ConfigError(f"--layer-range {bounds[0]}:{bounds[1]}: {args.model} has layers 0..{model_layers - 1}"
                           f" (END is exclusive, at most {model_layers})")
-    # Only NSA presets read latent_dtype (MLA's is fixed at bf16, MHA has none): fp8 is NSA's default.
-    return model_spec(args.model, page_size=args.page_size, latent_dtype=args.latent_dtype or "fp8", layer_range=bounds)
+    return model_spec(args.model, page_size=args.page_size, latent_dtype=args.latent_dtype, layer_range=bounds)
 
 
 _TIER_ARGUMENT = {"gpu": "--gpu-mem", "host": "--host-mem", "disk": "--disk"}

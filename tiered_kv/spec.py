@@ -318,25 +318,31 @@ def model_spec(
     *,
     num_layers: int | None = None,
     page_size: int = 64,
-    latent_dtype: str = "fp8",
+    latent_dtype: str | None = None,
     layer_range: tuple[int, int] | None = None,
 ) -> KVSpec:
     """The spec of a named model preset (see ``MODEL_PRESETS``).
 
     ``num_layers``: the model's first N layers (None: all of them); more than the model has is a
-    SpecError, not a bigger model.
+    SpecError, not a bigger model. ``latent_dtype``: None for the preset's own (NSA: fp8); a dtype
+    the model's kind cannot store (``LATENT_DTYPES``: MLA only bf16, MHA no latent) is a SpecError,
+    not silently ignored.
     """
     try:
         kind, default_layers, _ = MODEL_PRESETS[model]
     except (KeyError, TypeError):
         raise SpecError(f"unknown model {model!r}; known: {', '.join(MODEL_PRESETS)}") from None
+    if latent_dtype is not None and latent_dtype not in LATENT_DTYPES[kind]:
+        allowed = LATENT_DTYPES[kind]
+        has = f"stores its latent only as {', '.join(allowed)}" if allowed else "has no latent (separate k and v)"
+        raise SpecError(f"latent_dtype {latent_dtype!r}: {model} ({kind}) {has}")
     if num_layers is not None:
         check_int(num_layers, "num_layers")
         if num_layers > default_layers:
             raise SpecError(f"num_layers {num_layers}: {model} has {default_layers} layers")
     layers = default_layers if num_layers is None else num_layers
     if kind == "nsa":
-        return nsa_spec(layers, page_size, latent_dtype, layer_range=layer_range)
+        return nsa_spec(layers, page_size, latent_dtype or "fp8", layer_range=layer_range)
     if kind == "mla":
         return mla_spec(layers, page_size, "bf16", layer_range=layer_range)
     return mha_spec(layers, page_size, 8, 128, "bf16", layer_range=layer_range)

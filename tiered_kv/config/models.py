@@ -237,7 +237,7 @@ class SpecConfig(Section):
         latent = self.latent_dtype or DEFAULT_LATENT.get(self.resolved_kind, "fp8")
         if self.model is not None:
             bounds = self.layer_range or ((0, self.layers) if self.layers else None)
-            return model_spec(self.model, page_size=self.page_size, latent_dtype=latent, layer_range=bounds)
+            return model_spec(self.model, page_size=self.page_size, latent_dtype=self.latent_dtype, layer_range=bounds)
         layers = self.layers or 0
         factories = {
             "nsa": lambda: nsa_spec(layers, self.page_size, latent, layer_range=self.layer_range),

@@ -219,7 +219,10 @@ def page_keys(namespace: Namespace, token_ids: Any, extra: Sequence[object] | No
     """One key per full page of ``token_ids`` (list, numpy array or tensor of ints).
 
     ``extra[i]``: optional extra keys of page ``i`` (str / bytes, or a list of them; None for none),
-    such as the hashes of images whose tokens the page holds. ``parent``: the key of the page before
+    such as the hashes of images whose tokens the page holds. It may be shorter than the pages
+    (the rest have none) or longer (entries of the incomplete tail, or of the rest of the prompt
+    when keying a prefix with the whole prompt's list, are ignored), so the keys of a prefix stay
+    a prefix of the keys of its extensions. ``parent``: the key of the page before
     ``token_ids[0]``, to continue a chain; None starts at the namespace's root.
     """
     if not isinstance(namespace, Namespace):
@@ -233,8 +236,10 @@ def page_keys(namespace: Namespace, token_ids: Any, extra: Sequence[object] | No
         if not isinstance(extra, Iterable):
             raise IndexValidationError(f"extra must be a sequence with one entry per page, got {type(extra).__name__}")
         extra = list(extra)
-        if len(extra) > num_pages:
-            raise IndexValidationError(f"extra has {len(extra)} entries but token_ids hold only {num_pages} full pages")
+        # Entries past the full pages belong to the tail (or to the rest of a longer prompt whose
+        # prefix is keyed here): they name no page, so they are checked but do not count.
+        for i in range(num_pages, len(extra)):
+            _extra_bytes(extra[i], i)
     prev = namespace.root if parent is None else _parent_digest(parent)
     raw = tokens[: num_pages * page_size].tobytes()
     step = page_size * _TOKEN_DTYPE.itemsize

@@ -115,7 +115,8 @@ def test_failed_l3_put_never_reads_as_present():
 def test_write_back_copies_the_last_copy_down_before_it_goes():
     index = PageIndex(SlotAllocator(3))
     resident(index, KEYS[:3])
-    index.entry(KEYS[1]).on_l3 = True  # already on L3: may simply go
+    index.entry(KEYS[1]).on_l3 = True  # already on L3, and L3 said so since its last use: may simply go
+    index.entry(KEYS[1]).l3_confirmed = True
     ev = index.evict(1, copy_down_allowed=lambda e: True)
     assert ev.copy_down == [KEYS[0]] and ev.freed == 1
     assert index.is_resident(KEYS[0]) and not index.is_resident(KEYS[1])
@@ -247,7 +248,7 @@ def test_prefetch_ready_follows_the_timeout_on_a_test_clock():
         import concurrent.futures
         pending.future = concurrent.futures.Future()
         gate.append(pending.future)
-        wait = t.for_tokens(2 * PAGE)
+        wait = t.for_tokens(len(pending.keys) * PAGE)  # the tokens read from L3 (none: an L2 hit)
         assert pending.wait_s == pytest.approx(wait)
         assert not c.mgr.prefetch_ready("r")
         now[0] += wait * 0.9

@@ -122,8 +122,8 @@ def test_bad_parent_is_a_page_key_error(parent):
 
 
 def test_bad_extra_and_namespace():
-    with pytest.raises(IndexValidationError, match="extra"):
-        page_keys(NS, TOKENS, [None] * 6)
+    with pytest.raises(IndexValidationError, match=r"extra\[5\]"):
+        page_keys(NS, TOKENS, [None] * 5 + [7])  # the tail's entry is ignored, but must still be a key
     with pytest.raises(IndexValidationError, match="extra"):
         page_keys(NS, TOKENS, "image")
     with pytest.raises(IndexValidationError, match=r"extra\[0\]"):
@@ -143,6 +143,18 @@ def test_token_ids_that_are_no_sequence_are_typed_errors(tokens):
     # None and 5 were a bare TypeError ("object is not iterable").
     with pytest.raises(IndexValidationError, match="token_ids"):
         page_keys(NS, tokens)
+
+
+def test_extra_entries_of_the_tail_are_ignored():
+    # One entry per token page of the prompt, the incomplete tail's included (audit finding 6):
+    # the tail gets no key, so its entry names nothing; before, this was an IndexValidationError.
+    extra = [None, "image:1", None, None, "image:2", "image:tail"]
+    keys = page_keys(NS, TOKENS, extra)
+    assert keys == page_keys(NS, TOKENS, extra[:5])
+    assert keys != page_keys(NS, TOKENS)
+    # A prefix keyed with the whole prompt's list: a prefix of the whole prompt's keys.
+    assert page_keys(NS, TOKENS[:2 * PAGE + 3], extra) == keys[:2]
+    assert page_keys(NS, TOKENS[:PAGE - 1], extra) == []
 
 
 @pytest.mark.parametrize("extra", [5, [5], [[5]], [[1, 2]], [{"a": 1}]])

@@ -3,10 +3,12 @@
 Callers on plain threads (the scheduler) submit work and get ``concurrent.futures.Future``s back at
 once; nothing here blocks them. On the loop:
 
-- reads (``exists``, prefetches L3 -> L2) and writes (backups L2 -> L3) wait in two bounded queues;
+- reads (``exists``, prefetches L3 -> L2) and writes (backups L2 -> L3) wait in two bounded queues
+  (beyond ``queue_depth`` a read is answered "miss" and a write refused, at once and counted);
   workers always take a read first, and a write starts only while no read is waiting, so a flood of
   writes never delays a read a request waits on (SGLang 31398, LMCache 4983);
-- bytes in flight are limited per direction; a job larger than the limit runs alone;
+- bytes in flight are limited per direction, per backend call: a job larger than the limit goes in
+  calls that fit it (one page at a time at worst), never over it;
 - a prefetch cancelled before it started is dropped (its future is cancelled); one already reading
   runs to its end, and the caller frees its slots through the future, so no late write lands in a
   reused slot;
@@ -15,6 +17,9 @@ once; nothing here blocks them. On the loop:
   it and never hang a request: every future gets an answer. Errors that are not the library's (bugs)
   are handed to the job's future, not swallowed;
 - ``close()`` drains (or cancels) every job and task, then closes the backend on the loop.
+
+Answers that did not come from the backend (refused, degraded) say nothing about what L3 holds:
+``heard_from_l3(future)`` tells them apart, so the index only learns from real answers.
 
 The loop never launches GPU work: it only calls the backend (whose blocking calls run on the
 backend's own executor). The backend may be any object with the backend contract's async methods
@@ -26,11 +31,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +54,7 @@ class ControllerLimits:
 
     read_workers: int = 4
     write_workers: int = 2
-    queue_depth: int = 4096  # jobs waiting per direction; a write beyond it is refused at once
+    queue_depth: int = 4096  # jobs waiting per direction; beyond it a read is a miss, a write refused
     batch_pages: int = 16  # pages per backend call
     # pages per backend call of a backup: a read that arrives waits for at most one such call per
     # write worker (a 16-page put on a 2-core machine held a waiting prefetch up 4x)
@@ -82,6 +88,7 @@ class ControllerStats:
     reads_completed: int = 0
     reads_cancelled: int = 0
     reads_degraded: int = 0  # answered "miss" because the tier was degraded
+    reads_refused: int = 0  # answered "miss" because the read queue was full
     writes_started: int = 0
     writes_completed: int = 0
     writes_refused: int = 0  # queue full, or dropped at close / after retries
@@ -95,6 +102,19 @@ class ControllerStats:
     bytes_written: int = 0
     read_seconds: float = 0.0
     write_seconds: float = 0.0
+    read_bytes_peak: int = 0  # the most bytes of reads in flight at once (<= the limit, or one page)
+    write_bytes_peak: int = 0
+
+
+#: Set on a future answered without asking the backend (refused, degraded).
+_NOT_FROM_L3 = "_tiered_kv_not_from_l3"
+
+
+def heard_from_l3(future: concurrent.futures.Future) -> bool:
+    """Whether a finished future's answer came from the backend itself: a "miss" made up by the
+    controller (queue full, closing, degraded tier, cancelled) is no news about what L3 holds."""
+    return (future.done() and not future.cancelled() and future.exception() is None
+            and not getattr(future, _NOT_FROM_L3, False))
 
 
 @dataclass
@@ -137,6 +157,7 @@ class L3Controller:
         self._writes: deque[_Job] = deque()
         self._bytes_in_flight = {READ: 0, WRITE: 0}
         self._running = {READ: 0, WRITE: 0}
+        self._room: dict[str, asyncio.Condition] = {}  # per direction: bytes in flight went down
         self._closing = False
         self._stopping = False  # workers return at their next turn (close)
         self._closed = False
@@ -167,6 +188,7 @@ class L3Controller:
             started.set_exception(exc)
             return
         self._wake = asyncio.Event()
+        self._room = {READ: asyncio.Condition(), WRITE: asyncio.Condition()}
         self._tasks = [asyncio.create_task(self._worker(READ), name=f"{self.name}-read-{i}")
                        for i in range(self.limits.read_workers)]
         self._tasks += [asyncio.create_task(self._worker(WRITE), name=f"{self.name}-write-{i}")
@@ -280,6 +302,10 @@ class L3Controller:
             if self._degraded:
                 self._answer_degraded(job)
                 return
+            if len(self._reads) >= self.limits.queue_depth:
+                self.stats.reads_refused += 1
+                self._answer_miss(job)
+                return
             self._reads.append(job)
         else:
             if len(self._writes) >= self.limits.queue_depth:
@@ -310,18 +336,35 @@ class L3Controller:
             return
         if job.kind == WRITE:
             self.stats.writes_refused += 1
+            setattr(job.future, _NOT_FROM_L3, True)
             job.future.set_result([False] * len(job.keys))
         else:
             self.stats.reads_cancelled += 1
-            job.future.set_result(0 if job.op == "exists" else [False] * len(job.keys))
+            self._answer_miss(job)
 
     def _answer_degraded(self, job: _Job) -> None:
         self.stats.reads_degraded += 1
+        self._answer_miss(job)
+
+    @staticmethod
+    def _answer_miss(job: _Job) -> None:
+        """A read answered "miss" without asking the backend (marked so: see ``heard_from_l3``)."""
+        if job.future.done():
+            return
+        setattr(job.future, _NOT_FROM_L3, True)
         job.future.set_result(0 if job.op == "exists" else [False] * len(job.keys))
+
+    def _limit(self, kind: str) -> int:
+        return self.limits.max_read_bytes_in_flight if kind == READ else self.limits.max_write_bytes_in_flight
+
+    def _call_pages(self, kind: str) -> int:
+        """Pages per backend call of ``kind``: the batch size, cut to what the byte limit holds (at
+        least one page: a record larger than the limit still moves, alone)."""
+        batch = self.limits.batch_pages if kind == READ else self.limits.write_batch_pages
+        return max(1, min(batch, self._limit(kind) // self.record_bytes))
 
     def _next_job(self, kind: str) -> _Job | None:
         """The job a worker of ``kind`` may start now, or None."""
-        limit = self.limits.max_read_bytes_in_flight if kind == READ else self.limits.max_write_bytes_in_flight
         if kind == READ:
             queue = self._reads
         else:
@@ -334,10 +377,30 @@ class L3Controller:
         job = queue[0]
         if kind == WRITE and job.retry_at > time.monotonic():
             return None
-        in_flight = self._bytes_in_flight[kind]
-        if in_flight and in_flight + job.nbytes > limit:
-            return None  # a job larger than the limit still runs alone
+        if not self._fits(kind, min(len(job.keys), self._call_pages(kind)) * self.record_bytes if job.nbytes else 0):
+            return None  # its first call would go over the limit: wait for room
         return queue.popleft()
+
+    def _fits(self, kind: str, nbytes: int) -> bool:
+        in_flight = self._bytes_in_flight[kind]
+        return not in_flight or in_flight + nbytes <= self._limit(kind)
+
+    @contextlib.asynccontextmanager
+    async def _moving(self, kind: str, nbytes: int) -> AsyncIterator[None]:
+        """Count ``nbytes`` in flight for one backend call, once they fit under the limit."""
+        room = self._room[kind]
+        async with room:
+            await room.wait_for(lambda: self._fits(kind, nbytes))
+            self._bytes_in_flight[kind] += nbytes
+            peak = "read_bytes_peak" if kind == READ else "write_bytes_peak"
+            setattr(self.stats, peak, max(getattr(self.stats, peak), self._bytes_in_flight[kind]))
+        try:
+            yield
+        finally:
+            self._bytes_in_flight[kind] -= nbytes
+            async with room:
+                room.notify_all()
+            self._wake_workers()
 
     async def _worker(self, kind: str) -> None:
         assert self._wake is not None
@@ -352,12 +415,10 @@ class L3Controller:
                     pass
                 continue
             self._running[kind] += 1
-            self._bytes_in_flight[kind] += job.nbytes
             try:
                 await self._run(job)
             finally:
                 self._running[kind] -= 1
-                self._bytes_in_flight[kind] -= job.nbytes
                 self._wake_workers()
 
     async def _run(self, job: _Job) -> None:
@@ -395,25 +456,29 @@ class L3Controller:
         if job.op == "exists":
             self.stats.reads_started += 1
             return await backend.exists(job.keys)
-        step = self.limits.batch_pages
         out: list[bool] = []
         if job.op == "get":
             self.stats.reads_started += 1
+            step = self._call_pages(READ)
             for i in range(0, len(job.keys), step):
-                got = await backend.get_into(job.keys[i:i + step], job.slots[i:i + step])
+                keys = job.keys[i:i + step]
+                async with self._moving(READ, len(keys) * self.record_bytes):
+                    got = await backend.get_into(keys, job.slots[i:i + step])
                 out.extend(got)
                 if not all(got):  # only the leading run counts: stop reading past a miss
                     out.extend([False] * (len(job.keys) - len(out)))
                     break
             return out
         self.stats.writes_started += 1
-        step = self.limits.write_batch_pages
+        step = self._call_pages(WRITE)
         for i in range(0, len(job.keys), step):
             # Reads first, also within a backup: its next call waits while reads are queued or
             # running (they share the backend's threads, the link and the CPU).
             while (self._reads or self._running[READ]) and not self._stopping:
                 await asyncio.sleep(0.0002)
-            out.extend(await backend.put_from(job.keys[i:i + step], job.slots[i:i + step]))
+            keys = job.keys[i:i + step]
+            async with self._moving(WRITE, len(keys) * self.record_bytes):
+                out.extend(await backend.put_from(keys, job.slots[i:i + step]))
         return out
 
     def _count(self, job: _Job, result: Any, elapsed: float) -> None:
@@ -462,4 +527,4 @@ class L3Controller:
             return
 
 
-__all__ = ["ControllerLimits", "ControllerStats", "L3Controller"]
+__all__ = ["ControllerLimits", "ControllerStats", "L3Controller", "heard_from_l3"]

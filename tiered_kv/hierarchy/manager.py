@@ -5,7 +5,7 @@ A two-phase protocol over page keys, as vLLM's offloading manager has it:
     match = manager.lookup(request_id, keys, l1_pages)   # None: L3's answer is not back, ask again
     manager.start_prefetch(request_id, keys, match)      # locks the L2 hit, L3 -> L2 for the rest
     manager.prefetch_ready(request_id)                   # may the request be scheduled (policy)?
-    plan = manager.prepare_load(keys, request_id)        # lock the leading resident run: slots out
+    plan = manager.prepare_load(keys, request_id, l1_pages=l1_pages)  # lock the resident run: slots out
     ... the worker loads plan.slots into L1 pages ...
     manager.complete_load(plan, completion)              # unlocked; slots busy until the copy is done
 
@@ -18,9 +18,12 @@ Rules it keeps (DESIGN.md, "What users of the anchors hit"):
   lookup says "not yet" (None) until it is back;
 - only pages beyond the engine's own L1 hit are asked for and fetched;
 - no prefetch starts before its hit length is decided, above ``min_hit_tokens`` and agreed by the
-  ranks (``agree`` with a deadline: a rank that does not answer means no L3 hit, never a hang);
+  ranks (``agree`` under ``policies.agree_deadline_s``: a rank that does not answer by then means
+  no hit, never a hang);
 - a page is present on L2 only after its store completed with success and on L3 only after a put
-  returned True; a page gone from L3 between lookup and prefetch shortens the hit;
+  returned True; a page gone from L3 between lookup and prefetch shortens the hit, and what L3's
+  own answers say is gone (a lookup's ``exists``, a prefetch's misses) reads as gone from then on,
+  so later stores put it again;
 - slots are counted exactly: every slot a prefetch, store or resident holds is freed through the
   allocator, with the completion of the last copy that may touch it.
 
@@ -39,18 +42,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError, PoolError, TieredKVError
+import numpy as np
+
+from ..errors import ConfigError, PoolError
 from ..integers import as_int
 from ..keys import check_keys
-from .controller import L3Controller
+from .agree_deadline import AgreeTimeout, DeadlineAgree
+from .controller import L3Controller, heard_from_l3
 from .index import Entry, PageIndex, free_slot_count
 from .policies import Policies, WritePolicy
 
 log = logging.getLogger(__name__)
-
-
-class AgreeTimeout(TieredKVError, TimeoutError):
-    """The ranks did not agree on a hit length before the deadline: recompute, never hang."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,12 @@ class Match:
     l2_pages: int
     l3_pages: int
     page_size: int
+
+    def __post_init__(self) -> None:
+        for name in ("l1_pages", "l2_pages", "l3_pages", "page_size"):
+            value = getattr(self, name)
+            if as_int(value) is None or value < (1 if name == "page_size" else 0):
+                raise ConfigError(f"Match.{name} must be an int >= {1 if name == 'page_size' else 0}, got {value!r}")
 
     @property
     def pages(self) -> int:
@@ -104,6 +112,8 @@ class _Prefetch:
     locked: list[str]  # the L2 hit, locked until the request is scheduled
     started: float
     wait_s: float
+    l1_pages: int = 0  # the match's L1 hit: the prompt's keys from here on were asked for
+    start_key: str | None = None  # the prompt's key at l1_pages (None: the whole prompt is on L1)
 
 
 @dataclass
@@ -138,8 +148,9 @@ class CacheManager:
         page_size: tokens per page (for ``min_hit_tokens`` and the timeout policy).
         policies: write / prefetch / admission policies and their numbers.
         l3: the controller over the L3 backend; None for a two-tier cache.
-        agree: ``agree(hit_pages) -> int``, settling ranks on one hit length (the minimum) within
-            ``policies.agree_deadline_s``; raises ``AgreeTimeout`` when a rank does not answer.
+        agree: ``agree(hit_pages) -> int``, settling ranks on one hit length (the minimum); it runs
+            on a thread of its own and the lookup waits for it at most ``policies.agree_deadline_s``
+            (past that, or when it raises ``AgreeTimeout``: no hit, recompute).
         max_prefetch_slots: L2 slots prefetches may hold at once (default: half of L2).
         clock: ``time.monotonic`` or a test clock.
     """
@@ -163,6 +174,7 @@ class CacheManager:
         self.page_size = page_size
         self.policies = policies
         self.l3 = l3
+        self._agree: DeadlineAgree | None = None
         self.agree = agree
         self.max_prefetch_slots = self.num_slots // 2 if max_prefetch_slots is None else max_prefetch_slots
         if not 0 <= self.max_prefetch_slots <= self.num_slots:
@@ -174,13 +186,31 @@ class CacheManager:
         self._prefetches: dict[Any, _Prefetch] = {}
         self._orphans: list[tuple[list[int], concurrent.futures.Future]] = []  # cancelled, reads running
         self._puts: list[tuple[list[str], concurrent.futures.Future]] = []
+        self._checks: list[tuple[list[str], concurrent.futures.Future]] = []  # write_back: exists before a drop
         self._prefetch_slots = 0
         self._closed = False
 
+    @property
+    def agree(self) -> Callable[[int], int] | None:
+        """The ``agree(hit_pages) -> int`` hook (None: a single rank); settable, e.g. once the
+        process group exists."""
+        return None if self._agree is None else self._agree.hook
+
+    @agree.setter
+    def agree(self, hook: Callable[[int], int] | None) -> None:
+        if hook is not None and not callable(hook):
+            raise ConfigError(f"agree must be a callable agree(hit_pages) -> int, got {type(hook).__name__}")
+        if self._agree is not None:
+            self._agree.close()
+        self._agree = None if hook is None else DeadlineAgree(hook, self.policies.agree_deadline_s)
+
     # --- lookups -----------------------------------------------------------------------------
     def lookup(self, request_id: Any, keys: Sequence[str], l1_pages: int = 0) -> Match | None:
-        """Hit lengths beyond the engine's ``l1_pages``; None while L3's answer is pending."""
+        """Hit lengths beyond the engine's ``l1_pages``; None while L3's answer is pending.
+
+        ``keys``: the whole prompt's page keys (the first ``l1_pages`` are the engine's L1 hit)."""
         self._check_open()
+        _check_request_id(request_id)
         keys = check_keys(keys)
         # numpy ints count (an engine's page counts often are); bools and floats do not.
         count = as_int(l1_pages)
@@ -203,6 +233,12 @@ class CacheManager:
                 return None
             del self._lookups[request_id]
             l3 = future.result() if not future.cancelled() else 0
+            if l3 < len(rest) and heard_from_l3(future):
+                # L3 says rest[l3] is gone (an eviction elsewhere, a restart). Keys are chained, so
+                # the pages after it cannot be hit until it is back: they read as gone too, and the
+                # next stores put them again (put-if-absent: one present costs one check). An
+                # answer older than a put that landed meanwhile costs the same, no more.
+                self.index.mark_l3_missing(rest[l3:])
         self._lookups.pop(request_id, None)
         self.stats.lookups += 1
         return self._decide(l1_pages, l2, l3)
@@ -212,9 +248,9 @@ class CacheManager:
             if l2 + l3:
                 self.stats.below_min_hit += 1
             l2 = l3 = 0
-        if self.agree is not None:
+        if self._agree is not None:
             try:
-                agreed = self.agree(l2 + l3)
+                agreed = self._agree(l2 + l3)
             except TimeoutError:  # AgreeTimeout, or a process group's own timeout: no hit, no hang
                 self.stats.agree_timeouts += 1
                 agreed = 0
@@ -231,11 +267,14 @@ class CacheManager:
     def start_prefetch(self, request_id: Any, keys: Sequence[str], match: Match) -> int:
         """Lock the L2 hit and start reading the L3 hit into fresh slots; returns pages asked for."""
         self._check_open()
+        _check_request_id(request_id)
         if request_id in self._prefetches:
             raise PoolError(f"request {request_id!r} already has a prefetch")
         keys = check_keys(keys)
         if not isinstance(match, Match):
             raise ConfigError(f"start_prefetch: match must be the Match lookup returned, got {type(match).__name__}")
+        if match.page_size != self.page_size:
+            raise ConfigError(f"start_prefetch: the match counts pages of {match.page_size} tokens, this cache's are {self.page_size}")
         if match.pages > len(keys):
             raise ConfigError(f"start_prefetch: the match covers {match.pages} pages but {len(keys)} keys were given")
         start = match.l1_pages
@@ -260,9 +299,11 @@ class CacheManager:
             future = self.l3.get_into(l3_keys, slots)  # type: ignore[union-attr]
             self._prefetch_slots += len(slots)
             self.stats.prefetches_started += 1
-        tokens = (match.l2_pages + len(l3_keys)) * self.page_size
+        # The timeout policy's tokens are those the request waits for: the ones read from L3.
+        tokens = len(l3_keys) * self.page_size
+        start_key = keys[start] if start < len(keys) else None
         self._prefetches[request_id] = _Prefetch(l3_keys, slots, future, l2_keys, self.clock(),
-                                                 self.policies.prefetch_wait_s(tokens))
+                                                 self.policies.prefetch_wait_s(tokens), start, start_key)
         return len(l3_keys)
 
     def _has_l2_slot(self, key: str) -> bool:
@@ -274,6 +315,7 @@ class CacheManager:
 
     def prefetch_ready(self, request_id: Any) -> bool:
         """Whether the request may be scheduled now under the prefetch policy."""
+        _check_request_id(request_id)
         p = self._prefetches.get(request_id)
         if p is None or p.future is None or p.future.done():
             return True
@@ -285,6 +327,7 @@ class CacheManager:
         """The L3 work the request waits on now (its lookup's answer, else its prefetch's reads),
         None if nothing: what an asyncio caller awaits (``AsyncCacheManager``). Never cancel it:
         ``abort`` drops it."""
+        _check_request_id(request_id)
         lookup = self._lookups.get(request_id)
         if lookup is not None and not lookup[1].done():
             return lookup[1]
@@ -296,6 +339,7 @@ class CacheManager:
     def prefetch_wait_left(self, request_id: Any) -> float | None:
         """Seconds until ``prefetch_ready`` turns True by the policy's wait alone (0: ready now;
         None: only once the reads land, ``wait_complete``)."""
+        _check_request_id(request_id)
         p = self._prefetches.get(request_id)
         if p is None or p.future is None or p.future.done() or p.wait_s == 0.0:
             return 0.0
@@ -304,6 +348,7 @@ class CacheManager:
         return max(0.0, p.wait_s - (self.clock() - p.started))
 
     def prefetch_done(self, request_id: Any) -> bool:
+        _check_request_id(request_id)
         p = self._prefetches.get(request_id)
         return p is None or p.future is None or p.future.done()
 
@@ -340,7 +385,8 @@ class CacheManager:
                 self.index.add_resident(k, s, on_l3=True)
         if landed < len(p.keys):
             self.allocator.free(p.slots[landed:])
-            self.index.mark_l3_missing(p.keys[landed:landed + 1])
+            if heard_from_l3(p.future):  # the chain is broken at the first miss (see lookup)
+                self.index.mark_l3_missing(p.keys[landed:])
 
     @staticmethod
     def _landed(future: concurrent.futures.Future, n: int) -> int:
@@ -355,15 +401,30 @@ class CacheManager:
 
     def abort(self, request_id: Any) -> None:
         """The request went away: drop its lookup and prefetch, free what they held."""
+        _check_request_id(request_id)
         self._lookups.pop(request_id, None)
         self._finish_prefetch(request_id)
 
     # --- loads L2 -> L1 ----------------------------------------------------------------------
-    def prepare_load(self, keys: Sequence[str], request_id: Any = None) -> LoadPlan:
-        """Lock the leading run of ``keys`` resident on L2 (after the request's prefetch) and
-        return their slots for the worker; shorter than ``keys`` when pages went missing."""
+    def prepare_load(self, keys: Sequence[str], request_id: Any = None, *, l1_pages: int = 0) -> LoadPlan:
+        """Lock the leading run of ``keys[l1_pages:]`` resident on L2 (after the request's
+        prefetch) and return their slots for the worker; shorter when pages went missing.
+
+        ``keys``: the pages to load, i.e. the prompt's keys beyond the engine's L1 hit; or the whole
+        prompt's keys (as ``lookup`` and ``start_prefetch`` take them) with ``l1_pages`` the L1 hit.
+        For a request whose prefetch started from an L1 hit, whole keys given without ``l1_pages``
+        are recognised (keys are chained, so the prefetch's first key sits at one place only) and
+        read with its L1 offset: they would otherwise load nothing.
+        """
         self._check_open()
         keys = check_keys(keys)
+        count = as_int(l1_pages)
+        if count is None or not 0 <= count <= len(keys):
+            raise ConfigError(f"prepare_load: l1_pages must be an int in 0..{len(keys)}, got {l1_pages!r}")
+        if request_id is not None:
+            _check_request_id(request_id)
+            count = count or self._l1_offset_of(keys, request_id)
+        keys = keys[count:]
         if request_id is not None:
             self._lookups.pop(request_id, None)  # scheduled: an L3 answer still out is not waited for
             self._finish_prefetch(request_id)
@@ -377,6 +438,14 @@ class CacheManager:
         # beside the load).
         self._admit_to_l3(run)
         return plan
+
+    def _l1_offset_of(self, keys: list[str], request_id: Any) -> int:
+        """The L1 hit to skip when ``keys`` are the whole prompt of a prefetched request (0 when
+        they start where its prefetch did, or nothing says otherwise)."""
+        p = self._prefetches.get(request_id)
+        if p is None or p.start_key is None or not p.l1_pages or not keys or keys[0] == p.start_key:
+            return 0
+        return p.l1_pages if len(keys) > p.l1_pages and keys[p.l1_pages] == p.start_key else 0
 
     def complete_load(self, plan: LoadPlan, completion: object = None) -> None:
         """The worker's load was issued: unlock; the slots are reused only once ``completion``."""
@@ -413,7 +482,7 @@ class CacheManager:
         of failed ones are freed once ``completion`` (the copy that may still write) is done."""
         if not isinstance(plan, StorePlan):
             raise ConfigError(f"complete_store: plan must be the StorePlan prepare_store returned, got {type(plan).__name__}")
-        flags = [success] * len(plan) if isinstance(success, bool) else list(success)
+        flags = _success_flags(success, len(plan))
         if len(flags) != len(plan):
             raise ConfigError(f"complete_store: {len(flags)} success flags for {len(plan)} pages")
         if plan.completed:  # its keys may be another plan's store by now
@@ -436,6 +505,7 @@ class CacheManager:
     def on_l1_inserted(self, keys: Sequence[str]) -> StorePlan | None:
         """The engine inserted pages on L1 (prefill done). ``write_through`` stores them now."""
         self._check_open()
+        keys = check_keys(keys)  # under every policy: a bad key is the engine's bug, say so now
         if self.policies.write is WritePolicy.WRITE_THROUGH:
             plan = self.prepare_store(keys)
             return plan if len(plan) else None
@@ -462,6 +532,7 @@ class CacheManager:
         """The engine is about to free these L1 pages. ``write_back`` stores them now; the engine
         frees its pages only once the worker's copy completed."""
         self._check_open()
+        keys = check_keys(keys)
         plan = self.prepare_store(keys) if self.policies.write is WritePolicy.WRITE_BACK else None
         self.index.forget_unused(keys)  # their L1 hit counts go with them (unless on L2 / L3)
         return plan if plan is not None and len(plan) else None
@@ -502,8 +573,17 @@ class CacheManager:
             self.index.unlock(protected)
         self.stats.l2_evictions += freed
         self._put_l3(eviction.copy_down)
+        self._check_l3(eviction.verify)
         free = free_slot_count(self.allocator)
         return self.allocator.allocate(min(count, free)) if free else []
+
+    def _check_l3(self, keys: list[str]) -> None:
+        """write_back: ask L3 whether it still holds pages whose last L2 copy is about to go (it
+        evicts behind our back); they stay on L2 until the answer is in (``poll``)."""
+        if not keys or self.l3 is None:
+            return
+        self.index.begin_l3_check(keys)
+        self._checks.append((keys, self.l3.exists(keys)))
 
     def _give_up_queued_puts(self) -> bool:
         """While L3 is degraded: drop the L3 puts still waiting in the controller's queue (they
@@ -534,6 +614,14 @@ class CacheManager:
                 self.stats.l3_puts_failed += sum(not x for x in stored)
                 self.index.finish_l3_put(keys, stored)
             self._puts = still
+        if self._checks:
+            still = []
+            for keys, future in self._checks:
+                if not future.done():
+                    still.append((keys, future))
+                    continue
+                self.index.finish_l3_check(keys, future.result() if heard_from_l3(future) else None)
+            self._checks = still
         if self._orphans:
             still = []
             for slots, future in self._orphans:
@@ -547,8 +635,12 @@ class CacheManager:
     def busy(self) -> bool:
         """Work in flight: lookups, prefetches, L3 puts or reads of cancelled prefetches."""
         self.poll()
-        return bool(self._lookups or self._puts or self._orphans
+        # A lookup whose answer is back is no work in flight, even if its request never asks again.
+        return bool(self._puts or self._checks or self._orphans or self._lookup_in_flight()
                     or any(p.future is not None and not p.future.done() for p in self._prefetches.values()))
+
+    def _lookup_in_flight(self) -> bool:
+        return any(not future.done() for _, future in self._lookups.values())
 
     def wait_idle(self, timeout_s: float = 30.0, step_s: float = 0.001) -> bool:
         """Block until no L3 work is in flight (tests, the replay's end, ``close``); False when the
@@ -562,7 +654,8 @@ class CacheManager:
         return True
 
     def _only_puts_to_a_degraded_tier(self) -> bool:
-        return (self.l3 is not None and self.l3.degraded and not self._lookups and not self._orphans
+        return (self.l3 is not None and self.l3.degraded and not self._lookup_in_flight() and not self._orphans
+                and not self._checks
                 and all(p.future is None or p.future.done() for p in self._prefetches.values()))
 
     def _check_open(self) -> None:
@@ -581,10 +674,35 @@ class CacheManager:
             self.wait_idle()
         if self.l3 is not None:
             self.l3.close(drain=drain)  # every future of it is answered after this
+        if self._agree is not None:
+            self._agree.close()
         self.poll()
         self.index.clear()
         self.allocator.reap()
         self._closed = True
+
+
+def _check_request_id(request_id: Any) -> None:
+    """Request ids key the manager's dicts: an unhashable one is the caller's error, named."""
+    try:
+        hash(request_id)
+    except TypeError:
+        raise ConfigError(f"request_id must be hashable (a str or an int), got {type(request_id).__name__}") from None
+
+
+def _success_flags(success: object, count: int) -> list[bool]:
+    """``complete_store``'s ``success``: one bool for the whole plan, or one per page (a sequence
+    or a numpy array of bools). ints, None and text are no answer: a ConfigError names them."""
+    def flag(value: object) -> bool:
+        if isinstance(value, (bool, np.bool_)):
+            return bool(value)
+        raise ConfigError(f"complete_store: success must be a bool or a sequence of bools, got {value!r:.80}")
+
+    if isinstance(success, np.ndarray):
+        return [flag(v) for v in success.reshape(-1)]
+    if isinstance(success, Sequence) and not isinstance(success, (str, bytes)):
+        return [flag(v) for v in success]
+    return [flag(success)] * count
 
 
 __all__ = ["AgreeTimeout", "CacheManager", "LoadPlan", "Match", "StorePlan"]

@@ -13,7 +13,8 @@ times are admitted to L3 (0: every page; Dynamo KVBM admits on the second hit to
 Prefetch policies (L3 -> L2 while a request waits):
     best_effort      use what has landed when the request is scheduled, drop the rest
     wait_complete    the request waits until the whole prefetch has landed (or failed)
-    timeout          wait at most min(max_s, base_s + per_1k_tokens_s x tokens / 1000)
+    timeout          wait at most min(max_s, base_s + per_1k_tokens_s x tokens / 1000), where
+                     tokens are those the prefetch reads from L3 (what the request waits for)
 
 Pure data and arithmetic: no I/O, no clocks, no torch.
 """
@@ -86,7 +87,7 @@ class Policies:
     prefetch_timeout: PrefetchTimeout = PrefetchTimeout()
     min_hit_tokens: int = 0  # an L2 / L3 hit shorter than this is not worth loading: recompute
     l3_writer: bool = True  # replicated MLA / NSA caches: only one rank writes L3
-    agree_deadline_s: float = 2.0  # ranks that have not agreed by then: no L3 hit, recompute
+    agree_deadline_s: float = 2.0  # the agree hook's answer is waited for this long; then no hit, recompute
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "write", _enum(WritePolicy, self.write, "write policy"))

@@ -25,11 +25,13 @@ import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
+from dataclasses import fields as dataclass_fields
 from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError, IndexValidationError, PageKeyError
+from .errors import ConfigError, IndexValidationError, PageKeyError, SpecError
+from .spec import KVSpec
 
 MAX_KEY_BYTES = 512
 KEY_DIGEST_BYTES = 16  # 128 bits
@@ -109,8 +111,21 @@ class Namespace:
     @classmethod
     def for_spec(cls, spec: Any, model: str, **fields: Any) -> "Namespace":
         """The namespace of ``spec`` (a ``KVSpec``): fingerprint, page size, layer range, KV dtype and,
-        for MHA, the tensor-parallel shard are taken from it; the rest from ``fields``."""
-        dims = dict(spec.dims)
+        for MHA, the tensor-parallel shard are taken from it; the rest from ``fields``.
+
+        A ``spec`` that is no ``KVSpec`` (a model name, say) is a SpecError; a field ``Namespace``
+        does not have is a ConfigError naming it."""
+        if not isinstance(spec, KVSpec):
+            raise SpecError(f"Namespace.for_spec: spec must be a KVSpec (nsa_spec(...), a preset's spec), "
+                            f"got {type(spec).__name__} {spec!r:.80}")
+        unknown = sorted(set(fields) - _NAMESPACE_FIELDS)
+        if unknown:
+            raise ConfigError(f"Namespace.for_spec: unknown field(s) {', '.join(unknown)}; "
+                              f"a Namespace has {', '.join(sorted(_NAMESPACE_FIELDS - {'model'}))}")
+        try:
+            dims = dict(spec.dims)
+        except (TypeError, ValueError):
+            raise SpecError(f"Namespace.for_spec: spec.dims must be (name, value) pairs, got {spec.dims!r:.80}") from None
         derived: dict[str, Any] = {
             "spec_fingerprint": spec.fingerprint,
             "page_size": spec.page_size,
@@ -118,7 +133,10 @@ class Namespace:
             "kv_quant": dims.get("latent_dtype", dims.get("dtype", "")),
         }
         if spec.kind == "mha" and "tp" in dims:
-            rank, size = (int(x) for x in dims["tp"].split("/"))
+            try:
+                rank, size = (int(x) for x in str(dims["tp"]).split("/"))
+            except ValueError:
+                raise SpecError(f"Namespace.for_spec: the spec's tp must be 'rank/size', got {dims['tp']!r:.40}") from None
             derived["tp"] = (size, rank)
         derived.update(fields)
         return cls(model=model, **derived)
@@ -132,6 +150,9 @@ class Namespace:
             cached = hashlib.blake2b(canonical.encode(), digest_size=KEY_DIGEST_BYTES).digest()
             object.__setattr__(self, "_root", cached)  # frozen: cache without changing identity
         return cached
+
+
+_NAMESPACE_FIELDS = frozenset(f.name for f in dataclass_fields(Namespace))
 
 
 def _token_array(token_ids: Any) -> np.ndarray:

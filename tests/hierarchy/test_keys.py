@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tiered_kv.errors import ConfigError, IndexValidationError, PageKeyError
+from tiered_kv.errors import ConfigError, IndexValidationError, PageKeyError, SpecError
 from tiered_kv.keys import Namespace, check_key, page_keys
 
-from .conftest import NS, PAGE
+from .conftest import NS, PAGE, SPEC
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENS = np.random.default_rng(7).integers(0, 2**31, 5 * PAGE + 7)
@@ -192,3 +192,19 @@ def test_page_keys_and_namespace_are_public_at_the_top():
     ns = tiered_kv.Namespace(model="m", spec_fingerprint="00" * 16, page_size=4)
     assert tiered_kv.page_keys(ns, list(range(9))) == keys_module.page_keys(ns, list(range(9)))
     assert len(tiered_kv.page_keys(ns, list(range(9)))) == 2
+
+
+@pytest.mark.parametrize("spec", ["x", None, 5, {"dims": ()}])
+def test_for_spec_of_what_is_no_spec_is_a_spec_error(spec):
+    # "x" was a bare AttributeError ('str' object has no attribute 'dims').
+    with pytest.raises(SpecError, match="for_spec: spec must be a KVSpec"):
+        Namespace.for_spec(spec, model="m")
+
+
+def test_for_spec_names_an_unknown_field_and_takes_known_ones():
+    # bogus=1 was a bare TypeError (unexpected keyword argument).
+    with pytest.raises(ConfigError, match="unknown field.*bogus"):
+        Namespace.for_spec(SPEC, "m", bogus=1)
+    with pytest.raises(ConfigError, match="Namespace.model"):
+        Namespace.for_spec(SPEC, 5)
+    assert Namespace.for_spec(SPEC, "m", tenant_salt="t").tenant_salt == "t"

@@ -139,8 +139,8 @@ class L1PrefixCache:
             loaded_pages = pages[:len(plan)]
             if len(loaded_pages) < len(plan):  # L1 cannot hold the whole hit: load what fits
                 cut = len(loaded_pages)
-                self.manager.complete_load(LoadPlan(plan.keys[cut:], plan.slots[cut:]))
-                plan = LoadPlan(plan.keys[:cut], plan.slots[:cut])
+                self.manager.complete_load(LoadPlan(plan.keys[cut:], plan.slots[cut:], plan.from_l3[cut:]))
+                plan = LoadPlan(plan.keys[:cut], plan.slots[:cut], plan.from_l3[:cut])
                 rest = []
             handle = self.worker.load(plan, loaded_pages)
             self.manager.complete_load(plan, handle)
@@ -172,8 +172,9 @@ class L1PrefixCache:
         finally:
             self._unlock(keys[:l1])
         self.poll()
-        l2 = min(len(plan), match.l2_pages)
-        served = Served(l1, l2, len(plan) - l2, len(rest), len(rest) - len(computed_keys), verified, wrong)
+        # Each loaded page counts on the tier it came from: read from L3 by this request's
+        # prefetch, or on L2 already (the L2 hit, and pages of the L3 part that L2 still held).
+        served = Served(l1, plan.l2_pages, plan.l3_pages, len(rest), len(rest) - len(computed_keys), verified, wrong)
         st = self.stats
         st.requests += 1
         st.pages += len(keys)

@@ -49,7 +49,7 @@ from ..integers import as_int
 from ..keys import check_keys
 from .agree_deadline import AgreeTimeout, DeadlineAgree
 from .controller import L3Controller, heard_from_l3
-from .index import Entry, PageIndex, free_slot_count
+from .index import RESIDENT, Entry, PageIndex, free_slot_count
 from .policies import Policies, WritePolicy
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,9 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Match:
     """Pages of a prompt held by each tier, in order: the first ``l1_pages`` on L1 (the engine's),
-    then ``l2_pages`` on L2, then ``l3_pages`` on L3."""
+    then ``l2_pages`` on L2, then ``l3_pages`` that L3 holds. Pages of that last part may be on L2
+    too (the head of a prefix left L2 before its tail did; under write_back a tail still on L2 is
+    not on L3 yet): the prefetch reads only the pages L2 lacks and uses the others from L2."""
 
     l1_pages: int
     l2_pages: int
@@ -81,14 +83,29 @@ class Match:
 
 @dataclass
 class LoadPlan:
-    """L2 -> L1: ``keys[i]`` is read from ``slots[i]``; the pages stay locked until completed."""
+    """L2 -> L1: ``keys[i]`` is read from ``slots[i]``; the pages stay locked until completed.
+
+    ``from_l3[i]``: whether the request's own prefetch read page ``i`` from L3 (False, or no entry:
+    it was on L2 already), so engines and the replay count each loaded page on the tier it came
+    from."""
 
     keys: list[str]
     slots: list[int]
+    from_l3: list[bool] = field(default_factory=list)
     completed: bool = field(default=False, repr=False, compare=False)  # complete_load ran
 
     def __len__(self) -> int:
         return len(self.keys)
+
+    @property
+    def l3_pages(self) -> int:
+        """Pages of this load the request's prefetch read from L3."""
+        return sum(self.from_l3[:len(self.keys)])
+
+    @property
+    def l2_pages(self) -> int:
+        """Pages of this load that were on L2 before the request's prefetch."""
+        return len(self.keys) - self.l3_pages
 
 
 @dataclass
@@ -109,7 +126,7 @@ class _Prefetch:
     keys: list[str]
     slots: list[int]
     future: concurrent.futures.Future | None
-    locked: list[str]  # the L2 hit, locked until the request is scheduled
+    locked: list[str]  # the L2 hit (and the L3 part's pages on L2), locked until the request is scheduled
     started: float
     wait_s: float
     l1_pages: int = 0  # the match's L1 hit: the prompt's keys from here on were asked for
@@ -120,8 +137,8 @@ class _Prefetch:
 class ManagerStats:
     lookups: int = 0
     lookups_pending: int = 0  # "not yet" answers
-    l2_hit_pages: int = 0
-    l3_hit_pages: int = 0  # as the lookups saw them
+    l2_hit_pages: int = 0  # as the lookups saw them: pages of the hit on L2
+    l3_hit_pages: int = 0  # as the lookups saw them: pages of the hit to be read from L3
     below_min_hit: int = 0
     agree_timeouts: int = 0
     prefetches_started: int = 0
@@ -239,11 +256,14 @@ class CacheManager:
                 # next stores put them again (put-if-absent: one present costs one check). An
                 # answer older than a put that landed meanwhile costs the same, no more.
                 self.index.mark_l3_missing(rest[l3:])
+            # Pages L3 lacks but L2 still holds go on the hit (write_back keeps a tail on L2
+            # only while its head, evicted first, went down to L3): no read needed for them.
+            l3 += self.index.l2_run(rest, l3)
         self._lookups.pop(request_id, None)
         self.stats.lookups += 1
-        return self._decide(l1_pages, l2, l3)
+        return self._decide(l1_pages, l2, l3, rest)
 
-    def _decide(self, l1: int, l2: int, l3: int) -> Match:
+    def _decide(self, l1: int, l2: int, l3: int, rest: Sequence[str] = ()) -> Match:
         if (l2 + l3) * self.page_size < self.policies.min_hit_tokens:
             if l2 + l3:
                 self.stats.below_min_hit += 1
@@ -259,13 +279,16 @@ class CacheManager:
                 raise ConfigError(f"agree(hit_pages) must return an int, got {agreed!r}")
             agreed = max(0, min(pages, l2 + l3))
             l2, l3 = min(l2, agreed), max(0, agreed - l2)
-        self.stats.l2_hit_pages += l2
-        self.stats.l3_hit_pages += l3
+        # The L3 part's pages that L2 holds are hits on L2 (the prefetch reads only the others).
+        on_l2 = sum(1 for k in rest[:l3] if self.index.is_resident(k))
+        self.stats.l2_hit_pages += l2 + on_l2
+        self.stats.l3_hit_pages += l3 - on_l2
         return Match(l1, l2, l3, self.page_size)
 
     # --- prefetch L3 -> L2 -------------------------------------------------------------------
     def start_prefetch(self, request_id: Any, keys: Sequence[str], match: Match) -> int:
-        """Lock the L2 hit and start reading the L3 hit into fresh slots; returns pages asked for."""
+        """Lock the L2 hit and the pages of the L3 hit that L2 holds, and start reading the others
+        from L3 into fresh slots; returns the pages asked of L3."""
         self._check_open()
         _check_request_id(request_id)
         if request_id in self._prefetches:
@@ -282,18 +305,20 @@ class CacheManager:
         # Pages may have left L2 since the lookup (another request's allocation): keep the run.
         l2_keys = l2_keys[:self.index.l2_run(l2_keys)]
         self.index.lock(l2_keys)
-        l3_keys: list[str] = []
+        l3_keys: list[str] = []  # read from L3 into fresh slots
+        held: list[str] = []  # pages of the L3 part that L2 holds: locked and used, not read
+        slots: list[int] = []
         if len(l2_keys) == match.l2_pages and match.l3_pages and self.l3 is not None:
-            l3_keys = keys[start + match.l2_pages:start + match.l2_pages + match.l3_pages]
-            l3_keys = l3_keys[:self._prefetch_budget()]
-            # A page that has an L2 slot meanwhile (another request's prefetch or store) ends the
-            # run: the rest would not be contiguous with it on L2 anyway.
-            for i, k in enumerate(l3_keys):
-                if self._has_l2_slot(k):
-                    l3_keys = l3_keys[:i]
-                    break
-        slots = self._allocate(len(l3_keys), protect=l2_keys) if l3_keys else []
-        l3_keys = l3_keys[:len(slots)]
+            part = keys[start + match.l2_pages:start + match.pages]
+            l3_keys, held = self._l3_run(part, self._prefetch_budget())
+            self.index.lock(held)  # before allocating: making room must not evict the tail
+            slots = self._allocate(len(l3_keys), protect=l2_keys) if l3_keys else []
+            if len(slots) < len(l3_keys):
+                # L2 could not make room for every read: the run ends before the first read
+                # without a slot, and the pages held after that point are not part of it.
+                l3_keys, kept = self._l3_run(part, len(slots))
+                self.index.unlock(held[len(kept):])
+                held = kept
         future = None
         if l3_keys:
             future = self.l3.get_into(l3_keys, slots)  # type: ignore[union-attr]
@@ -302,9 +327,26 @@ class CacheManager:
         # The timeout policy's tokens are those the request waits for: the ones read from L3.
         tokens = len(l3_keys) * self.page_size
         start_key = keys[start] if start < len(keys) else None
-        self._prefetches[request_id] = _Prefetch(l3_keys, slots, future, l2_keys, self.clock(),
+        self._prefetches[request_id] = _Prefetch(l3_keys, slots, future, l2_keys + held, self.clock(),
                                                  self.policies.prefetch_wait_s(tokens), start, start_key)
         return len(l3_keys)
+
+    def _l3_run(self, part: Sequence[str], max_reads: int) -> tuple[list[str], list[str]]:
+        """The leading run of a match's L3 part that one prefetch can serve, as (pages to read
+        from L3, pages L2 holds). Pages resident on L2 are used where they are; the run ends at a
+        page whose bytes are still landing on L2 (a store: it cannot be locked, and reading it
+        again would put two slots on one key) or where a read beyond ``max_reads`` would start."""
+        reads: list[str] = []
+        held: list[str] = []
+        for k in part:
+            entry = self.index.entry(k)
+            if entry is not None and entry.state == RESIDENT:
+                held.append(k)
+            elif (entry is not None and entry.state is not None) or len(reads) >= max_reads:
+                break
+            else:
+                reads.append(k)
+        return reads, held
 
     def _has_l2_slot(self, key: str) -> bool:
         entry = self.index.entry(key)
@@ -352,26 +394,27 @@ class CacheManager:
         p = self._prefetches.get(request_id)
         return p is None or p.future is None or p.future.done()
 
-    def _finish_prefetch(self, request_id: Any) -> None:
-        """Make the landed leading run resident; cancel or orphan the rest; unlock the L2 hit."""
+    def _finish_prefetch(self, request_id: Any) -> list[str]:
+        """Make the landed leading run resident; cancel or orphan the rest; unlock the L2 hit.
+        Returns the keys its reads brought from L3 (the landed run)."""
         p = self._prefetches.pop(request_id, None)
         if p is None:
-            return
+            return []
         self.index.unlock(p.locked)
         if p.future is None:
-            return
+            return []
         if not p.future.done() and self.l3 is not None and self.l3.cancel(p.future):
             self.stats.prefetches_cancelled += 1
             self._prefetch_slots -= len(p.slots)
             self.allocator.free(p.slots)
-            return
+            return []
         if not p.future.done():
             # Its reads are running: the slots come back once they have returned, and count
             # against max_prefetch_slots until then (poll).
             self.stats.prefetches_timed_out += 1
             self._orphans.append((p.slots, p.future))
             self.allocator.free(p.slots, completion=p.future)
-            return
+            return []
         self._prefetch_slots -= len(p.slots)
         landed = self._landed(p.future, len(p.keys))
         self.stats.prefetches_completed += 1
@@ -387,6 +430,7 @@ class CacheManager:
             self.allocator.free(p.slots[landed:])
             if heard_from_l3(p.future):  # the chain is broken at the first miss (see lookup)
                 self.index.mark_l3_missing(p.keys[landed:])
+        return p.keys[:landed]
 
     @staticmethod
     def _landed(future: concurrent.futures.Future, n: int) -> int:
@@ -425,15 +469,18 @@ class CacheManager:
             _check_request_id(request_id)
             count = count or self._l1_offset_of(keys, request_id)
         keys = keys[count:]
+        read: set[str] = set()
         if request_id is not None:
             self._lookups.pop(request_id, None)  # scheduled: an L3 answer still out is not waited for
-            self._finish_prefetch(request_id)
+            read = set(self._finish_prefetch(request_id))
+        # One resident run: the L2 hit, the pages the prefetch read and those of the L3 part that
+        # were on L2 already, in prompt order.
         run = keys[:self.index.l2_run(keys)]
         self.index.lock(run)
         self.index.touch(run)
         self.index.record_hits(run)
         self.stats.load_pages += len(run)
-        plan = LoadPlan(run, self.index.slots_of(run))
+        plan = LoadPlan(run, self.index.slots_of(run), [k in read for k in run])
         # A hit from L2 counts for L3 admission as an L1 hit does (the put only reads the slot,
         # beside the load).
         self._admit_to_l3(run)

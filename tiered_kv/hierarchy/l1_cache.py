@@ -226,7 +226,10 @@ class L1PrefixCache:
             self._evict(count - len(self._free), set(protect))
             self._reap()
             if len(self._free) < count and self._pending:
-                self.worker.drain()  # GPU: the evicted pages' backups must land before reuse
+                # GPU: the evicted pages' backups must land before reuse. The stores waited for
+                # are the manager's to complete, or their pages would never read as on L2.
+                for plan in self.worker.drain():
+                    self.manager.complete_store(plan, True)
                 self.poll()
         take = min(count, len(self._free))
         pages = [self._free.pop() for _ in range(take)]

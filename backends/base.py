@@ -100,6 +100,9 @@ class BackendStats:
     bytes_read: int = 0
     bytes_written: int = 0
     errors: int = 0
+    #: Records the backend itself evicted to make room (file, memory); None where the medium evicts
+    #: on its own and nothing here sees it (Redis' maxmemory, Mooncake's master).
+    evictions: int | None = None
 
 
 @dataclass(frozen=True)

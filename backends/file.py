@@ -115,6 +115,8 @@ class FileBackend(Backend):
         self.options = options
         self.root = _checked_root(options.path)
         self.read_only = read_only
+        if not read_only:
+            self.stats.evictions = 0  # it evicts for room itself (capacity_bytes): counted
         if read_only:
             # For tools that only look: no directory made, no probe file, no stale temp file
             # removed, nothing evicted; there is no index to keep, nothing is written.
@@ -162,6 +164,13 @@ class FileBackend(Backend):
     @property
     def used_bytes(self) -> int:
         return self._used
+
+    @property
+    def capacity_pages(self) -> int | None:
+        """Page files the capacity holds (None: bounded only by the disk, or no pool to size pages)."""
+        if not self.options.capacity_bytes or not self.file_bytes:
+            return None
+        return self.options.capacity_bytes // self.file_bytes
 
     def indexed(self) -> dict[str, int]:
         """A snapshot of the LRU index: page file name -> bytes, least recently used first."""
@@ -396,6 +405,7 @@ class FileBackend(Backend):
         (self.root / name[:2] / name).unlink(missing_ok=True)  # raises: the entry stays, as the file may
         del self._index[name]
         self._used -= size
+        self.stats.evictions = (self.stats.evictions or 0) + 1
 
     def _delete_one(self, key: str) -> None:
         path = self.path_of(key)

@@ -51,6 +51,7 @@ class MemoryBackend(Backend):
         super().__init__(pool, max_workers=1, timeout_s=None)
         self.options = options
         self._store = _Store() if store is None else store
+        self.stats.evictions = 0  # it evicts for room itself: counted
 
     def on_same_store(self, pool: HostPool | None) -> "MemoryBackend":
         """Another backend, serving ``pool``, on this one's records and capacity (same options);
@@ -68,6 +69,11 @@ class MemoryBackend(Backend):
     @property
     def used_bytes(self) -> int:
         return self._store.bytes
+
+    @property
+    def capacity_pages(self) -> int | None:
+        """Records of this pool's spec the capacity holds (None: key-only, no pool to size them)."""
+        return None if self._pool is None else self.options.capacity_bytes // self._pool.record_bytes
 
     @property
     def _records(self) -> "OrderedDict[str, bytes]":
@@ -104,6 +110,7 @@ class MemoryBackend(Backend):
             while self._store.bytes + len(data) > self.options.capacity_bytes:
                 _, evicted = self._records.popitem(last=False)
                 self._store.bytes -= len(evicted)
+                self.stats.evictions += 1
             self._records[key] = data
             self._store.bytes += len(data)
             stored.append(True)

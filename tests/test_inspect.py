@@ -115,6 +115,23 @@ def test_file_damaged_header_fails_without_verify_and_table_lists_it(file_store,
     assert "1 corrupt" in out and str(victim.relative_to(root)) in out and "header checksum" in out
 
 
+def test_json_counts_records_per_spec_as_count_and_names_the_unparsed_ones(file_store, capsys):
+    """Issue 11: "count, bytes, records per spec fingerprint": ``count`` beside ``records`` at the
+    top and per spec; a header-corrupt record is counted at the top only, and ``without_spec`` says
+    how many such records make the difference."""
+    root, written = file_store
+    code, found = _inspect(capsys, f"file://{root}")
+    assert code == 0 and found["count"] == found["records"] == 5 and found["without_spec"] == 0
+    assert {fp: c["count"] for fp, c in found["specs"].items()} == {fp: len(r) for fp, r in written.items()}
+    assert all(c["count"] == c["records"] for c in found["specs"].values())
+    _flip(next(iter(root.rglob("*.page"))), 20)  # the header checksum fails: no fingerprint to count it under
+    code, found = _inspect(capsys, f"file://{root}")
+    assert code == 1 and found["count"] == found["records"] == 5 and found["without_spec"] == 1
+    assert sum(c["count"] for c in found["specs"].values()) == 4
+    assert main(["inspect", f"file://{root}"]) == 1
+    assert "1 records under no spec fingerprint" in capsys.readouterr().out
+
+
 def test_file_record_under_another_name_is_corrupt(file_store, capsys):
     root, written = file_store
     files = _page_files(root)

@@ -17,9 +17,10 @@
     │   ├── CorruptRecordError   bad magic, header or payload checksum
     │   ├── ForeignRecordError   intact, but another spec fingerprint, key or size: left in place
     │   └── NotARecordError      no bytes-like buffer at all (also a TypeError)
-    └── BackendError             an L3 backend failed (not a miss)
-        ├── BackendUnavailableError   cannot reach the server / medium
-        └── BackendTimeoutError
+    ├── BackendError             an L3 backend failed (not a miss)
+    │   ├── BackendUnavailableError   cannot reach the server / medium
+    │   └── BackendTimeoutError
+    └── MetricsServerError       the metrics endpoint cannot listen (address in use, not this machine's)
 
 Dependency errors (redis, mooncake, OSError) are mapped at the boundary with ``raise ... from``.
 """
@@ -115,3 +116,8 @@ class BackendUnavailableError(BackendError):
 
 class BackendTimeoutError(BackendError, TimeoutError):
     """A backend call did not finish in time."""
+
+
+class MetricsServerError(TieredKVError):
+    """The metrics endpoint could not listen on its address (in use, not this machine's): a
+    runtime failure (exit 1), not a bad value (a malformed address is a ConfigError)."""

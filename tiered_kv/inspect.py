@@ -51,7 +51,8 @@ class Finding:
 @dataclass
 class Inspection:
     """What ``inspect_backend`` found. ``records`` and ``bytes`` count everything that holds bytes
-    (corrupt records included); ``specs`` only the records whose header parses."""
+    (corrupt records included); ``specs`` only the records whose header parses, so ``records`` is
+    their sum plus ``without_spec``. As JSON, ``count`` (top level and per spec) is ``records``."""
 
     backend: str
     verified: bool
@@ -66,13 +67,21 @@ class Inspection:
     def ok(self) -> bool:
         return not self.corrupt
 
+    @property
+    def without_spec(self) -> int:
+        """Records counted in ``records`` but under no fingerprint: their header does not parse."""
+        return self.records - sum(c.records for c in self.specs.values())
+
     def as_json(self) -> dict:
+        # ``count`` is the issue's name for the number of records (the same as ``records``, kept).
         return {
             "backend": self.backend,
             "verified": self.verified,
+            "count": self.records,
             "records": self.records,
             "bytes": self.bytes,
-            "specs": {fp: vars(c) for fp, c in sorted(self.specs.items())},
+            "without_spec": self.without_spec,
+            "specs": {fp: {"count": c.records, **vars(c)} for fp, c in sorted(self.specs.items())},
             "corrupt": [vars(f) for f in self.corrupt],
             "not_records": [vars(f) for f in self.not_records],
             "vanished": self.vanished,
@@ -199,6 +208,8 @@ def _table(found: Inspection) -> Iterator[str]:
         yield f"{'spec fingerprint':<34}{'records':>10}{'bytes':>18}{'payload B':>14}"
         for fp, c in sorted(found.specs.items()):
             yield f"{fp:<34}{c.records:>10,}{c.bytes:>18,}{c.payload_bytes:>14,}"
+    if found.without_spec:
+        yield f"{found.without_spec:,} records under no spec fingerprint (their header does not parse)"
     if found.vanished:
         yield f"{found.vanished:,} listed objects were gone before they were read (evicted or deleted meanwhile)"
     for f in found.not_records:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, MetricsServerError
 from .hierarchy.index import free_slot_count
 
 TIERS = ("l1", "l2", "l3")
@@ -168,7 +168,7 @@ def _evictions(parts: CacheParts) -> Iterator[Sample]:
     if parts.manager is not None:
         yield ("l2",), parts.manager.stats.l2_evictions
     evicted = getattr(getattr(parts.backend, "stats", None), "evictions", None)
-    if evicted is not None:  # only backends that evict themselves and count it (the simulated L3)
+    if evicted is not None:  # backends that evict for room themselves (file, memory, simulated)
         yield ("l3",), evicted
 
 
@@ -190,6 +190,9 @@ def _capacity(parts: CacheParts) -> Iterator[Sample]:
         yield ("l1",), parts.l1.capacity
     if parts.manager is not None:
         yield ("l2",), parts.manager.num_slots
+    l3 = getattr(parts.backend, "capacity_pages", None)
+    if l3 is not None:  # backends with a capacity of their own (file with capacity_bytes, memory, simulated)
+        yield ("l3",), l3
 
 
 def _l2_resident(parts: CacheParts) -> Iterator[Sample]:
@@ -283,7 +286,8 @@ METRICS: tuple[Metric, ...] = (
            _by_label("manager", {"stored": "l3_puts", "refused": "l3_puts_failed"})),
     Metric("tiered_kv_load_pages", "counter", (), "Pages planned for loading L2 -> L1.", _field("manager", "load_pages")),
     Metric("tiered_kv_evictions", "counter", ("tier",),
-           "Pages evicted from the tier (L3 only where the backend counts its own evictions).", _evictions),
+           "Pages evicted from the tier (L3: where the backend evicts for room itself: file, memory, simulated).",
+           _evictions),
     # bytes and bandwidth
     Metric("tiered_kv_transfer_bytes", "counter", ("tier", "direction"),
            "Bytes moved between the tier and the one above it: read = towards L1 (loads, prefetches), "
@@ -345,7 +349,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("tiered_kv_l2_resident_pages", "gauge", (), "Pages resident on L2 (verifiable, evictable when unlocked).",
            _l2_resident),
     Metric("tiered_kv_l1_pages", "gauge", ("state",), "L1 prefix cache pages used or free.", _l1_pages_state),
-    Metric("tiered_kv_capacity_pages", "gauge", ("tier",), "Capacity of the tier in pages.", _capacity),
+    Metric("tiered_kv_capacity_pages", "gauge", ("tier",),
+           "Capacity of the tier in pages (L3: where the backend has one: file with capacity_bytes, memory, simulated).",
+           _capacity),
 )
 
 
@@ -462,14 +468,14 @@ def check_address(host: Any, port: Any) -> tuple[str, int]:
 
 
 def serve_metrics(registry: Any, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> MetricsServer:
-    """Serve ``registry`` on ``http://host:port/metrics`` until ``close()``; ConfigError when the
-    address cannot be bound (in use, not this machine's)."""
+    """Serve ``registry`` on ``http://host:port/metrics`` until ``close()``; ConfigError for a
+    malformed address, MetricsServerError when it cannot be bound (in use, not this machine's)."""
     host, port = check_address(host, port)
     prom = _prom()
     try:
         server, thread = prom.start_http_server(port, addr=host, registry=registry)
     except OSError as exc:
-        raise ConfigError(f"metrics: cannot listen on {host}:{port} ({exc.strerror or exc})") from None
+        raise MetricsServerError(f"metrics: cannot listen on {host}:{port} ({exc.strerror or exc})") from None
     return MetricsServer(server, thread)
 
 

@@ -17,7 +17,7 @@ from tiered_kv.config import Config, describe, load_config, replay_settings, sho
 from tiered_kv.config.models import ControllerConfig, PoliciesConfig, PrefetchTimeoutConfig
 from tiered_kv.errors import ConfigError
 from tiered_kv.hierarchy import ControllerLimits, Policies, PrefetchPolicy, PrefetchTimeout, WritePolicy
-from tiered_kv.plan import plan_tiers
+from tiered_kv.plan import plan_tiers, slot_bytes
 from tiered_kv.sizes import parse_size
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "configs"
@@ -407,7 +407,8 @@ def test_replay_runs_the_config_file_with_flags_winning(capsys: pytest.CaptureFi
 def test_replay_reads_the_config_named_by_tiered_kv_config_with_its_environment(capsys: pytest.CaptureFixture,
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """``$TIERED_KV_CONFIG`` names the file for ``replay`` as for ``config show`` (file < environment
-    < flags); with neither it and ``--config`` the replay runs the embedded default."""
+    < flags); with neither it and ``--config`` the replay runs the embedded default, under the
+    environment all the same."""
     from tiered_kv.replay import embedded_default
 
     embedded = str(EXAMPLES / "embedded.yaml")
@@ -419,6 +420,103 @@ def test_replay_reads_the_config_named_by_tiered_kv_config_with_its_environment(
     assert main(["replay", "--simulate", "--clients", "2", "--rounds", "2", "--json", "--quiet"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["tier_pages"]["l2"] == expected.l2_pages and out["tier_pages"]["l1"] == expected.l1_pages
-    monkeypatch.delenv("TIERED_KV_CONFIG")
+    monkeypatch.delenv("TIERED_KV_CONFIG")  # no file: the environment applies over the embedded default
+    assert main(["replay", "--simulate", "--clients", "2", "--rounds", "2", "--json", "--quiet"]) == 0
+    out = json.loads(capsys.readouterr().out)["tier_pages"]
+    assert out["l2"] == replay_settings(env=env).l2_pages == 6 * 2**20 // slot_bytes(embedded_default().spec)
+    assert out["l1"] == embedded_default().l1_pages
+    monkeypatch.delenv("TIERED_KV_L2__SIZE")
     assert main(["replay", "--simulate", "--clients", "2", "--rounds", "2", "--json", "--quiet"]) == 0
     assert json.loads(capsys.readouterr().out)["tier_pages"]["l2"] == embedded_default().l2_pages
+
+
+def _replay_json(capsys: pytest.CaptureFixture, *args: str) -> dict:
+    assert main(["replay", "--simulate", "--clients", "2", "--rounds", "2", "--json", "--quiet", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_replay_without_a_file_takes_the_environment_over_the_embedded_default(
+        capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """file < environment < flags holds with no file too: the embedded default stands in for the
+    file, and a bad or unknown TIERED_KV_* variable is refused as config show refuses it."""
+    from tiered_kv.replay import embedded_default
+
+    monkeypatch.delenv("TIERED_KV_CONFIG", raising=False)
+    default = embedded_default()
+    monkeypatch.setenv("TIERED_KV_L2__SIZE", "96MiB")
+    monkeypatch.setenv("TIERED_KV_POLICIES__MIN_HIT_TOKENS", "64")
+    out = _replay_json(capsys)
+    assert out["tier_pages"] == {"l1": default.l1_pages, "l2": 96 * 2**20 // slot_bytes(default.spec),
+                                 "l3": default.l3_pages}
+    assert _replay_json(capsys, "--host-mem", "8MiB")["tier_pages"]["l2"] == 8 * 2**20 // slot_bytes(default.spec)
+    for name, value, message in (("TIERED_KV_L2__SIZE", "lots", "TIERED_KV_L2__SIZE: malformed size 'lots'"),
+                                 ("TIERED_KV_BOGUS", "1", "TIERED_KV_BOGUS: unknown key 'bogus'")):
+        monkeypatch.setenv(name, value)
+        assert main(["replay", "--simulate", "--clients", "2", "--rounds", "2", "--json", "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"tiered-kv: error: {message}") and err.count("\n") == 1
+        monkeypatch.delenv(name)
+
+
+def test_replay_serves_metrics_the_environment_enables_without_a_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tiered_kv.cli import build_parser
+    from tiered_kv.replay.cli import metrics_address, run_config
+
+    monkeypatch.delenv("TIERED_KV_CONFIG", raising=False)
+    args = build_parser().parse_args(["replay", "--simulate"])
+    assert metrics_address(args, run_config(args)) is None
+    monkeypatch.setenv("TIERED_KV_METRICS__ENABLED", "true")
+    monkeypatch.setenv("TIERED_KV_METRICS__PORT", "9577")
+    assert metrics_address(args, run_config(args)) == ("127.0.0.1", 9577)
+    args = build_parser().parse_args(["replay", "--simulate", "--metrics-port", "9578"])
+    assert metrics_address(args, run_config(args)) == ("127.0.0.1", 9578)  # the flag wins
+
+
+def test_config_show_without_a_file_is_what_replay_runs_without_one(capsys: pytest.CaptureFixture,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from tiered_kv.replay import embedded_default
+    from tiered_kv.replay.setup import embedded_config
+
+    monkeypatch.delenv("TIERED_KV_CONFIG", raising=False)
+    assert to_replay_settings(load_config(env={}, defaults=embedded_config())) == embedded_default()
+    assert replay_settings(env={}) == embedded_default()
+    monkeypatch.setenv("TIERED_KV_L3__SIZE", "2GiB")
+    assert main(["config", "show", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["spec.name"] == {"value": "embedded-nsa-2l", "source": "default", "origin": "default"}
+    assert data["l2.size"]["value"] == embedded_default().l2_pages * slot_bytes(embedded_default().spec)
+    assert data["policies.prefetch"]["value"] == "wait_complete"
+    assert data["l3.size"] == {"value": 2 * 2**30, "source": "env", "origin": "TIERED_KV_L3__SIZE"}
+    # A model named above the embedded default replaces its whole spec (no model-and-kind clash).
+    monkeypatch.setenv("TIERED_KV_SPEC__MODEL", "llama-3.1-8b")
+    assert main(["config", "show", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["spec.model"]["value"] == "llama-3.1-8b" and data["spec.kind"]["value"] is None
+
+
+def test_model_beside_a_config_keeps_the_sizes_the_file_gives(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 11: sizing flags beside a config file, the flags winning: only the flags given.
+    --model switches the spec; the file's (and the environment's) sizes stay, in pages of it."""
+    monkeypatch.delenv("TIERED_KV_CONFIG", raising=False)
+    path = write(tmp_path, "spec: {kind: nsa, layers: 4, name: mine}\nl1: {size: 16MiB}\nl2: {size: 48MiB}\n"
+                           "l3: {size: 1GiB}\n")
+    base = replay_settings(path, env={})
+    switched = _replay_json(capsys, "--config", str(path), "--model", "deepseek-v3.2", "--layers", "2")
+    spec = replay_settings(path, {"spec": {"model": "deepseek-v3.2", "kind": None, "layers": 2, "name": None}},
+                           env={}).spec
+    tiers = plan_tiers(spec, gpu_bytes=16 * 2**20, host_bytes=48 * 2**20, disk_bytes=2**30)
+    assert switched["tier_pages"] == {"l1": tiers[0].pages, "l2": tiers[1].pages, "l3": tiers[2].pages}
+    assert switched["tier_pages"] != {"l1": base.l1_pages, "l2": base.l2_pages, "l3": base.l3_pages}  # 2 layers, not 4
+    assert switched["spec"] == spec.describe()
+    flagged = _replay_json(capsys, "--config", str(path), "--model", "deepseek-v3.2", "--layers", "2",
+                           "--host-mem", "96MiB")
+    assert flagged["tier_pages"] == {**switched["tier_pages"], "l2": 96 * 2**20 // slot_bytes(spec)}
+    monkeypatch.setenv("TIERED_KV_L3__SIZE", "2GiB")  # the environment's size stays too
+    env_sized = _replay_json(capsys, "--config", str(path), "--model", "deepseek-v3.2", "--layers", "2")
+    assert env_sized["tier_pages"] == {**switched["tier_pages"], "l3": 2 * 2**30 // slot_bytes(spec)}
+    monkeypatch.delenv("TIERED_KV_L3__SIZE")
+    # No file: --model sizes the tiers as plan does (64GiB / 512GiB / 4TiB), unless a flag is given.
+    planned = _replay_json(capsys, "--model", "deepseek-v3.2", "--layers", "2", "--gpu-mem", "1GiB")
+    tiers = plan_tiers(spec, gpu_bytes=2**30, host_bytes=512 * 2**30, disk_bytes=4 * 2**40)
+    assert planned["tier_pages"] == {"l1": tiers[0].pages, "l2": tiers[1].pages, "l3": tiers[2].pages}

@@ -79,3 +79,31 @@ def test_docs_list_every_key_with_its_default() -> None:
 def test_docs_list_no_key_the_models_lack() -> None:
     extra = sorted(set(documented()) - set(model_keys()) - set(option_keys()))
     assert not extra, f"docs/config.md lists keys the models lack: {extra}"
+
+
+URLS = {"file": "file:///tmp/tiered-kv-docs-check", "memory": "memory://", "redis": "redis://127.0.0.1:6379/0",
+        "mooncake": "mooncake://127.0.0.1:50051"}
+
+
+def _meanings() -> dict[str, str]:
+    return {line.split("`")[1]: line.rsplit("|", 2)[-2] for line in DOCS.read_text().splitlines()
+            if ROW.match(line) and ":" in line.split("`")[1]}
+
+
+def test_options_the_docs_call_url_only_are_refused_as_options_and_only_those() -> None:
+    """docs/config.md and the URL parsers agree on which option fields come from the URL alone."""
+    from tiered_kv.config import load_config
+    from tiered_kv.errors import ConfigError
+
+    meanings = _meanings()
+    url_only = {key for key, meaning in meanings.items() if "refused as an option" in meaning}
+    assert url_only == {"file:path", "redis:host", "redis:port", "redis:path", "redis:tls", "mooncake:master"}
+    for key, default in option_keys().items():
+        scheme, name = key.split(":")
+        value = default if default is not None else "x"
+        try:
+            load_config(overrides={"l3": {"url": URLS[scheme], "options": {name: value}}}, env={})
+            refused = False
+        except ConfigError as exc:
+            refused = "comes from the URL itself" in str(exc)
+        assert refused == (key in url_only), f"{key}: docs say {meanings[key]!r}"

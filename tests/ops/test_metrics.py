@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.replay.conftest import TEST_SPEC, TINY_CHAT, TINY_TIERS
-from tiered_kv.errors import ConfigError
+from tiered_kv.errors import ConfigError, MetricsServerError
 from tiered_kv.metrics import (BACKEND_LABELS, METRICS, cache_registry, check_address, exposition, metric_names,
                                serve_metrics)
 from tiered_kv.replay import build, embedded_default, replay, summarize
@@ -187,8 +187,8 @@ def test_serve_metrics_answers_scrapes_and_refuses_bad_addresses():
             with urllib.request.urlopen(server.url, timeout=5) as reply:
                 body = reply.read().decode()
             assert value(families(body), "tiered_kv_capacity_pages", tier="l2") == TINY_TIERS["l2_pages"]
-            with pytest.raises(ConfigError, match=f"127.0.0.1:{server.port}"):
-                serve_metrics(registry, "127.0.0.1", server.port)  # in use
+            with pytest.raises(MetricsServerError, match=f"127.0.0.1:{server.port}"):
+                serve_metrics(registry, "127.0.0.1", server.port)  # in use: a runtime failure, not a bad value
         with socket.socket() as s:  # closed: the port answers no more
             assert s.connect_ex(("127.0.0.1", server.port)) != 0
     finally:
@@ -199,3 +199,45 @@ def test_serve_metrics_answers_scrapes_and_refuses_bad_addresses():
             check_address(host, port)
     with pytest.raises(ConfigError, match="l1=, manager=, controller="):
         cache_registry()
+
+
+@pytest.mark.parametrize("l3", ["file", "memory"])
+def test_l3_evictions_and_capacity_are_exposed_for_backends_that_evict_themselves(l3):
+    """Issue 12's "evictions per tier": an L3 that evicts for room (a file store with a capacity, a
+    memory store) has its tier="l3" eviction series and its capacity in pages, not only the
+    simulated one."""
+    tiers = {**TINY_TIERS, "l3_pages": 24}  # far below the chat's ~80 distinct pages: L3 evicts
+    url = None
+    if l3 == "memory":
+        from tiered_kv.plan import record_bytes
+        url = f"memory://?capacity_bytes={tiers['l3_pages'] * record_bytes(TEST_SPEC)}"
+    h = build(embedded_default(spec=TEST_SPEC, l3_url=url, **tiers))
+    registry = cache_registry(l1=h.l1)
+    try:
+        replay(h, synthetic_chat(TINY_CHAT))
+        fams = families(exposition(registry))
+        evicted = h.controller.backend.stats.evictions
+    finally:
+        h.close()
+    assert h.l2_free_slots == h.manager.num_slots and h.controller.pending_tasks() == 0
+    h.release_memory()
+    assert evicted > 0
+    assert value(fams, "tiered_kv_evictions", tier="l3") == evicted
+    assert value(fams, "tiered_kv_capacity_pages", tier="l3") == tiers["l3_pages"]
+    assert value(fams, "tiered_kv_capacity_pages", tier="l2") == tiers["l2_pages"]
+
+
+def test_a_metrics_port_in_use_is_a_runtime_failure_exit_1(capsys):
+    """Exit codes: 2 for bad usage or input, 1 for a failure at run time; a port someone else
+    holds is the latter (the same flags work once it is free)."""
+    from tiered_kv.cli import main
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        code = main(["replay", "--simulate", "--clients", "2", "--rounds", "2", "--json", "--quiet",
+                     "--metrics-port", str(port)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith(f"tiered-kv: error: metrics: cannot listen on 127.0.0.1:{port}") and err.count("\n") == 1

@@ -3,14 +3,15 @@
 ``check`` loads FILE as a run would (the file, then ``TIERED_KV_*`` variables) and prints ``ok`` and
 a one-line summary; a bad config is the loader's one-line ConfigError, which ``tiered_kv.cli.main``
 prints and turns into exit code 2. ``show`` prints every effective value and its source (default,
-file, env, argument); with no FILE, ``$TIERED_KV_CONFIG`` or the defaults.
+file, env, argument); with no FILE, ``$TIERED_KV_CONFIG``, else the embedded default that
+``tiered-kv replay`` runs without a file (``replay.setup.embedded_config``), under the environment.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from .loader import load_config, show
+from .loader import config_file, load_config, show
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -20,7 +21,12 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    print(show(load_config(args.file), as_json=args.json))
+    defaults = None
+    if config_file(args.file) is None:
+        from ..replay.setup import embedded_config
+
+        defaults = embedded_config()  # what ``tiered-kv replay`` runs with no file
+    print(show(load_config(args.file, defaults=defaults), as_json=args.json))
     return 0
 
 
@@ -33,7 +39,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     check.set_defaults(func=run_check)
     show_ = commands.add_parser("show", parents=[common], help="every effective value and where it came from")
     show_.add_argument("file", metavar="FILE", nargs="?", default=None,
-                       help="a config file (default: $TIERED_KV_CONFIG, else only defaults and environment)")
+                       help="a config file (default: $TIERED_KV_CONFIG, else the embedded default "
+                            "'tiered-kv replay' runs, and the environment)")
     show_.add_argument("--json", action="store_true", help="one JSON object: key -> value, source, origin")
     show_.set_defaults(func=run_show)
 

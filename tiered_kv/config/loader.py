@@ -269,18 +269,39 @@ def _config_error(exc: ValidationError, sources: dict[str, tuple[str, str]], pat
 
 
 # --- the entry points --------------------------------------------------------------------------
+def config_file(path: str | os.PathLike | None = None, env: Mapping[str, str] = os.environ) -> str | None:
+    """The file a load reads: ``path``, else ``$TIERED_KV_CONFIG`` (when set and not empty), else None."""
+    if path is not None:
+        return str(path)
+    return next((env[k] for k in env if k.upper() == CONFIG_PATH_ENV and env[k]), None)
+
+
 def load_config(path: str | os.PathLike | None = None, overrides: Mapping[str, Any] | None = None,
-                env: Mapping[str, str] = os.environ) -> Config:
+                env: Mapping[str, str] = os.environ, *, defaults: Mapping[str, Any] | None = None) -> Config:
     """The effective config: ``path`` (or ``$TIERED_KV_CONFIG``) < ``TIERED_KV_*`` in ``env`` <
-    ``overrides``. ConfigError, one line, naming the file / variable, the key path and the reason."""
-    if path is None:
-        path = next((env[k] for k in env if k.upper() == CONFIG_PATH_ENV and env[k]), None)
-    label = None if path is None else str(path)
+    ``overrides``. ConfigError, one line, naming the file / variable, the key path and the reason.
+
+    ``defaults`` (nested or dotted keys) stand in for the models' own defaults under all three
+    layers, and show as ``default``: the replay's embedded setup when no file is given. A
+    ``spec.model`` or ``spec.kind`` set by a layer drops the defaults' ``spec`` section and tier
+    sizes: they describe one spec, and another is named."""
+    path = config_file(path, env)
+    label = path
     file_data = read_file(path) if path is not None else {}
     env_data = _env_layer(env)
     explicit = _expand(overrides or {})
     sources = _sources(file_data, label, env_data, env, explicit)
     merged = _merge(_merge(file_data, env_data), explicit)
+    base = _expand(defaults or {})
+    given_spec = merged.get("spec") if isinstance(merged, dict) else None
+    if isinstance(given_spec, dict) and {"model", "kind"} & given_spec.keys():
+        # A model or kind given above names another spec: the defaults' spec and the tier sizes
+        # chosen for it do not apply (the models' own defaults do).
+        base.pop("spec", None)
+        for tier in ("l1", "l2", "l3"):
+            if isinstance(base.get(tier), dict):
+                base[tier].pop("size", None)
+    merged = _merge(base, merged)
     try:
         config = Config(**merged)
     except ValidationError as exc:
@@ -391,9 +412,13 @@ def to_replay_settings(config: Config) -> Any:
 
 def replay_settings(path: str | os.PathLike | None = None, overrides: Mapping[str, Any] | None = None,
                     env: Mapping[str, str] = os.environ) -> Any:
-    """``to_replay_settings(load_config(path, overrides, env))``: what ``replay --config FILE`` runs."""
-    return to_replay_settings(load_config(path, overrides, env))
+    """``to_replay_settings(load_config(path, overrides, env))``: what ``replay --config FILE`` runs;
+    with no file (and no ``$TIERED_KV_CONFIG``), the embedded default under ``env`` and ``overrides``."""
+    from ..replay.setup import embedded_config
+
+    defaults = embedded_config() if config_file(path, env) is None else None
+    return to_replay_settings(load_config(path, overrides, env, defaults=defaults))
 
 
-__all__ = ["CONFIG_PATH_ENV", "FORMATS", "SIZE_KEYS", "Setting", "describe", "load_config", "read_file",
+__all__ = ["CONFIG_PATH_ENV", "FORMATS", "config_file", "SIZE_KEYS", "Setting", "describe", "load_config", "read_file",
            "replay_settings", "show", "to_replay_settings"]

@@ -7,10 +7,11 @@
                      [--no-verify] [--json] [--plot FILE.png] [--quiet]
                      [--metrics-port N [--metrics-host ADDR] [--hold-s S]]
 
-With no config (``--config``, else ``$TIERED_KV_CONFIG``) and no sizing flags it runs the embedded
-default (``replay.setup``). ``--model``
-switches to that preset's spec, with the tiers sized like ``plan`` (64GiB / 512GiB / 4TiB unless
-given). Sizing flags win over the config file. Exit codes: 0 ok, 1 a loaded page was wrong
+With no config (``--config``, else ``$TIERED_KV_CONFIG``) it starts from the embedded default
+(``replay.setup.embedded_config``); the ``TIERED_KV_*`` environment applies over the file or the
+embedded default alike (file < environment < flags). ``--model`` switches to that preset's spec:
+without a file the tiers are then sized like ``plan`` (64GiB / 512GiB / 4TiB); a file's or the
+environment's sizes stay. Only the flags given win over the config. Exit codes: 0 ok, 1 a loaded page was wrong
 (``pages_wrong`` > 0) or the run failed, 2 bad usage or input (a malformed trace line included).
 ``--metrics-port`` (or the config's ``metrics`` section) serves the run's Prometheus metrics
 (``tiered_kv.metrics``) while it runs and, with ``--hold-s``, that long after the summary is printed.
@@ -28,13 +29,9 @@ from typing import Any
 from ..errors import ConfigError
 from ..hierarchy import PrefetchPolicy, WritePolicy
 from ..cli_args import non_negative_int, positive_float, positive_int, positive_size
-from ..sizes import parse_size
-from ..spec import MODEL_PRESETS, model_spec
-from .setup import ReplaySettings, build, embedded_default
+from ..spec import MODEL_PRESETS
+from .setup import ReplaySettings, build, embedded_config
 from .workload import ChatWorkload, read_trace, synthetic_chat
-
-PLAN_DEFAULT_SIZES = {"gpu_mem": "64GiB", "host_mem": "512GiB", "disk": "4TiB"}
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = ChatWorkload()
@@ -62,13 +59,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     size.add_argument("--host-mem", type=positive_size, metavar="SIZE", help="L2 capacity (with --model default 512GiB)")
     size.add_argument("--disk", type=positive_size, metavar="SIZE", help="L3 capacity (with --model default 4TiB)")
     size.add_argument("--l3", metavar="URL", help="an L3 backend URL (default: a file:// store in a temporary directory)")
-    size.add_argument("--prefetch", choices=[m.value for m in PrefetchPolicy], help="prefetch policy (default wait_complete)")
-    size.add_argument("--write", choices=[m.value for m in WritePolicy], help="write policy (default write_through)")
+    size.add_argument("--prefetch", choices=[m.value for m in PrefetchPolicy], help="prefetch policy (default: the config's policies.prefetch; without a config "
+                           "file wait_complete, the embedded default's)")
+    size.add_argument("--write", choices=[m.value for m in WritePolicy], help="write policy (default: the config's policies.write, write_through unless set)")
     run_ = p.add_argument_group("run")
     run_.add_argument("--simulate", action="store_true",
                       help="same index, policies and capacities, no bytes moved and no tier memory reserved")
     run_.add_argument("--inflight", type=positive_int, default=8,
-                      help="requests in flight at once (default 8; 1: serial, hits independent of timing)")
+                      help="requests looked up and prefetched together, then run in arrival order (default 8; "
+                           "hits per tier do not depend on timing under wait_complete)")
     run_.add_argument("--no-verify", action="store_true", help="skip the oracle fill and the check of loaded pages")
     run_.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     run_.add_argument("--plot", metavar="FILE.png", help="draw the hit rate per tier over time (needs the 'plot' extra)")
@@ -102,28 +101,38 @@ def config_path(args: argparse.Namespace) -> str | None:
     return args.config or os.environ.get("TIERED_KV_CONFIG") or None
 
 
-def _from_config(path: str) -> ReplaySettings:
-    from ..config import replay_settings  # pydantic is needed only when a config file is given
+def run_config(args: argparse.Namespace) -> Any:
+    """The run's ``Config``: the file (else the embedded default, ``setup.embedded_config``), the
+    ``TIERED_KV_*`` environment over it, and ``--model`` / ``--layers`` / ``--page-size`` as explicit
+    values over both (one precedence rule: ``tiered_kv.config.load_config``). ``--model`` names
+    another spec: without a file the tiers then take the models' defaults (64GiB / 512GiB / 4TiB,
+    as ``plan`` sizes them); a file's or the environment's sizes stay, counted in pages of it."""
+    from ..config import load_config
 
-    return replay_settings(path)
-
-
-def settings_from_args(args: argparse.Namespace) -> ReplaySettings:
-    """The settings the arguments describe: config file (or the embedded default), then flags."""
     path = config_path(args)
-    settings = _from_config(path) if path else embedded_default()
-    sizes: dict[str, Any] = {"gpu_bytes": args.gpu_mem, "host_bytes": args.host_mem, "disk_bytes": args.disk}
+    overrides: dict[str, Any] = {}
+    defaults = embedded_config() if path is None else None  # --model drops its spec and sizes (load_config)
     if args.model is not None:
         model_layers = MODEL_PRESETS[args.model][1]
         if args.layers is not None and args.layers > model_layers:  # as plan refuses it, naming the flag
             raise ConfigError(f"--layers {args.layers}: {args.model} has {model_layers} layers")
-        spec = model_spec(args.model, page_size=args.page_size or 64, num_layers=args.layers)
-        settings = dataclasses.replace(settings, spec=spec, model=args.model)
-        for key, flag in (("gpu_bytes", "gpu_mem"), ("host_bytes", "host_mem"), ("disk_bytes", "disk")):
-            if sizes[key] is None:
-                sizes[key] = parse_size(PLAN_DEFAULT_SIZES[flag])
+        # The preset replaces the spec; of the file's spec only the page size is not the model's.
+        overrides["spec"] = {"model": args.model, "kind": None, "layers": args.layers, "layer_range": None,
+                             "latent_dtype": None, "num_kv_heads": None, "head_dim": None, "name": None}
+        if args.page_size is not None:
+            overrides["spec"]["page_size"] = args.page_size
     elif args.page_size is not None or args.layers is not None:
         raise ConfigError("--page-size and --layers shape a --model preset; give --model too")
+    return load_config(path, overrides, defaults=defaults)
+
+
+def settings_from_args(args: argparse.Namespace, config: Any = None) -> ReplaySettings:
+    """The settings the arguments describe: ``run_config`` (file or embedded default, environment,
+    ``--model``), then the sizing and policy flags, which win: only the flags given."""
+    from ..config import to_replay_settings
+
+    settings = to_replay_settings(config if config is not None else run_config(args))
+    sizes: dict[str, Any] = {"gpu_bytes": args.gpu_mem, "host_bytes": args.host_mem, "disk_bytes": args.disk}
     if any(v is not None for v in sizes.values()):
         settings = settings.with_sizes(**sizes)
     policies = settings.policies
@@ -172,11 +181,12 @@ def run(args: argparse.Namespace) -> int:
     from .driver import replay
     from .report import format_table, plot, require_matplotlib, summarize, to_json
 
-    settings = settings_from_args(args)
+    config = run_config(args)
+    settings = settings_from_args(args, config)
     requests = workload_from_args(args)
     if args.plot:
         require_matplotlib()  # refuse a missing extra before the run, not after minutes of it
-    address = metrics_address(args)
+    address = metrics_address(args, config)
     bar, step = _progress_bar(len(requests), args.quiet, settings.spec.page_size)
     h = build(settings)
     server = None
@@ -203,20 +213,20 @@ def run(args: argparse.Namespace) -> int:
     return exit_code(summary)
 
 
-def metrics_address(args: argparse.Namespace) -> tuple[str, int] | None:
-    """Where to serve metrics: the flags, else the config file's ``metrics`` section, else None."""
+def metrics_address(args: argparse.Namespace, config: Any = None) -> tuple[str, int] | None:
+    """Where to serve metrics: the flags, else the run's ``metrics`` section (file, environment),
+    else None."""
     from ..metrics import DEFAULT_HOST, check_address
 
     host, port = args.metrics_host, args.metrics_port
-    if port is None and config_path(args):
-        from ..config import load_config
-
-        section = load_config(config_path(args)).metrics
+    if port is None:
+        section = (config if config is not None else run_config(args)).metrics
         if section.enabled:
             host, port = host or section.host, section.port
     if port is None:
         if host is not None or args.hold_s is not None:
-            raise ConfigError("--metrics-host and --hold-s go with --metrics-port (or metrics.enabled in --config)")
+            raise ConfigError("--metrics-host and --hold-s go with --metrics-port (or metrics.enabled in --config "
+                              "or TIERED_KV_METRICS__ENABLED)")
         return None
     return check_address(host or DEFAULT_HOST, port)
 
@@ -235,4 +245,5 @@ def exit_code(summary: dict[str, Any]) -> int:
     return 1 if summary["pages_wrong"] or summary.get("l3_degraded_episodes") else 0
 
 
-__all__ = ["add_arguments", "exit_code", "metrics_address", "add_parser", "register", "run", "settings_from_args", "workload_from_args"]
+__all__ = ["add_arguments", "exit_code", "metrics_address", "add_parser", "register", "run", "run_config", "settings_from_args",
+           "workload_from_args"]

@@ -7,20 +7,27 @@ Each request goes the way a serving engine's scheduler takes it (``L1PrefixCache
     ready   -> the prefetch policy says it may run (``wait_complete``: once the prefetch landed)
     run     -> L2 -> L1 loads, the "prefill" of the rest (oracle bytes), stores per the write policy
 
-Up to ``inflight`` requests are in flight at once, so lookups and prefetches of one overlap the
-runs of others. Arrival order is kept and time is not: the trace's timestamps only order the
-requests, no request waits for its trace millisecond. A request is admitted only once no request
-in flight is still computing a page of its prompt (their prompts share a page that no run has
-produced yet): a conversation's next turn waits for the previous one, as a user waits for the
-answer, and no page is computed twice at once. With ``inflight=1`` the loop also waits for the L3
-writes of each request before the next one, so the hits per tier do not depend on timing at all
-(``--simulate`` and a byte-moving replay of the same workload then agree exactly).
+The requests go in steps of up to ``inflight``: the lookups of a step are sent together (L3's
+``exists`` for all of them at once), each is decided and its prefetch started in arrival order, the
+step's L3 reads run together, and then its requests run one by one in arrival order, each after the
+L1 <-> L2 copies and L3 writes of the run before it have landed (``Hierarchy.settle``). So every
+decision the hierarchy takes (hit lengths, L2 evictions, which pages L3 holds when it is asked) sees
+the same state whatever the speed of the I/O: under ``wait_complete`` the hits per tier are a
+function of the workload and the settings alone, the same run to run and the same with
+``--simulate`` (issue 11). Bytes still move concurrently where no decision waits on them: the reads
+of a whole step, and each request's writes over the controller's workers. ``best_effort`` and
+``timeout`` run a request with what has landed by then, so their hits do depend on the I/O's speed.
 
-When nothing can progress the loop sleeps 0.5 ms (the controller's thread is working).
+Arrival order is kept and time is not: the trace's timestamps only order the requests, no request
+waits for its trace millisecond. A request joins a step only if no request admitted before it in
+the step computes a page of its prompt (their prompts share a page that no run has produced yet): a
+conversation's next turn waits for the previous one, as a user waits for the answer, and no page is
+computed twice at once. ``inflight=1`` is one request at a time.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -28,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
+from ..hierarchy import PrefetchPolicy
 from ..keys import page_keys
 from .setup import Hierarchy
 from .workload import Request
@@ -95,24 +103,58 @@ def _common_prefix(a: Sequence[str], b: Sequence[str]) -> int:
     return i
 
 
+def _decide(f: _Flight, l1: Any, clock: Callable[[], float], *, start_prefetch: bool) -> bool:
+    """Ask for ``f``'s hit once more; once decided (and ``start_prefetch``), start its prefetch.
+    True when its prefetch has started."""
+    if f.started is not None:
+        return True
+    if f.match is None:
+        f.match = l1.lookup(f.req.index, f.keys)
+        if f.match is None:
+            return False
+        f.matched = clock()
+    if not start_prefetch:
+        return False
+    l1.start(f.req.index)
+    f.started = clock()
+    return True
+
+
+def _wait_for(future: concurrent.futures.Future | None, timeout_s: float | None = None) -> None:
+    """Block on one L3 answer (None: nothing to wait for, or only a policy's clock)."""
+    if future is None:
+        if timeout_s:
+            time.sleep(timeout_s)
+        return
+    concurrent.futures.wait([future], timeout=timeout_s)
+
+
 def replay(h: Hierarchy, requests: Sequence[Request], *, inflight: int = 8,
            progress: Callable[[RequestResult], None] | None = None) -> ReplayResult:
-    """Drive ``requests`` (in arrival order) through ``h``; the hierarchy stays open (close it)."""
+    """Drive ``requests`` (in arrival order) through ``h``; the hierarchy stays open (close it).
+
+    Steps of up to ``inflight`` requests: every request of a step is looked up and its prefetch
+    started (L3's ``exists`` and reads of the whole step at once), then the requests run one by one
+    in arrival order, each once the copies and L3 writes of the one before it have landed. Every
+    decision of the hierarchy (hit lengths, L2 evictions, what L3 holds) is taken at a fixed point
+    of that order with no I/O of another request half done, so under ``wait_complete`` the hits
+    per tier are a function of the workload and the settings alone: the same run to run, and the
+    same with ``--simulate``.
+    """
     if isinstance(inflight, bool) or not isinstance(inflight, int) or inflight <= 0:
         raise ConfigError(f"inflight must be an int > 0, got {inflight!r}")
     l1, manager = h.l1, h.manager
     assert l1 is not None and manager is not None
     ns = h.namespace
-    serial = inflight == 1
+    wait_complete = manager.policies.prefetch is PrefetchPolicy.WAIT_COMPLETE
     pending = deque(requests)
-    flights: list[_Flight] = []
     computed: set[str] = set()  # every page key a run has produced (a prefix-closed set)
     results: list[RequestResult] = []
     clock = time.perf_counter
     start = clock()
     fill0, verify0 = h.fill_seconds, h.verify_seconds
 
-    def conflicts(keys: list[str]) -> bool:
+    def conflicts(keys: list[str], flights: list[_Flight]) -> bool:
         for f in flights:
             common = _common_prefix(keys, f.keys)
             if common and f.keys[common - 1] not in computed:
@@ -120,35 +162,40 @@ def replay(h: Hierarchy, requests: Sequence[Request], *, inflight: int = 8,
         return False
 
     next_keys: list[str] | None = None
-    while pending or flights:
-        progressed = False
+    while pending:
+        # Admit: a request that shares a page no run has produced yet with one admitted before it
+        # waits for the next step (a conversation's next turn waits for the answer).
+        flights: list[_Flight] = []
         while pending and len(flights) < inflight:
             if next_keys is None:
                 next_keys = page_keys(ns, pending[0].tokens())
-            if conflicts(next_keys):
+            if flights and conflicts(next_keys, flights):
                 break
             flights.append(_Flight(pending.popleft(), next_keys, clock()))
             next_keys = None
-            progressed = True
-        for f in list(flights):
+        # Look up: the first call of each sends its L3 ``exists`` (all of them run at once); then
+        # each is decided and its prefetch started strictly in arrival order, waiting for its own
+        # answer (asked again when an earlier request's prefetch changed what L2 holds).
+        for f in flights:
+            _decide(f, l1, clock, start_prefetch=False)
+        for f in flights:
+            while not _decide(f, l1, clock, start_prefetch=True):
+                _wait_for(manager.pending_l3(f.req.index))
+        if wait_complete:
+            manager.wait_idle()  # every read of the step landed: no read beside the writes below
+        for f in flights:
             rid = f.req.index
-            if f.match is None:
-                match = l1.lookup(rid, f.keys)
-                if match is None:
-                    continue
-                f.match, f.matched = match, clock()
-                l1.start(rid)
-                f.started = clock()
-                progressed = True
-            if not l1.ready(rid):
-                continue
+            while not l1.ready(rid):  # the timeout policy's wait (wait_complete: already landed)
+                _wait_for(manager.pending_l3(rid), IDLE_SLEEP_S)
             ready = clock()
             fill_before, verify_before = h.fill_seconds, h.verify_seconds
             served = l1.run(rid)
             ran = clock()
             computed.update(f.keys[:served.l1_pages + served.l2_pages + served.l3_pages + served.computed_pages])
             side = (h.fill_seconds - fill_before) + (h.verify_seconds - verify_before)
-            flights.remove(f)
+            # The next run's L2 evictions depend on which puts are still in flight, and the next
+            # step's lookups on what L3 holds: let this run's stores and puts land first.
+            h.settle()
             result = RequestResult(
                 index=rid, arrival_s=f.req.arrival_s, input_tokens=f.req.input_length, pages=len(f.keys),
                 l1_pages=served.l1_pages, l2_pages=served.l2_pages, l3_pages=served.l3_pages,
@@ -157,14 +204,8 @@ def replay(h: Hierarchy, requests: Sequence[Request], *, inflight: int = 8,
                 match_s=f.matched - f.admitted, prefetch_s=ready - f.started,  # type: ignore[operator]
                 load_s=max(0.0, ran - ready - side), done_s=ran - start)
             results.append(result)
-            if serial:
-                manager.wait_idle()
-                l1.poll()
             if progress is not None:
                 progress(result)
-            progressed = True
-        if not progressed:
-            time.sleep(IDLE_SLEEP_S)
     manager.wait_idle()
     l1.poll()
     wall = clock() - start

@@ -99,6 +99,22 @@ def embedded_default(**changes: Any) -> ReplaySettings:
     return replace(ReplaySettings(), **changes)
 
 
+def embedded_config() -> dict[str, Any]:
+    """The embedded default as config keys: what ``tiered-kv replay`` and ``tiered-kv config show``
+    start from when no config file is given, under the ``TIERED_KV_*`` environment and the flags
+    (``load_config(..., defaults=embedded_config())``). The same spec, tiers (in bytes that hold
+    exactly ``DEFAULT_PAGES``), namespace name and prefetch policy as ``embedded_default()``."""
+    spec = default_spec()
+    return {
+        "spec": {"kind": spec.kind, "layers": spec.num_layers, "page_size": spec.page_size,
+                 "latent_dtype": dict(spec.dims)["latent_dtype"], "name": DEFAULT_MODEL},
+        "l1": {"size": DEFAULT_PAGES["l1"] * spec.page_bytes},
+        "l2": {"size": DEFAULT_PAGES["l2"] * slot_bytes(spec)},
+        "l3": {"size": DEFAULT_PAGES["l3"] * slot_bytes(spec)},
+        "policies": {"prefetch": default_policies().prefetch.value},
+    }
+
+
 def _physical_memory() -> int | None:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -193,6 +209,22 @@ class Hierarchy:
         count = getattr(self.allocator, "free_slots", None)
         return count if count is not None else self.allocator.free_count
 
+    def settle(self) -> None:
+        """Wait for every copy and L3 write in flight and hand their outcomes to the hierarchy, so
+        that what it decides next depends on the calls made so far, not on how fast they ran: a
+        store still copying is not resident on L2, a put still running pins its page on L2 and is
+        not on L3, a slot still read by a load is not free."""
+        assert self.l1 is not None and self.manager is not None
+        if getattr(self, "device", "cpu") != "cpu":
+            import torch
+
+            torch.cuda.synchronize(self.device)
+        for plan in self.worker.drain():  # as L1PrefixCache.close hands drained stores over
+            self.manager.complete_store(plan, True)
+        self.l1.poll()
+        self.manager.wait_idle()
+        self.l1.poll()
+
     def close(self) -> None:
         """Abort open requests, finish stores and L3 work, close the controller and the backend,
         free the host pool and remove a temporary L3 directory. Idempotent."""
@@ -228,4 +260,4 @@ def build(settings: ReplaySettings) -> Hierarchy:
 
 
 __all__ = ["DEFAULT_PAGES", "Hierarchy", "ReplaySettings", "build", "default_policies", "default_spec",
-           "embedded_default"]
+           "embedded_config", "embedded_default"]

@@ -312,6 +312,8 @@ METRICS: tuple[Metric, ...] = (
            _field("controller", "reads_degraded")),
     Metric("tiered_kv_l3_writes_refused", "counter", (), "L3 writes refused (queue full) or dropped (close, retries spent).",
            _field("controller", "writes_refused")),
+    Metric("tiered_kv_l3_reads_refused", "counter", (), "L3 reads answered 'miss' at once because the read queue was full.",
+           _field("controller", "reads_refused")),
     Metric("tiered_kv_l3_pages", "counter", ("direction",), "Pages moved by L3 reads (gets) and writes (puts).",
            _by_label("controller", {"read": "pages_read", "write": "pages_written"})),
     # backend health

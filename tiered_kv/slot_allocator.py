@@ -90,8 +90,8 @@ class SlotAllocator:
 
     def is_allocated(self, slot: int) -> bool:
         """True while ``slot`` is handed out and not waiting to be freed."""
+        # No reap: a pending free is "not allocated" before and after its completion.
         slot = slot_id(slot, self.num_slots)
-        self.reap()
         return bool(self._allocated[slot]) and slot not in self._pending_slots
 
     def is_pending(self, slot: int) -> bool:
@@ -102,7 +102,6 @@ class SlotAllocator:
 
     def allocated_slots(self) -> list[int]:
         """Slots handed out and not waiting to be freed (for tests, stats and shutdown)."""
-        self.reap()
         pending = self._pending_slots
         return [s for s, used in enumerate(self._allocated) if used and s not in pending]
 

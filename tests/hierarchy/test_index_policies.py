@@ -115,8 +115,7 @@ def test_failed_l3_put_never_reads_as_present():
 def test_write_back_copies_the_last_copy_down_before_it_goes():
     index = PageIndex(SlotAllocator(3))
     resident(index, KEYS[:3])
-    index.entry(KEYS[1]).on_l3 = True  # already on L3, and L3 said so since its last use: may simply go
-    index.entry(KEYS[1]).l3_confirmed = True
+    index.entry(KEYS[1]).on_l3 = True  # already on L3: may simply go
     ev = index.evict(1, copy_down_allowed=lambda e: True)
     assert ev.copy_down == [KEYS[0]] and ev.freed == 1
     assert index.is_resident(KEYS[0]) and not index.is_resident(KEYS[1])

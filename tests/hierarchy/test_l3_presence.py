@@ -1,6 +1,6 @@
 """What the index believes L3 holds follows what L3 says: pages L3 lost behind our back (another
-instance's eviction, a restart, a delete) are written again, and write_back never drops the last
-copy of a page L3 no longer holds. Real file L3, real host pool, oracle bytes."""
+instance's eviction, a restart, a delete) are written again once a lookup's exists or a prefetch's
+misses said so. Real file L3, real host pool, oracle bytes."""
 
 from __future__ import annotations
 
@@ -119,31 +119,25 @@ def test_a_prefetch_miss_marks_the_rest_of_the_chain_gone(tmp_path):
         c.close()
 
 
-def test_write_back_asks_l3_before_the_last_l2_copy_of_a_page_goes(tmp_path):
-    """write_back: A came back to L2 from L3, then L3 lost it. Before: L2 dropped A trusting the
-    stale on_l3 flag and A was gone from every tier; now L3 is asked first and A copied down."""
+def test_write_back_evicts_a_page_on_l3_at_once_even_after_a_hit(tmp_path):
+    """write_back, a 4-slot L2: A went to L3 (copied down for B), came back and was loaded (a hit).
+    When L1 evicts B, A (on L3) makes room at once and B is stored whole: an eviction must not
+    wait for L3 to confirm what the index already believes (a check at eviction kept A, and B's
+    pages were skipped: on no tier at all)."""
     c = Cache(tmp_path / "l3", Policies(write="write_back", prefetch="wait_complete"))
     try:
         fill_pages(c.l1, A, [1, 2, 3, 4])
         c.store(c.mgr.on_l1_evicting(A), A, [1, 2, 3, 4])
-        assert c.mgr.on_l1_evicting(B) is None  # L2 full: A is copied down first
+        fill_pages(c.l1, B, [5, 6, 7, 8])
+        assert c.mgr.on_l1_evicting(B) is None  # L2 full of A's only copies: they go down first
         assert c.mgr.wait_idle(10) and c.on_l3(A) == 4
-        m = c.lookup("a", A)
-        assert (m.l2_pages, m.l3_pages) == (4, 0)
-        c.mgr.start_prefetch("a", A, m)
-        plan = c.mgr.prepare_load(A, "a")
+        plan = c.mgr.prepare_load(A)
         c.mgr.complete_load(plan)
-        assert len(plan) == 4
-        c.delete_on_l3(A)
-        fill_pages(c.l1, C, [5, 6, 7, 8])
-        for _ in range(4):  # L2 is full of A: each call makes room as far as L3 allows
-            plan = c.mgr.on_l1_evicting(C)
-            assert c.mgr.wait_idle(10)
-            if plan is not None:
-                c.store(plan, C, [5, 6, 7, 8])
-                break
-        assert c.mgr.index.l2_run(A) == 0
-        assert c.on_l3(A) == 4  # copied down before its last copy went
-        assert c.lookup("b", A).l3_pages == 4
+        assert len(plan) == 4  # A hit on L2
+        skipped = c.mgr.stats.stores_skipped
+        c.store(c.mgr.on_l1_evicting(B), B, [5, 6, 7, 8])
+        assert c.mgr.stats.stores_skipped == skipped
+        assert c.mgr.index.l2_run(B) == 4 and c.mgr.index.l2_run(A) == 0
+        assert c.mgr.wait_idle(10) and c.lookup("a", A).l3_pages == 4  # A still served, from L3
     finally:
         c.close()

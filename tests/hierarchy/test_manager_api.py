@@ -79,6 +79,40 @@ def test_an_agree_hook_that_does_not_answer_in_time_means_no_hit_by_the_deadline
         c.close()
 
 
+def test_a_hook_with_its_own_deadline_is_called_directly_so_ranks_cannot_split():
+    """TcpAgreement-like hooks bound themselves, on every rank alike. A second, shorter timer on
+    one rank would give up while the hook still answered the other ranks with the minimum, and
+    the ranks would load different hits; so the hook's own deadline is the only one."""
+
+    class SlowPeers:
+        deadline_s = 2.0  # its own deadline: the round ends by then on every rank
+
+        def __init__(self) -> None:
+            self.threads: set[str] = set()
+
+        def __call__(self, pages: int) -> int:
+            self.threads.add(threading.current_thread().name)
+            time.sleep(0.4)  # the other ranks arrive after the policy's deadline, within the hook's
+            return pages
+
+    hook = SlowPeers()
+    c = Cache(Policies(agree_deadline_s=0.1), agree=hook)
+    try:
+        c.store(KEYS[:4])
+        assert c.lookup("a", KEYS[:4]).l2_pages == 4  # the hook's answer, not the policy's timeout
+        assert c.mgr.stats.agree_timeouts == 0
+        assert hook.threads == {threading.current_thread().name}  # on the caller's thread
+        assert c.mgr.agree is hook
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("deadline", [0, 0.0, -1.0])
+def test_an_agree_deadline_must_be_positive(deadline):
+    with pytest.raises(ConfigError, match="agree_deadline_s"):
+        Policies(agree_deadline_s=deadline)
+
+
 # --- finding 3: prepare_load with the prompt's keys and an L1 hit ----------------------------
 def test_prepare_load_takes_the_l1_offset_as_lookup_does():
     c = Cache(Policies(prefetch="wait_complete"))

@@ -7,6 +7,11 @@ all-reduce deadlocked at TP 4). ``DeadlineAgree`` runs the hook on a thread of i
 most ``deadline_s``; past it the caller gets ``AgreeTimeout`` (no hit: recompute) and the hook's
 call is left to finish on its thread.
 
+A hook with a deadline of its own (a ``deadline_s`` attribute, as ``TcpAgreement`` has) is called
+directly (``agree_with_deadline``): its deadline ends the round on every rank alike, where a second
+timer on one rank would give up while the hook went on to answer the other ranks, and the ranks
+would load different hits.
+
 Calls run one at a time, in the order they were made, so a hook that numbers its rounds (as
 ``TcpAgreement`` does) still sees them in sequence. A hook that never returns would queue every
 later call behind it: beyond ``max_waiting`` calls not yet started, a call times out at once
@@ -77,4 +82,28 @@ class DeadlineAgree:
             self._thread = None
 
 
-__all__ = ["AgreeTimeout", "DeadlineAgree"]
+class DirectAgree:
+    """A hook that bounds itself, called on the caller's thread (see the module's docstring)."""
+
+    def __init__(self, hook: Callable[[int], int]) -> None:
+        self.hook = hook
+
+    def __call__(self, pages: int) -> int:
+        return self.hook(pages)
+
+    def close(self) -> None:
+        pass
+
+
+def has_own_deadline(hook: object) -> bool:
+    deadline = getattr(hook, "deadline_s", None)
+    return isinstance(deadline, (int, float)) and not isinstance(deadline, bool) and deadline > 0
+
+
+def agree_with_deadline(hook: Callable[[int], int], deadline_s: float) -> "DeadlineAgree | DirectAgree":
+    """``hook`` as the manager calls it: directly when it has a deadline of its own, else on a
+    thread of its own, waited for at most ``deadline_s``."""
+    return DirectAgree(hook) if has_own_deadline(hook) else DeadlineAgree(hook, deadline_s)
+
+
+__all__ = ["AgreeTimeout", "DeadlineAgree", "DirectAgree", "agree_with_deadline", "has_own_deadline"]

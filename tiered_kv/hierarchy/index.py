@@ -9,10 +9,10 @@ Eviction frees only pages that are unlocked, resident, have no L3 put in flight,
 have completed (the slot is freed through the allocator with the completion of the last copy that
 touched it, so it is reused only afterwards). Under ``write_back`` a page whose last copy is on L2
 and that L3 would admit is copied down first: eviction returns it as ``copy_down`` instead of
-dropping it, and it becomes evictable once its put has returned. L3 evicts behind our back, so
-under ``write_back`` a page the index believes on L3 is only dropped once L3 confirmed it since
-it was last used (a put that returned True, a prefetch that read it, or an ``exists`` asked at
-eviction: eviction returns it as ``verify`` and keeps it until the answer is in).
+dropping it, and it becomes evictable once its put has returned. A page the index believes on L3
+is dropped without asking L3 again: asking at eviction would keep every page hit since on L2 until
+an answer came back, and evictions must make room now. What L3 says on its own (a lookup's
+``exists``, a prefetch's misses) corrects the belief (``mark_l3_missing``).
 
 Pure metadata: no bytes, no I/O, no clock, no torch; one thread (the scheduler's) owns it. The slot
 allocator is anything with ``allocate(n)``, ``free(slots, completion)``, ``free_slots`` / ``free_count``
@@ -45,8 +45,6 @@ class Entry:
     locks: int = 0
     hits: int = 0
     l3_put_in_flight: bool = False
-    l3_check_in_flight: bool = False  # write_back: an exists asked before the last L2 copy goes
-    l3_confirmed: bool = False  # L3 said it holds the page since the page was last used
     busy: Completion = field(default=DONE)  # copies that may still touch the slot
 
 
@@ -56,7 +54,6 @@ class Eviction:
 
     freed: int
     copy_down: list[str]
-    verify: list[str] = field(default_factory=list)  # write_back: ask L3 before they go
 
 
 def free_slot_count(allocator: Any) -> int:
@@ -140,8 +137,6 @@ class PageIndex:
         for k in keys:
             if k in self._lru:
                 self._lru.move_to_end(k)
-                # it will leave L2 later: what L3 said until now may be stale by then
-                self.entries[k].l3_confirmed = False
 
     def lock(self, keys: Iterable[str]) -> None:
         for k in keys:
@@ -191,7 +186,7 @@ class PageIndex:
         self.begin_store(key, slot)
         self.finish_store(key, True)
         if on_l3:
-            self.entries[key].on_l3 = self.entries[key].l3_confirmed = True
+            self.entries[key].on_l3 = True
 
     # --- L3 presence -------------------------------------------------------------------------
     def begin_l3_put(self, keys: Iterable[str]) -> None:
@@ -205,7 +200,6 @@ class PageIndex:
                 continue
             e.l3_put_in_flight = False
             e.on_l3 = e.on_l3 or bool(ok)
-            e.l3_confirmed = e.l3_confirmed or bool(ok)
             self._forget_if_unused(k, e)
 
     def mark_l3_missing(self, keys: Iterable[str]) -> None:
@@ -213,78 +207,55 @@ class PageIndex:
         for k in keys:
             e = self.entries.get(k)
             if e is not None:
-                e.on_l3 = e.l3_confirmed = False
+                e.on_l3 = False
                 self._forget_if_unused(k, e)
-
-    def begin_l3_check(self, keys: Iterable[str]) -> None:
-        for k in keys:
-            self.entries[k].l3_check_in_flight = True
-
-    def finish_l3_check(self, keys: Sequence[str], present: int | None) -> None:
-        """L3's ``exists`` answer for ``keys`` (the leading run present; None: no answer, such as
-        a degraded tier's, and nothing changes). The run is confirmed; the page after it is gone,
-        and the rest read as gone too: an answer per page would take a round trip each, and
-        reading a present page as gone costs one put-if-absent, never a lost page."""
-        for i, k in enumerate(keys):
-            e = self.entries.get(k)
-            if e is None:
-                continue
-            e.l3_check_in_flight = False
-            if present is not None and i < present:
-                e.l3_confirmed = e.on_l3
-            elif present is not None:
-                e.on_l3 = e.l3_confirmed = False
-            self._forget_if_unused(k, e)
 
     # --- eviction ----------------------------------------------------------------------------
     def evict(self, needed: int, *, copy_down_allowed: Any = None) -> Eviction:
         """Free L2 slots until ``needed`` are free, least recently used first.
 
         ``copy_down_allowed(entry) -> bool``: under write_back, whether a page whose only copy is on
-        L2 must go to L3 before it goes; such pages are returned in ``copy_down`` and kept. With it,
-        pages believed on L3 but not confirmed since their last use are returned in ``verify`` and
-        kept too (the caller asks L3 and hands the answer to ``finish_l3_check``).
+        L2 must go to L3 before it goes; such pages are returned in ``copy_down`` and kept.
         """
         self.allocator.reap()
         freed = 0
         copy_down: list[str] = []
-        verify: list[str] = []
         if free_slot_count(self.allocator) >= needed:
             return Eviction(0, copy_down)
         # The LRU is walked in short snapshots, not copied whole: an L2 of 10^5 pages that needs
         # a few slots would otherwise copy every key on each allocation (the replay's hot spot).
         # Only drop_l2 changes the LRU here, so the visited keys still in it are the first ``kept``.
+        # The free count is read after each drop only: a page kept changes nothing, and each read
+        # reaps the allocator's pending frees (O(pending)), so reading it per key walked would cost
+        # O(walked x pending) on an L2 full of locked pages.
         kept = 0
-        while free_slot_count(self.allocator) < needed:
+        enough = False
+        while not enough:
             chunk = list(islice(self._lru, kept, kept + 256))
             if not chunk:
                 break
             for key in chunk:
-                if free_slot_count(self.allocator) >= needed:
-                    break
                 e = self.entries[key]
-                if e.locks or e.l3_put_in_flight or e.l3_check_in_flight:
+                if e.locks or e.l3_put_in_flight:
                     kept += 1
                     continue
                 if copy_down_allowed is not None and not e.on_l3 and copy_down_allowed(e):
                     copy_down.append(key)
                     kept += 1
                     continue
-                if copy_down_allowed is not None and e.on_l3 and not e.l3_confirmed:
-                    verify.append(key)
-                    kept += 1
-                    continue
                 self.drop_l2(key)
                 freed += 1
                 self.allocator.reap()
-        return Eviction(freed, copy_down, verify)
+                if free_slot_count(self.allocator) >= needed:
+                    enough = True
+                    break
+        return Eviction(freed, copy_down)
 
     def drop_l2(self, key: str) -> None:
         """Forget ``key``'s L2 copy; its slot is freed once its last copy completed."""
         e = self.entries[key]
-        if e.locks or e.l3_put_in_flight or e.l3_check_in_flight or e.state != RESIDENT:
-            raise PoolError(f"page {key[:32]} cannot leave L2 now (locks={e.locks}, put in flight={e.l3_put_in_flight}, "
-                            f"check in flight={e.l3_check_in_flight}, {e.state})")
+        if e.locks or e.l3_put_in_flight or e.state != RESIDENT:
+            raise PoolError(f"page {key[:32]} cannot leave L2 now (locks={e.locks}, put in flight={e.l3_put_in_flight}, {e.state})")
         del self._lru[key]
         slot, busy = e.slot, e.busy
         e.slot, e.state, e.busy = None, None, DONE
@@ -295,7 +266,7 @@ class PageIndex:
         # Entries with nothing but a hit count are dropped once nothing refers to them, so the
         # index does not grow with every key ever seen; an L3 copy keeps its entry (write_back
         # needs to know it), bounded by what this instance has written.
-        if e.state is not None or e.locks or e.l3_put_in_flight or e.l3_check_in_flight:
+        if e.state is not None or e.locks or e.l3_put_in_flight:
             return
         if not e.on_l3:
             self.entries.pop(key, None)
@@ -322,7 +293,7 @@ class PageIndex:
             if e.state is None:
                 continue
             e.locks = 0
-            e.l3_put_in_flight = e.l3_check_in_flight = False
+            e.l3_put_in_flight = False
             if e.state == RESIDENT:
                 self.drop_l2(key)
             else:

@@ -47,7 +47,7 @@ import numpy as np
 from ..errors import ConfigError, PoolError
 from ..integers import as_int
 from ..keys import check_keys
-from .agree_deadline import AgreeTimeout, DeadlineAgree
+from .agree_deadline import AgreeTimeout, DeadlineAgree, DirectAgree, agree_with_deadline
 from .controller import L3Controller, heard_from_l3
 from .index import RESIDENT, Entry, PageIndex, free_slot_count
 from .policies import Policies, WritePolicy
@@ -191,7 +191,7 @@ class CacheManager:
         self.page_size = page_size
         self.policies = policies
         self.l3 = l3
-        self._agree: DeadlineAgree | None = None
+        self._agree: DeadlineAgree | DirectAgree | None = None
         self.agree = agree
         self.max_prefetch_slots = self.num_slots // 2 if max_prefetch_slots is None else max_prefetch_slots
         if not 0 <= self.max_prefetch_slots <= self.num_slots:
@@ -203,7 +203,6 @@ class CacheManager:
         self._prefetches: dict[Any, _Prefetch] = {}
         self._orphans: list[tuple[list[int], concurrent.futures.Future]] = []  # cancelled, reads running
         self._puts: list[tuple[list[str], concurrent.futures.Future]] = []
-        self._checks: list[tuple[list[str], concurrent.futures.Future]] = []  # write_back: exists before a drop
         self._prefetch_slots = 0
         self._closed = False
 
@@ -219,7 +218,7 @@ class CacheManager:
             raise ConfigError(f"agree must be a callable agree(hit_pages) -> int, got {type(hook).__name__}")
         if self._agree is not None:
             self._agree.close()
-        self._agree = None if hook is None else DeadlineAgree(hook, self.policies.agree_deadline_s)
+        self._agree = None if hook is None else agree_with_deadline(hook, self.policies.agree_deadline_s)
 
     # --- lookups -----------------------------------------------------------------------------
     def lookup(self, request_id: Any, keys: Sequence[str], l1_pages: int = 0) -> Match | None:
@@ -620,17 +619,8 @@ class CacheManager:
             self.index.unlock(protected)
         self.stats.l2_evictions += freed
         self._put_l3(eviction.copy_down)
-        self._check_l3(eviction.verify)
         free = free_slot_count(self.allocator)
         return self.allocator.allocate(min(count, free)) if free else []
-
-    def _check_l3(self, keys: list[str]) -> None:
-        """write_back: ask L3 whether it still holds pages whose last L2 copy is about to go (it
-        evicts behind our back); they stay on L2 until the answer is in (``poll``)."""
-        if not keys or self.l3 is None:
-            return
-        self.index.begin_l3_check(keys)
-        self._checks.append((keys, self.l3.exists(keys)))
 
     def _give_up_queued_puts(self) -> bool:
         """While L3 is degraded: drop the L3 puts still waiting in the controller's queue (they
@@ -661,14 +651,6 @@ class CacheManager:
                 self.stats.l3_puts_failed += sum(not x for x in stored)
                 self.index.finish_l3_put(keys, stored)
             self._puts = still
-        if self._checks:
-            still = []
-            for keys, future in self._checks:
-                if not future.done():
-                    still.append((keys, future))
-                    continue
-                self.index.finish_l3_check(keys, future.result() if heard_from_l3(future) else None)
-            self._checks = still
         if self._orphans:
             still = []
             for slots, future in self._orphans:
@@ -683,7 +665,7 @@ class CacheManager:
         """Work in flight: lookups, prefetches, L3 puts or reads of cancelled prefetches."""
         self.poll()
         # A lookup whose answer is back is no work in flight, even if its request never asks again.
-        return bool(self._puts or self._checks or self._orphans or self._lookup_in_flight()
+        return bool(self._puts or self._orphans or self._lookup_in_flight()
                     or any(p.future is not None and not p.future.done() for p in self._prefetches.values()))
 
     def _lookup_in_flight(self) -> bool:
@@ -702,7 +684,6 @@ class CacheManager:
 
     def _only_puts_to_a_degraded_tier(self) -> bool:
         return (self.l3 is not None and self.l3.degraded and not self._lookup_in_flight() and not self._orphans
-                and not self._checks
                 and all(p.future is None or p.future.done() for p in self._prefetches.values()))
 
     def _check_open(self) -> None:

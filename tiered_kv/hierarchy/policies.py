@@ -95,7 +95,8 @@ class Policies:
         _count(self.selective_hits, "selective_hits", low=1)
         _count(self.l3_admission_hits, "l3_admission_hits")
         _count(self.min_hit_tokens, "min_hit_tokens")
-        _finite(self.agree_deadline_s, "agree_deadline_s")
+        if _finite(self.agree_deadline_s, "agree_deadline_s") == 0:  # every lookup would give up: no hit ever
+            raise ConfigError(f"agree_deadline_s must be > 0, got {self.agree_deadline_s!r}")
         if not isinstance(self.prefetch_timeout, PrefetchTimeout):
             raise ConfigError(f"prefetch_timeout must be a PrefetchTimeout, got {type(self.prefetch_timeout).__name__}")
         if not isinstance(self.l3_writer, bool):

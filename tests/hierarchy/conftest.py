@@ -37,6 +37,23 @@ def keys_of(tokens: Any, ns: Namespace = NS) -> list[str]:
     return page_keys(ns, tokens)
 
 
+def sealed(pool: HostPool, keys: Sequence[str]) -> list[int]:
+    """Fresh slots of ``pool`` sealed for ``keys`` (what the worker does once a store landed)."""
+    slots = pool.allocate(len(keys))
+    for k, s in zip(keys, slots):
+        pool.seal(s, k)
+    return slots
+
+
+def decided_lookup(manager: CacheManager, rid: Any, keys: Sequence[str], l1_pages: int = 0, timeout_s: float = 10.0):
+    """``manager.lookup`` asked again until L3's answer is back (as a scheduler does each step)."""
+    deadline = time.monotonic() + timeout_s
+    while (m := manager.lookup(rid, keys, l1_pages)) is None:
+        assert time.monotonic() < deadline, "lookup never decided"
+        time.sleep(0.0005)
+    return m
+
+
 def prompts(seed: int, pages: Sequence[int], shared: int = 0) -> list[np.ndarray]:
     """Token prompts of ``pages[i]`` full pages; the first ``shared`` pages are common to all."""
     rng = np.random.default_rng(seed)

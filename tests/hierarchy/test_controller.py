@@ -13,16 +13,9 @@ from tiered_kv.backends import open_backend
 from tiered_kv.errors import BackendUnavailableError, ConfigError
 from tiered_kv.hierarchy import ControllerLimits, L3Controller
 
-from .conftest import SPEC, assert_clean, keys_of, prompts
+from .conftest import SPEC, assert_clean, keys_of, prompts, sealed
 
 KEYS = keys_of(prompts(81, [8])[0])
-
-
-def sealed(pool: HostPool, keys) -> list[int]:
-    slots = pool.allocate(len(keys))
-    for k, s in zip(keys, slots):
-        pool.seal(s, k)
-    return slots
 
 
 def test_put_exists_get_round_trip_and_close():

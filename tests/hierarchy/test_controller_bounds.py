@@ -9,16 +9,9 @@ from tiered_kv import HostPool
 from tiered_kv.backends import open_backend
 from tiered_kv.hierarchy import ControllerLimits, L3Controller
 
-from .conftest import SPEC, assert_clean, keys_of, prompts
+from .conftest import SPEC, assert_clean, keys_of, prompts, sealed
 
 KEYS = keys_of(prompts(51, [8])[0])
-
-
-def sealed(pool: HostPool, keys) -> list[int]:
-    slots = pool.allocate(len(keys))
-    for k, s in zip(keys, slots):
-        pool.seal(s, k)
-    return slots
 
 
 def test_a_job_larger_than_the_byte_limit_goes_in_calls_within_it(tmp_path):

@@ -12,7 +12,7 @@ from tiered_kv.backends import open_backend
 from tiered_kv.hierarchy import CacheManager, L3Controller, Policies, TransferHalf
 from tiered_kv.hierarchy.oracle import fill_pages
 
-from .conftest import SPEC, assert_clean, keys_of, prompts
+from .conftest import SPEC, assert_clean, decided_lookup, keys_of, prompts
 
 
 class Cache:
@@ -35,11 +35,7 @@ class Cache:
             self.mgr.complete_store(done, True)
 
     def lookup(self, rid, keys):
-        deadline = time.monotonic() + 10
-        while (m := self.mgr.lookup(rid, keys)) is None:
-            assert time.monotonic() < deadline, "lookup never decided"
-            time.sleep(0.0005)
-        return m
+        return decided_lookup(self.mgr, rid, keys)
 
     def delete_on_l3(self, keys) -> None:
         """Another client removes pages (what an eviction elsewhere or a restart does)."""

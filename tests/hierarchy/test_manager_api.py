@@ -15,7 +15,7 @@ from tiered_kv.backends import open_backend
 from tiered_kv.errors import ConfigError, PageKeyError, TieredKVError
 from tiered_kv.hierarchy import CacheManager, L3Controller, Match, Policies, PrefetchTimeout
 
-from .conftest import PAGE, SPEC, assert_clean, keys_of, prompts
+from .conftest import PAGE, SPEC, assert_clean, decided_lookup, keys_of, prompts
 
 KEYS = keys_of(prompts(41, [6])[0])
 
@@ -42,11 +42,7 @@ class Cache:
         self.host.reap()
 
     def lookup(self, rid, keys, l1=0):
-        deadline = time.monotonic() + 10
-        while (m := self.mgr.lookup(rid, keys, l1)) is None:
-            assert time.monotonic() < deadline, "lookup never decided"
-            time.sleep(0.0005)
-        return m
+        return decided_lookup(self.mgr, rid, keys, l1)
 
     def close(self) -> None:
         self.mgr.close()

@@ -22,7 +22,7 @@ from tiered_kv.hierarchy.oracle import fill_pages, verify_pages
 from tiered_kv.replay.simulated_l3 import SimulatedL3
 from tiered_kv.slot_allocator import SlotAllocator
 
-from .conftest import PAGE, SPEC, assert_clean, keys_of, make_stack, prompts
+from .conftest import PAGE, SPEC, assert_clean, decided_lookup, keys_of, make_stack, prompts
 
 A, B = (keys_of(p) for p in prompts(41, [6, 4]))
 POLICIES = Policies(write="write_through", prefetch="wait_complete")
@@ -116,11 +116,7 @@ class Cache:
         assert self.mgr.wait_idle(10)
 
     def lookup(self, rid, keys):
-        deadline = time.monotonic() + 10
-        while (m := self.mgr.lookup(rid, keys)) is None:
-            assert time.monotonic() < deadline, "lookup never decided"
-            time.sleep(0.0005)
-        return m
+        return decided_lookup(self.mgr, rid, keys)
 
     def load(self, rid, keys, pages):
         """Prefetch, load into L1 ``pages`` (cleared first), verify; returns the plan."""

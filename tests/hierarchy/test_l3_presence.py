@@ -137,3 +137,14 @@ def test_write_back_evicts_a_page_on_l3_at_once_even_after_a_hit(tmp_path):
         assert c.mgr.wait_idle(10) and c.lookup("a", A).l3_pages == 4  # A still served, from L3
     finally:
         c.close()
+
+
+def test_write_back_close_with_drain_sends_the_last_copies_down_first(tmp_path):
+    """Closing frees every L2 copy; under write_back the pages whose only copy is on L2 go to L3
+    first (as an eviction would send them), so a persistent L3 keeps them for the next process."""
+    c = Cache(tmp_path / "l3", Policies(write="write_back"), slots=8)
+    fill_pages(c.l1, A, [1, 2, 3, 4])
+    c.store(c.mgr.on_l1_evicting(A), A, [1, 2, 3, 4])
+    assert c.mgr.index.l2_run(A) == 4 and c.on_l3(A) == 0  # write_back: on L2 only so far
+    c.close()
+    assert c.on_l3(A) == 4

@@ -109,6 +109,52 @@ def test_an_agree_deadline_must_be_positive(deadline):
         Policies(agree_deadline_s=deadline)
 
 
+def test_the_minimum_hit_holds_after_the_ranks_agreed():
+    """A hook that agrees on fewer pages than the minimum hit: no hit, no prefetch (every rank gets
+    the same answer and applies the same minimum, so they still agree)."""
+    c = Cache(Policies(min_hit_tokens=4 * PAGE), agree=lambda pages: min(pages, 2))
+    try:
+        c.only_on_l3(KEYS[:4])
+        m = c.lookup("a", KEYS[:4])
+        assert (m.l2_pages, m.l3_pages) == (0, 0)
+        assert c.mgr.start_prefetch("a", KEYS[:4], m) == 0
+        c.mgr.abort("a")
+    finally:
+        c.close()
+
+
+def test_touch_makes_l2_pages_the_most_recently_used():
+    c = Cache(slots=4)
+    try:
+        c.store(KEYS[:2])
+        c.store(KEYS[2:4])
+        c.mgr.touch(KEYS[:2] + ["f" * 32])  # a key not on L2 is ignored
+        assert c.mgr.index.lru_keys() == KEYS[2:4] + KEYS[:2]
+        c.mgr.prepare_store(KEYS[4:6])  # room for two: the pages not touched go
+        assert c.mgr.index.l2_run(KEYS[:2]) == 2 and c.mgr.index.l2_run(KEYS[2:4]) == 0
+        with pytest.raises(PageKeyError):
+            c.mgr.touch(["bad\nkey"])
+    finally:
+        c.close()
+
+
+def test_wrong_parts_are_named_when_the_cache_is_made_not_later():
+    from tiered_kv.hierarchy import AsyncCacheManager, TransferHalf
+    from tiered_kv import allocate_engine_like
+    from tiered_kv.errors import IndexValidationError
+
+    with HostPool(SPEC, 4) as host:
+        with pytest.raises(ConfigError, match="l3 must be an L3Controller.*open_backend"):
+            CacheManager(host, page_size=PAGE, l3="redis://127.0.0.1:1")
+        with pytest.raises(ConfigError, match="wraps a CacheManager"):
+            AsyncCacheManager(None)
+        worker = TransferHalf(allocate_engine_like(SPEC, 4), host)
+        with pytest.raises(IndexValidationError, match="load: expected the LoadPlan"):
+            worker.load(None, [])
+        with pytest.raises(IndexValidationError, match="store: expected the StorePlan"):
+            worker.store(None, [])
+
+
 # --- finding 3: prepare_load with the prompt's keys and an L1 hit ----------------------------
 def test_prepare_load_takes_the_l1_offset_as_lookup_does():
     c = Cache(Policies(prefetch="wait_complete"))

@@ -19,6 +19,7 @@ import concurrent.futures
 from collections.abc import Sequence
 from typing import Any
 
+from ..errors import ConfigError
 from .manager import CacheManager, Match
 
 
@@ -32,6 +33,8 @@ class AsyncCacheManager:
     """``CacheManager``'s calls for asyncio callers; see the module docstring."""
 
     def __init__(self, manager: CacheManager) -> None:
+        if not isinstance(manager, CacheManager):
+            raise ConfigError(f"AsyncCacheManager wraps a CacheManager, got {type(manager).__name__}")
         self.manager = manager
 
     def __getattr__(self, name: str) -> Any:

@@ -181,6 +181,10 @@ class CacheManager:
             raise ConfigError(f"slots must be a HostPool or a SlotAllocator, got {type(slots).__name__}")
         if not isinstance(policies, Policies):
             raise ConfigError(f"policies must be a Policies, got {type(policies).__name__}")
+        if l3 is not None and not isinstance(l3, L3Controller):
+            raise ConfigError(f"l3 must be an L3Controller (or None for a two-tier cache), got {type(l3).__name__}"
+                              + (": open the backend through L3Controller(lambda: open_backend(url, pool), ...)"
+                                 if isinstance(l3, str) else ""))
         if agree is not None and not callable(agree):
             raise ConfigError(f"agree must be a callable agree(hit_pages) -> int, got {type(agree).__name__}")
         if max_prefetch_slots is not None and (isinstance(max_prefetch_slots, bool)
@@ -277,6 +281,9 @@ class CacheManager:
             if pages is None:
                 raise ConfigError(f"agree(hit_pages) must return an int, got {agreed!r}")
             agreed = max(0, min(pages, l2 + l3))
+            if agreed * self.page_size < self.policies.min_hit_tokens:
+                # Every rank gets the same answer and applies the same minimum: still one length.
+                agreed = 0
             l2, l3 = min(l2, agreed), max(0, agreed - l2)
         # The L3 part's pages that L2 holds are hits on L2 (the prefetch reads only the others).
         on_l2 = sum(1 for k in rest[:l3] if self.index.is_resident(k))
@@ -686,6 +693,12 @@ class CacheManager:
         return (self.l3 is not None and self.l3.degraded and not self._lookup_in_flight() and not self._orphans
                 and all(p.future is None or p.future.done() for p in self._prefetches.values()))
 
+    def touch(self, keys: Sequence[str]) -> None:
+        """The engine used these pages (an L1 hit on them, say): on L2 they become the most
+        recently used, so eviction takes others first. Keys not on L2 are ignored."""
+        self._check_open()
+        self.index.touch(check_keys(keys))
+
     def _check_open(self) -> None:
         if self._closed:
             raise PoolError("the cache manager is closed")
@@ -699,6 +712,10 @@ class CacheManager:
             self._finish_prefetch(request_id)
         self._lookups.clear()
         if drain and self.l3 is not None and not self.l3.degraded:
+            if self.policies.write is WritePolicy.WRITE_BACK:
+                # Closing frees every L2 copy: under write_back that is the last copy of each page
+                # not yet on L3, which goes down first, as an eviction would send it.
+                self._put_l3([k for k in self.index.lru_keys() if self._wants_l3(self.index.entry(k))])
             self.wait_idle()
         if self.l3 is not None:
             self.l3.close(drain=drain)  # every future of it is answered after this

@@ -103,10 +103,14 @@ class Namespace:
         start, end = _int_pair(self.layer_range)
         if not 0 <= start <= end:
             raise ConfigError(f"Namespace.layer_range must be (start, end) with 0 <= start <= end, got {self.layer_range!r}")
+        # Stored as tuples of ints whatever sequence came in: a list would make the namespace
+        # unhashable and unequal to the same namespace built with a tuple.
+        object.__setattr__(self, "layer_range", (int(start), int(end)))
         if self.tp is not None:
             size, rank = _int_pair(self.tp)
             if not (size >= 1 and 0 <= rank < size):
                 raise ConfigError(f"Namespace.tp must be (tp_size, tp_rank) with 0 <= rank < size, got {self.tp!r}")
+            object.__setattr__(self, "tp", (int(size), int(rank)))
 
     @classmethod
     def for_spec(cls, spec: Any, model: str, **fields: Any) -> "Namespace":

@@ -208,3 +208,12 @@ def test_for_spec_names_an_unknown_field_and_takes_known_ones():
     with pytest.raises(ConfigError, match="Namespace.model"):
         Namespace.for_spec(SPEC, 5)
     assert Namespace.for_spec(SPEC, "m", tenant_salt="t").tenant_salt == "t"
+
+
+def test_a_namespace_built_from_lists_is_the_one_built_from_tuples():
+    as_tuples = Namespace("m", "fp", 16, layer_range=(0, 4), tp=(2, 1))
+    as_lists = Namespace("m", "fp", 16, layer_range=[0, 4], tp=[2, 1])
+    assert as_lists == as_tuples and hash(as_lists) == hash(as_tuples)
+    assert as_lists.layer_range == (0, 4) and as_lists.tp == (2, 1)
+    tokens = list(range(4 * 16))
+    assert page_keys(as_lists, tokens) == page_keys(as_tuples, tokens)

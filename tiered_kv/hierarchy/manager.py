@@ -309,13 +309,14 @@ class CacheManager:
         start = match.l1_pages
         l2_keys = keys[start:start + match.l2_pages]
         # Pages may have left L2 since the lookup (another request's allocation): keep the run.
-        l2_keys = l2_keys[:self.index.l2_run(l2_keys)]
+        run = self.index.l2_run(l2_keys)
+        l2_keys = l2_keys[:run]
         self.index.lock(l2_keys)
         l3_keys: list[str] = []  # read from L3 into fresh slots
         held: list[str] = []  # pages of the L3 part that L2 holds: locked and used, not read
         slots: list[int] = []
-        if len(l2_keys) == match.l2_pages and match.l3_pages and self.l3 is not None:
-            part = keys[start + match.l2_pages:start + match.pages]
+        part = self._read_part(keys[start + run:start + match.l2_pages], keys[start + match.l2_pages:start + match.pages])
+        if part:
             l3_keys, held = self._l3_run(part, self._prefetch_budget())
             self.index.lock(held)  # before allocating: making room must not evict the tail
             slots = self._allocate(len(l3_keys), protect=l2_keys) if l3_keys else []
@@ -336,6 +337,18 @@ class CacheManager:
         self._prefetches[request_id] = _Prefetch(l3_keys, slots, future, l2_keys + held, self.clock(),
                                                  self.policies.prefetch_wait_s(tokens), start, start_key)
         return len(l3_keys)
+
+    def _read_part(self, lost: Sequence[str], l3_part: Sequence[str]) -> list[str]:
+        """What a prefetch serves beyond its L2 run: the pages of the L2 hit that left L2 since
+        the lookup (another request's prefetch made room) and that the index still knows on L3,
+        then, if all of them are, the match's L3 part. Without L3: nothing."""
+        if self.l3 is None:
+            return []
+        for i, k in enumerate(lost):
+            e = self.index.entry(k)
+            if e is None or not (e.on_l3 or e.state == RESIDENT):
+                return list(lost[:i])
+        return [*lost, *l3_part]
 
     def _l3_run(self, part: Sequence[str], max_reads: int) -> tuple[list[str], list[str]]:
         """The leading run of a match's L3 part that one prefetch can serve, as (pages to read

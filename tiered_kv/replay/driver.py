@@ -165,13 +165,18 @@ def replay(h: Hierarchy, requests: Sequence[Request], *, inflight: int = 8,
     while pending:
         # Admit: a request that shares a page no run has produced yet with one admitted before it
         # waits for the next step (a conversation's next turn waits for the answer).
+        # A step also holds no more pages than L1 has, as an engine schedules a batch only while
+        # its KV fits the GPU: requests whose pages are all held at once would otherwise find no
+        # L1 room to load their own hits, and recompute them.
         flights: list[_Flight] = []
+        held = 0
         while pending and len(flights) < inflight:
             if next_keys is None:
                 next_keys = page_keys(ns, pending[0].tokens())
-            if flights and conflicts(next_keys, flights):
+            if flights and (conflicts(next_keys, flights) or held + len(next_keys) > l1.capacity):
                 break
             flights.append(_Flight(pending.popleft(), next_keys, clock()))
+            held += len(next_keys)
             next_keys = None
         # Look up: the first call of each sends its L3 ``exists`` (all of them run at once); then
         # each is decided and its prefetch started strictly in arrival order, waiting for its own

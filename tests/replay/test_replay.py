@@ -314,7 +314,7 @@ def test_prefetch_default_is_what_the_help_says(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("blocks", [4, 8])
 @pytest.mark.parametrize("simulate", [False, True])
-def test_a_repeated_round_of_prompts_hits_whole_at_the_default_inflight(tmp_path, capsys, blocks, simulate):
+def test_a_repeated_round_of_prompts_hits_whole_at_the_default_inflight(tmp_path, blocks, simulate):
     """Eight prompts, then the same eight again, at the embedded default's tiers and the default
     eight requests in flight. Four blocks a prompt: a step of eight holds more pages than L1 (a
     step now admits only what L1 holds, as an engine's batch). Eight blocks: the round no longer
@@ -327,8 +327,7 @@ def test_a_repeated_round_of_prompts_hits_whole_at_the_default_inflight(tmp_path
             ids = [prompt * 100 + j for j in range(blocks)]
             f.write(json.dumps({"timestamp": 10 * i, "input_length": 512 * blocks, "output_length": 1,
                                 "hash_ids": ids}) + "\n")
-    args = ["replay", "--trace", str(trace), "--json", "--quiet"] + (["--simulate"] if simulate else [])
-    assert main(args) == 0
-    result = json.loads(capsys.readouterr().out)
+    # The embedded default's tiers (L1 160, L2 448 pages); every slot freed, no task left.
+    result = checked_replay(read_trace(trace), simulate=simulate)
     assert sum(result["hit_tokens"].values()) == 8 * 512 * blocks  # the whole second round
     assert result["pages_wrong"] == 0

@@ -526,7 +526,10 @@ class CacheManager:
     def prepare_store(self, keys: Sequence[str], protect: Sequence[str] = ()) -> StorePlan:
         """Reserve slots for those ``keys`` not yet on L2 (as many as L2 can make room for)."""
         self._check_open()
-        keys = check_keys(keys)
+        return self._prepare_store(check_keys(keys), protect)
+
+    def _prepare_store(self, keys: list[str], protect: Sequence[str] = ()) -> StorePlan:
+        """``prepare_store`` of keys already checked (the L1 events check theirs once, first)."""
         wanted: list[tuple[int, str]] = []
         seen: set[str] = set()
         for i, k in enumerate(keys):
@@ -573,7 +576,7 @@ class CacheManager:
         self._check_open()
         keys = check_keys(keys)  # under every policy: a bad key is the engine's bug, say so now
         if self.policies.write is WritePolicy.WRITE_THROUGH:
-            plan = self.prepare_store(keys)
+            plan = self._prepare_store(keys)
             return plan if len(plan) else None
         return None
 
@@ -586,7 +589,7 @@ class CacheManager:
         self._admit_to_l3(keys)
         if self.policies.write is WritePolicy.WRITE_THROUGH_SELECTIVE:
             hot = [k for k, n in zip(keys, counts) if n >= self.policies.selective_hits]
-            plan = self.prepare_store(hot)
+            plan = self._prepare_store(hot)
             if len(plan):
                 # positions refer to the keys the engine passed, not to the hot subset
                 where = {k: i for i, k in enumerate(keys)}
@@ -599,7 +602,7 @@ class CacheManager:
         frees its pages only once the worker's copy completed."""
         self._check_open()
         keys = check_keys(keys)
-        plan = self.prepare_store(keys) if self.policies.write is WritePolicy.WRITE_BACK else None
+        plan = self._prepare_store(keys) if self.policies.write is WritePolicy.WRITE_BACK else None
         self.index.forget_unused(keys)  # their L1 hit counts go with them (unless on L2 / L3)
         return plan if plan is not None and len(plan) else None
 

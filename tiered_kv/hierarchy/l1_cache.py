@@ -202,10 +202,18 @@ class L1PrefixCache:
 
     def poll(self) -> None:
         """Hand finished stores to the manager (they become resident on L2 now)."""
-        for plan in self.worker.finished_stores():
-            self.manager.complete_store(plan, True)
+        self._hand_over(self.worker.finished_stores())
         self.manager.poll()
         self._reap()
+
+    def drain_stores(self) -> None:
+        """Wait for every store in flight and hand it to the manager: a store waited for is the
+        manager's to complete, or its pages would never read as on L2."""
+        self._hand_over(self.worker.drain())
+
+    def _hand_over(self, plans) -> None:
+        for plan in plans:
+            self.manager.complete_store(plan, True)
 
     def _reap(self) -> None:
         if self._pending:
@@ -226,10 +234,7 @@ class L1PrefixCache:
             self._evict(count - len(self._free), set(protect))
             self._reap()
             if len(self._free) < count and self._pending:
-                # GPU: the evicted pages' backups must land before reuse. The stores waited for
-                # are the manager's to complete, or their pages would never read as on L2.
-                for plan in self.worker.drain():
-                    self.manager.complete_store(plan, True)
+                self.drain_stores()  # GPU: the evicted pages' backups must land before reuse
                 self.poll()
         take = min(count, len(self._free))
         pages = [self._free.pop() for _ in range(take)]
@@ -287,8 +292,7 @@ class L1PrefixCache:
         """Abort open requests, finish stores, close the manager (which frees every L2 slot)."""
         for request_id in list(self._requests):
             self.abort(request_id)
-        for plan in self.worker.drain():
-            self.manager.complete_store(plan, True)
+        self.drain_stores()
         self.manager.close()
         self._reap()
 

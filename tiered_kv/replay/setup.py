@@ -219,8 +219,7 @@ class Hierarchy:
             import torch
 
             torch.cuda.synchronize(self.device)
-        for plan in self.worker.drain():  # as L1PrefixCache.close hands drained stores over
-            self.manager.complete_store(plan, True)
+        self.l1.drain_stores()
         self.l1.poll()
         self.manager.wait_idle()
         self.l1.poll()

@@ -180,7 +180,8 @@ def replay(h: Hierarchy, requests: Sequence[Request], *, inflight: int = 8,
             next_keys = None
         # Look up: the first call of each sends its L3 ``exists`` (all of them run at once); then
         # each is decided and its prefetch started strictly in arrival order, waiting for its own
-        # answer (asked again when an earlier request's prefetch changed what L2 holds).
+        # answer (a matched L2 page that an earlier request's prefetch evicted meanwhile is read
+        # back from L3 by this one's prefetch: CacheManager.start_prefetch).
         for f in flights:
             _decide(f, l1, clock, start_prefetch=False)
         for f in flights:

@@ -20,7 +20,7 @@ Shared semantics, implemented here once so backends cannot drift:
   (``stats.foreign``), reported as a miss and left where it is: a reader never deletes a page it
   merely cannot use;
 - only slots sealed for their key are put (``HostPool.is_sealed``), else UnsealedSlotError;
-- keys are checked by the one validator (``tiered_kv.keys.check_keys``): PageKeyError;
+- keys are checked by the one validator (``tiered_kv.model.keys.check_keys``): PageKeyError;
 - duplicate keys in one batch are fetched / stored once;
 - blocking calls run on the backend's own bounded executor (``run_blocking``); when a caller
   is cancelled or times out, the slots of that call stay held in the pool (``HostPool.hold``)
@@ -29,7 +29,7 @@ Shared semantics, implemented here once so backends cannot drift:
   ``stats.foreign`` counts misses on records that are intact but not this reader's (another spec
   fingerprint, key or page size, or an object that is no record at all, see ``NotARecord``): each
   is left in place, never deleted, and the first one of a backend logs a warning, since two specs
-  under one key mean two caches share a namespace (``tiered_kv.keys.Namespace``).
+  under one key mean two caches share a namespace (``tiered_kv.model.keys.Namespace``).
 
 Key-only backends: ``open_backend(url, None)`` (``Backend(pool=None, ...)``) opens a backend that
 holds no host memory, for the metadata half in a process of its own (the scheduler's, with a bare
@@ -50,7 +50,7 @@ For inspection (``tiered-kv inspect``), a backend that can list its medium also 
 (stored name and size of every object in its namespace) and ``read_stored`` (raw bytes by stored
 name), with ``stored_name`` / ``stored_length`` saying where and how long a record of a key is
 stored; ``open_for_reading`` opens it without changing anything. Benchmark ceilings of the media
-live in ``tiered_kv.bench``, not here.
+live in ``tiered_kv.ops.bench``, not here.
 """
 
 from __future__ import annotations
@@ -64,11 +64,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from .. import record
+from ..model import record
 from ..errors import (BackendError, BackendTimeoutError, ConfigError, ForeignRecordError, IndexValidationError, NoHostPoolError,
                       PoolError, RecordError, UnsealedSlotError)
-from ..host_pool import HostPool
-from ..keys import check_keys
+from ..model.host_pool import HostPool
+from ..model.keys import check_keys
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -406,7 +406,7 @@ class Backend(ABC):
 
     def _count_foreign(self, key: str, reason: str) -> None:
         """Count a foreign miss. The first one of a backend is a warning: pages of two specs under
-        the same keys mean two caches share a namespace (see ``tiered_kv.keys.Namespace``)."""
+        the same keys mean two caches share a namespace (see ``tiered_kv.model.keys.Namespace``)."""
         self.stats.foreign += 1
         level = logging.WARNING if self.stats.foreign == 1 else logging.DEBUG
         log.log(level, "%s: page %s is another reader's, left in place (a miss): %s", self.scheme, key[:32], reason)

@@ -49,8 +49,8 @@ from urllib.parse import unquote
 from pydantic import Field
 
 from ..errors import BackendError, BackendUnavailableError, ConfigError, PoolError
-from ..host_pool import HostPool
-from ..host_layouts import round_up
+from ..model.host_pool import HostPool
+from ..model.host_layouts import round_up
 from .base import Backend, Capabilities, NotARecord, OtherLength, matches_read, read_length
 from .url_options import MAX_TTL_S, ByteSize, TimeoutSeconds, Workers, check_fields, options_from_url, split_url
 

@@ -17,8 +17,8 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from ..errors import ConfigError
-from ..host_pool import HostPool
-from ..sizes import MAX_SIZE
+from ..model.host_pool import HostPool
+from ..model.sizes import MAX_SIZE
 from .base import Backend, Capabilities, OtherLength, matches_read, read_length
 from .url_options import check_fields, options_from_url, split_url
 

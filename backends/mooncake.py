@@ -18,7 +18,7 @@ What the store is, and what that means here:
   refused (False) only when one batch needs more room than is free at once. So the capability is
   not persistent. ``contribute_segment=false`` makes a pure client
   (say, when another process on the host already contributes: pages are not held twice in one
-  host's RAM); ``python -m tiered_kv.bench.segment_holder hold-segment URL`` runs such a process
+  host's RAM); ``python -m tiered_kv.ops.bench.segment_holder hold-segment URL`` runs such a process
   (until SIGTERM / SIGINT). A key-only backend (``open_backend(url, None)``, for a scheduler
   process) registers no buffer; open it with ``contribute_segment=false``, or the pages stored in
   its segment go when the scheduler does.
@@ -59,9 +59,9 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from ..errors import BackendError, BackendUnavailableError, ConfigError
-from ..host_pool import HostPool
-from ..sizes import MAX_SIZE
-from ..record import HEADER_BYTES
+from ..model.host_pool import HostPool
+from ..model.sizes import MAX_SIZE
+from ..model.record import HEADER_BYTES
 from .base import Backend, Capabilities, NotARecord, OtherLength
 from .url_options import (MAX_WORKERS, ByteSize, HostName, TimeoutSeconds, Workers, check_host, check_fields,
                           options_from_url, split_url, url_port)

@@ -74,7 +74,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from ..errors import BackendError, BackendTimeoutError, BackendUnavailableError, ConfigError
-from ..host_pool import HostPool
+from ..model.host_pool import HostPool
 from .base import Backend, Capabilities, NotARecord, OtherLength, all_or_nothing, read_length
 from .redis_options import RedisOptions, parse_redis_url
 from .resp import RespConnection, RespError, encode_command

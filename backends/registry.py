@@ -12,7 +12,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from ..errors import ConfigError
-from ..host_pool import HostPool
+from ..model.host_pool import HostPool
 from .base import Backend
 from .url_options import split_url
 

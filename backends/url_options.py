@@ -29,7 +29,7 @@ from urllib.parse import SplitResult, parse_qsl, urlsplit
 from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ..errors import ConfigError, TieredKVError
-from ..sizes import MAX_SIZE, parse_size
+from ..model.sizes import MAX_SIZE, parse_size
 
 C = TypeVar("C")
 

@@ -39,11 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import issue_timeline  # noqa: E402  (its step timers and the caller's front steps)
 import transfer_gpu as tg  # noqa: E402
 
-from tiered_kv import transfer_engine as te  # noqa: E402
+from tiered_kv.transfers import engine as te  # noqa: E402
 from tiered_kv.kernels import staged_copy, uva_copy  # noqa: E402
 from tiered_kv.errors import ConfigError  # noqa: E402
-from tiered_kv.transfer_engine import TransferEngine, TransferOptions  # noqa: E402
-from tiered_kv.transfer_policy import backup_plan_wave  # noqa: E402
+from tiered_kv.transfers.engine import TransferEngine, TransferOptions  # noqa: E402
+from tiered_kv.transfers.policy import backup_plan_wave  # noqa: E402
 
 #: (owner, attribute name, label): a backup's steps that are timed (wrapped for the run).
 STEPS = [

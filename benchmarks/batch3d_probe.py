@@ -34,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import transfer_gpu as tg  # noqa: E402  (measure, fill_random)
 
-from tiered_kv.host_pool import HostPool  # noqa: E402
+from tiered_kv.model.host_pool import HostPool  # noqa: E402
 from tiered_kv.kernels import cudart  # noqa: E402
-from tiered_kv.spec import nsa_spec  # noqa: E402
+from tiered_kv.model.spec import nsa_spec  # noqa: E402
 
 SLOTS, PAGES = 2048, 512
 BLOCKS = (1, 2, 4, 8, 61)

@@ -43,8 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import transfer_gpu as tg  # noqa: E402  (the main benchmark's pools, matmuls and beside metrics)
 
 from tiered_kv import HostPool  # noqa: E402
-from tiered_kv.transfer_engine import TransferEngine  # noqa: E402
-from tiered_kv.transfer_policy import (HEAD, MIXED_LOADS, PITCHED_RUNS_LOADS, SCATTERED_LOADS, WAVES,  # noqa: E402
+from tiered_kv.transfers.engine import TransferEngine  # noqa: E402
+from tiered_kv.transfers.policy import (HEAD, MIXED_LOADS, PITCHED_RUNS_LOADS, SCATTERED_LOADS, WAVES,  # noqa: E402
                                        LoadSplit, TransferOptions)
 
 FACTORS = (0.5, 1.25)

@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import transfer_gpu as tg  # noqa: E402
 
-from tiered_kv import transfer_engine as te  # noqa: E402
-from tiered_kv.transfer_engine import TransferEngine  # noqa: E402
+from tiered_kv.transfers import engine as te  # noqa: E402
+from tiered_kv.transfers.engine import TransferEngine  # noqa: E402
 
 
 def top_functions(profile: cProfile.Profile, reps: int, key: str, top: int) -> list[dict]:

@@ -56,8 +56,8 @@ import torch
 
 from tiered_kv.backends.file import SUFFIX, TEMP_PREFIX, FileBackend, FileOptions, page_name
 from tiered_kv import model_spec
-from tiered_kv.bench.raw_ceilings import drop_page_cache
-from tiered_kv.host_pool import HostPool
+from tiered_kv.ops.bench.raw_ceilings import drop_page_cache
+from tiered_kv.model.host_pool import HostPool
 
 
 class AiofilesStore:

@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import transfer_gpu as tg  # noqa: E402
 
-import tiered_kv.transfer_engine as te  # noqa: E402
+import tiered_kv.transfers.engine as te  # noqa: E402
 from tiered_kv.kernels import uva_copy  # noqa: E402
-from tiered_kv.transfer_engine import TransferEngine  # noqa: E402
+from tiered_kv.transfers.engine import TransferEngine  # noqa: E402
 
 
 class Stamps:
@@ -112,7 +112,7 @@ def micro(device_pool, host, slots, pages, reps: int = 200) -> dict:
     import numpy as np
 
     from tiered_kv.kernels import find_runs
-    from tiered_kv.transfer_policy import is_scattered
+    from tiered_kv.transfers.policy import is_scattered
 
     engine = TransferEngine(device_pool, host, path="auto")
     copy = te.validate(device_pool, host, pages, slots, to_host=False)

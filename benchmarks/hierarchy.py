@@ -35,8 +35,8 @@ sys.path.insert(0, str(REPO))
 from tiered_kv import HostPool, model_spec  # noqa: E402
 from tiered_kv.backends import open_backend  # noqa: E402
 from tiered_kv.hierarchy import CacheManager, L3Controller  # noqa: E402
-from tiered_kv.keys import Namespace, page_keys  # noqa: E402
-from tiered_kv.slot_allocator import SlotAllocator  # noqa: E402
+from tiered_kv.model.keys import Namespace, page_keys  # noqa: E402
+from tiered_kv.model.slot_allocator import SlotAllocator  # noqa: E402
 
 TOKENS = 128 * 1024
 

@@ -41,10 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import serving_probe  # noqa: E402  (its candidate sets and PolicyVariant)
 import transfer_gpu as tg  # noqa: E402
 
-from tiered_kv import transfer_engine as te  # noqa: E402
-from tiered_kv import transfer_policy as tp  # noqa: E402
+from tiered_kv.transfers import engine as te  # noqa: E402
+from tiered_kv.transfers import policy as tp  # noqa: E402
 from tiered_kv.kernels import batch_copy, staged_copy, uva_copy  # noqa: E402
-from tiered_kv.transfer_engine import TransferEngine  # noqa: E402
+from tiered_kv.transfers.engine import TransferEngine  # noqa: E402
 
 #: The caller's steps before any copy, loads and backups alike (``backup_timeline.py`` too).
 FRONT_STEPS = [

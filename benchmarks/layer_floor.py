@@ -41,7 +41,7 @@ from transfer_gpu import add_shape_arguments, compare_start, measure, random_poo
 from tiered_kv.kernels import copy_pages_uva
 from tiered_kv.kernels.batch_copy import plan_copy_list, run_copy_list
 from tiered_kv.kernels.cudart import memcpy_2d_async, memcpy_async, memcpy_batch_async
-from tiered_kv.transfer_engine import LoadSplit, TransferEngine
+from tiered_kv.transfers.engine import LoadSplit, TransferEngine
 
 
 def main() -> int:

@@ -5,7 +5,7 @@ slots, and for the verification alone.
     MC_TCP_BIND_ADDRESS=127.0.0.1 python benchmarks/mooncake_get_cpu.py "mooncake://...&contribute_segment=false"
 
 Needs a running master and a process contributing store memory (``python -m
-tiered_kv.bench.segment_holder hold-segment URL``). 64 DeepSeek-V3.2 pages, 2 gets of 32 at once as
+tiered_kv.ops.bench.segment_holder hold-segment URL``). 64 DeepSeek-V3.2 pages, 2 gets of 32 at once as
 in ``tiered-kv bench storage --batch 32 --concurrency 2``, 8 rounds alternating which side goes
 first, medians printed. Never imported by the library or the tests.
 """

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from staged_planning_cpu import PAGES, SLOTS, AddressView  # noqa: E402
 
 from tiered_kv import nsa_spec  # noqa: E402
-from tiered_kv.host_pool import HostPool  # noqa: E402
+from tiered_kv.model.host_pool import HostPool  # noqa: E402
 from tiered_kv.kernels.staged_copy import StagedCopier, _batch_rows  # noqa: E402
 
 #: The modelled costs of the H200 run (us): one ``cudaMemcpy2DAsync``, one row of a memcpy batch.

@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tiered_kv import HostPool, allocate_engine_like, nsa_spec  # noqa: E402
 from tiered_kv.kernels import staged_copy, uva_copy  # noqa: E402
-from tiered_kv.transfer_engine import TransferEngine, TransferOptions  # noqa: E402
-from tiered_kv.transfer_policy import MIXED_LOADS  # noqa: E402
+from tiered_kv.transfers.engine import TransferEngine, TransferOptions  # noqa: E402
+from tiered_kv.transfers.policy import MIXED_LOADS  # noqa: E402
 
 
 def _nothing(*args, **kwargs) -> None:

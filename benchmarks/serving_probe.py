@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import transfer_gpu as tg  # noqa: E402  (the main benchmark's measuring helpers)
 
-from tiered_kv.transfer_engine import LoadSplit, TransferEngine, TransferOptions  # noqa: E402
-from tiered_kv.transfer_policy import HEAD as tp_HEAD  # noqa: E402
-from tiered_kv.transfer_policy import SCATTERED_LOADS_WITHOUT_BATCH  # noqa: E402
+from tiered_kv.transfers.engine import LoadSplit, TransferEngine, TransferOptions  # noqa: E402
+from tiered_kv.transfers.policy import HEAD as tp_HEAD  # noqa: E402
+from tiered_kv.transfers.policy import SCATTERED_LOADS_WITHOUT_BATCH  # noqa: E402
 
 B8 = LoadSplit(1.0, layers_per_copy=8)
 B8R = LoadSplit(1.0, layers_per_copy=8, ramp=True)
@@ -182,7 +182,7 @@ class PolicyVariant:
     TABLES = ("MIXED_LOADS", "SCATTERED_LOADS", "MIXED_LOADS_BESIDE_BACKUP", "SCATTERED_LOADS_BESIDE_BACKUP")
 
     def __init__(self, engine: TransferEngine, change) -> None:
-        import tiered_kv.transfer_policy as tp
+        import tiered_kv.transfers.policy as tp
 
         self.engine, self._tp = engine, tp
         self._changed = {}
@@ -327,7 +327,7 @@ def _entry_takes(table: str, key, split: LoadSplit):
     """A change for ``PolicyVariant``: the loads that ``transfer_policy``'s ``table[key]`` entry
     decides take ``split``. An entry object shared by two tables (``layer_first``'s
     ``SCATTERED_LOADS`` and ``SCATTERED_LOADS_BESIDE_BACKUP``) changes in both."""
-    import tiered_kv.transfer_policy as tp
+    import tiered_kv.transfers.policy as tp
 
     return lambda s: split if s is getattr(tp, table)[key] else s
 
@@ -368,7 +368,7 @@ TWELFTH = [
 
 def _entry_changed(table: str, key, **fields):
     """A change for ``PolicyVariant``: the policy's own ``table[key]`` split with ``fields`` changed."""
-    import tiered_kv.transfer_policy as tp
+    import tiered_kv.transfers.policy as tp
 
     return _entry_takes(table, key, replace(getattr(tp, table)[key], **fields))
 

@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import transfer_gpu as tg  # noqa: E402  (Bench, measure, pools, id sets)
 
 from tiered_kv.kernels import staged_copy  # noqa: E402
-from tiered_kv.transfer_engine import LoadSplit, TransferEngine, TransferOptions  # noqa: E402
-from tiered_kv.transfer_policy import SCATTERED_LOADS  # noqa: E402
+from tiered_kv.transfers.engine import LoadSplit, TransferEngine, TransferOptions  # noqa: E402
+from tiered_kv.transfers.policy import SCATTERED_LOADS  # noqa: E402
 
 KINDS = ("runs of 16", "runs of 32", "runs of 64", "runs", "runs of 4", "scattered")
 runs_of = tg.runs_of  # the slot kinds of ``transfer_gpu.id_sets``, of any run length

@@ -25,11 +25,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tiered_kv.replay import cli as replay_cli
-from tiered_kv.replay.driver import replay
-from tiered_kv.replay.setup import build
-from tiered_kv.transfer_engine import TransferEngine
-from tiered_kv.transfer_policy import STAGED_MIN_MEAN_RUN, mean_host_run
+from tiered_kv.ops.replay import cli as replay_cli
+from tiered_kv.ops.replay.driver import replay
+from tiered_kv.ops.replay.setup import build
+from tiered_kv.transfers.engine import TransferEngine
+from tiered_kv.transfers.policy import STAGED_MIN_MEAN_RUN, mean_host_run
 
 TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "conversation_trace.jsonl"
 #: Classes of a transfer's mean host-slot run, as ``transfer_gpu.py`` names its slot kinds.

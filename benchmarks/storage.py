@@ -12,7 +12,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from tiered_kv.storage_bench import measure
+from tiered_kv.ops.bench.storage import measure
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "storage.json"
 

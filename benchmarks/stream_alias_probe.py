@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import transfer_gpu as tg  # noqa: E402
 
-from tiered_kv.transfer_engine import TransferEngine  # noqa: E402
+from tiered_kv.transfers.engine import TransferEngine  # noqa: E402
 
 def aliases(engine_handles: dict[str, int], candidates: Iterable[int]) -> dict[int, list[str]]:
     """For each candidate stream handle (by position) that is an engine stream, the engine's names for it."""

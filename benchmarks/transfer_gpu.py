@@ -35,9 +35,9 @@ import triton
 from tiered_kv import HostPool, allocate_engine_like, nsa_spec
 from tiered_kv.kernels import copy_pages_reference, copy_pages_uva, owned_streams, plan_uva_copy
 from tiered_kv.kernels.uva_copy import DEFAULT_CTAS_ON_DEVICE
-from tiered_kv.transfer import backup_pairs, load_pairs
-from tiered_kv.transfer_engine import BackupHandle, LoadSplit, TransferEngine, TransferOptions
-from tiered_kv.transfer_policy import LOAD_STREAM_PRIORITY
+from tiered_kv.transfers.torch_path import backup_pairs, load_pairs
+from tiered_kv.transfers.engine import BackupHandle, LoadSplit, TransferEngine, TransferOptions
+from tiered_kv.transfers.policy import LOAD_STREAM_PRIORITY
 
 SLEEP_CYCLES = 80_000_000  # ~40 ms at 1.98 GHz: longer than any path's issue time (load + backup: ~20 ms)
 

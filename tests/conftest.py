@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from tiered_kv.host_pool import HostPool
+from tiered_kv.model.host_pool import HostPool
 
 try:  # the GPU machine has no pytest-asyncio; its GPU tests are synchronous
     import pytest_asyncio  # noqa: F401

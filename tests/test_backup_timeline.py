@@ -18,7 +18,7 @@ import issue_timeline  # noqa: E402
 
 from tiered_kv import nsa_spec  # noqa: E402
 from tiered_kv.kernels import staged_copy  # noqa: E402
-from tiered_kv.transfer_engine import TransferEngine  # noqa: E402
+from tiered_kv.transfers.engine import TransferEngine  # noqa: E402
 
 from .kernels.pools import make_device_pool, make_host_pool  # noqa: E402
 from .probe_cli import assert_refused  # noqa: E402

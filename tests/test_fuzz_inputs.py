@@ -25,8 +25,8 @@ from tiered_kv.backends.mooncake import MooncakeOptions
 from tiered_kv.backends.redis_options import RedisOptions, parse_redis_url
 from tiered_kv.backends.url_options import options_from_url
 from tiered_kv.errors import TieredKVError
-from tiered_kv.keys import MAX_KEY_BYTES, check_key
-from tiered_kv.sizes import MAX_SIZE, parse_size
+from tiered_kv.model.keys import MAX_KEY_BYTES, check_key
+from tiered_kv.model.sizes import MAX_SIZE, parse_size
 
 from .backends.contract import SPEC
 

@@ -66,7 +66,7 @@ def test_every_step_wraps_the_real_engine_and_undo_restores_it():
     import torch
 
     from tiered_kv import nsa_spec
-    from tiered_kv.transfer_engine import TransferEngine
+    from tiered_kv.transfers.engine import TransferEngine
 
     from .kernels.pools import make_device_pool, make_host_pool
 
@@ -99,7 +99,7 @@ def test_every_step_wraps_the_real_engine_and_undo_restores_it():
 def test_lead_blocks_are_set_for_every_case_and_1_gives_the_policy_back():
     """A case with ``--lead-blocks`` 1 after one with 3 measures the policy's own splits (the
     tables are swapped per case, not only for leads other than 1)."""
-    import tiered_kv.transfer_policy as tp
+    import tiered_kv.transfers.policy as tp
 
     policy = (tp.SCATTERED_LOADS, tp.MIXED_LOADS)
     try:

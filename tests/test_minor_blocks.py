@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from tiered_kv import ConfigError, nsa_spec
-from tiered_kv.transfer import load_pairs
-from tiered_kv.transfer_engine import TransferEngine, _blocks, staged_groups
-from tiered_kv.transfer_policy import LoadSplit, TransferOptions
+from tiered_kv.transfers.torch_path import load_pairs
+from tiered_kv.transfers.engine import TransferEngine, _blocks, staged_groups
+from tiered_kv.transfers.policy import LoadSplit, TransferOptions
 
 from .kernels.pools import adjacent_ids, check_copy, make_device_pool, make_host_pool, random_ids
 
@@ -111,7 +111,7 @@ def test_minor_blocks_reject_nonsense(bad):
 
 def test_the_option_survives_a_caller_share_of_pages():
     """``TransferOptions.ce_fraction`` over a split keeps its minor blocks (by pages either way)."""
-    from tiered_kv.transfer_policy import choose_split
+    from tiered_kv.transfers.policy import choose_split
 
     own = LoadSplit(1.0, minor_layers_per_copy=8)
     split = choose_split(dense_host_rows=False, num_layers=61, backup_in_flight=False, scattered=False, has_batch=True,
@@ -126,7 +126,7 @@ def test_the_option_survives_a_caller_share_of_pages():
 def test_gpu_each_layer_holds_its_bytes_right_after_wait_layer(name, slots_kind):
     """On the device the minor blocks land before their first layer's event: every layer, read on
     a fresh stream right after ``wait_layer``, holds both of its components."""
-    from .test_transfer_engine import load_and_check_each_layer
+    from .transfers.test_engine import load_and_check_each_layer
 
     spec = nsa_spec(num_layers=12, page_size=64)
     device, host = make_device_pool(spec, 300, "cuda"), make_host_pool(spec, 260, "page_first")

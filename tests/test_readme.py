@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tiered_kv import cli
-from tiered_kv.host_pool import HostPool
+from tiered_kv.ops import cli
+from tiered_kv.model.host_pool import HostPool
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
@@ -69,7 +69,7 @@ def test_keys_in_the_examples_are_str():
     blocks = python_blocks()
     exec(compile("".join(c for _, c in blocks[:1]), "README.md", "exec"), namespace)  # spec and pools only
     try:
-        from tiered_kv.keys import Namespace, page_keys
+        from tiered_kv.model.keys import Namespace, page_keys
 
         keys = page_keys(Namespace.for_spec(namespace["spec"], model="m"), list(range(200)))
         assert len(keys) == 200 // namespace["spec"].page_size and all(isinstance(k, str) for k in keys)

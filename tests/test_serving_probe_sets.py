@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import serving_probe  # noqa: E402
 
-from tiered_kv.transfer_engine import TransferEngine, TransferOptions  # noqa: E402
-from tiered_kv.transfer import backup_pairs, load_pairs  # noqa: E402
+from tiered_kv.transfers.engine import TransferEngine, TransferOptions  # noqa: E402
+from tiered_kv.transfers.torch_path import backup_pairs, load_pairs  # noqa: E402
 
 from .kernels.pools import check_copy, make_device_pool, make_host_pool, random_ids, small_specs  # noqa: E402
 
@@ -47,7 +47,7 @@ def test_ninth_backup_candidates_copy_every_byte(entry, layout):
 
 
 def test_ninth_both_and_beside_entries_name_known_paths():
-    from tiered_kv.transfer_policy import PATHS
+    from tiered_kv.transfers.policy import PATHS
 
     for name, load_path, _, backup_path, _ in serving_probe.NINTH_BOTH + serving_probe.THIRTYFOURTH_BOTH:
         assert load_path in PATHS and backup_path in PATHS, name
@@ -77,7 +77,7 @@ VARIANTS = [e for e in serving_probe.ELEVENTH + serving_probe.TWELFTH + serving_
 
 def _changed_splits(change):
     """(table, key, split) of every policy entry ``change`` replaces."""
-    import tiered_kv.transfer_policy as tp
+    import tiered_kv.transfers.policy as tp
 
     # By value: a change that rebuilds an entry equal to the policy's own would measure nothing.
     return [(name, key, change(split)) for name in serving_probe.PolicyVariant.TABLES
@@ -110,7 +110,7 @@ class SplitOf:
         self.case = case
 
     def load(self, *args, **kwargs):
-        import tiered_kv.transfer_policy as tp
+        import tiered_kv.transfers.policy as tp
 
         return tp.choose_split(num_layers=61, has_batch=True, **self.case)
 
@@ -135,7 +135,7 @@ def _case_named(name: str) -> dict:
                          + [(e, _case_named(e[0])) for e in serving_probe.THIRTEENTH[2:] + serving_probe.FOURTEENTH[1:]],
                          ids=lambda v: v[0] if isinstance(v, tuple) else "")
 def test_policy_variant_gives_its_split_for_the_case_it_names_and_only_during_the_call(entry, case):
-    import tiered_kv.transfer_policy as tp
+    import tiered_kv.transfers.policy as tp
 
     def split(**c):
         return tp.choose_split(num_layers=61, has_batch=True, **c)
@@ -149,7 +149,7 @@ def test_policy_variant_gives_its_split_for_the_case_it_names_and_only_during_th
 
 
 def test_policy_changes_hit_only_the_entry_they_name():
-    import tiered_kv.transfer_policy as tp
+    import tiered_kv.transfers.policy as tp
 
     changed = serving_probe.TWELFTH[1][4]
     assert changed(tp.MIXED_LOADS[(False, True)]) is not tp.MIXED_LOADS[(False, True)]
@@ -167,7 +167,7 @@ def test_policy_changes_hit_only_the_entry_they_name():
 def test_option_candidates_copy_every_byte(entry, layout):
     """The candidates that change options (head blocks on the caller, device tables), under the
     policy's scattered split through ``mixed`` (``auto`` is torch copies on CPU)."""
-    import tiered_kv.transfer_policy as tp
+    import tiered_kv.transfers.policy as tp
 
     name, _, options, _, change = entry
     split = tp.SCATTERED_LOADS[layout == "layer_first"]

@@ -14,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import short_runs_probe  # noqa: E402
 
 from tiered_kv.kernels import StagedCopier, staged_copy  # noqa: E402
-from tiered_kv.transfer import load_pairs  # noqa: E402
-from tiered_kv.transfer_engine import TransferEngine  # noqa: E402
+from tiered_kv.transfers.torch_path import load_pairs  # noqa: E402
+from tiered_kv.transfers.engine import TransferEngine  # noqa: E402
 
 from .kernels.pools import check_copy, make_device_pool, make_host_pool, random_ids, small_specs  # noqa: E402
 from .kernels.test_staged_planning import SPEC, ring_decisions  # noqa: E402

@@ -14,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import slot_runs  # noqa: E402
 
-from tiered_kv.transfer_engine import TransferEngine  # noqa: E402
-from tiered_kv.transfer_policy import STAGED_MIN_MEAN_RUN, is_scattered  # noqa: E402
+from tiered_kv.transfers.engine import TransferEngine  # noqa: E402
+from tiered_kv.transfers.policy import STAGED_MIN_MEAN_RUN, is_scattered  # noqa: E402
 
 from .kernels.pools import make_device_pool, make_host_pool, small_specs  # noqa: E402
 

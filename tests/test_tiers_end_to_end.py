@@ -10,7 +10,7 @@ import torch
 
 from tiered_kv import HostPool, allocate_engine_like, nsa_spec
 from tiered_kv.backends import open_backend
-from tiered_kv.transfer_engine import TransferEngine
+from tiered_kv.transfers.engine import TransferEngine
 
 SPEC = nsa_spec(num_layers=3)
 

@@ -7,7 +7,7 @@ prefix cache) in ``tiered_kv.hierarchy``, GPU kernels in ``tiered_kv.kernels``, 
 ``tiered_kv.config``.
 """
 
-from .device_pool import DeviceBuffer, DevicePool, allocate_engine_like
+from .model.device_pool import DeviceBuffer, DevicePool, allocate_engine_like
 from .errors import (
     BackendError,
     BackendTimeoutError,
@@ -31,10 +31,10 @@ from .errors import (
     TruncatedRecordError,
     UnsealedSlotError,
 )
-from .host_pool import HostPool
-from .keys import Namespace, check_key, page_keys
-from .spec import FORMAT_VERSION, Component, KVSpec, mha_spec, mla_spec, model_spec, nsa_spec
-from .transfer import pages_from_token_indices, torch_backup, torch_load, torch_load_layer
+from .model.host_pool import HostPool
+from .model.keys import Namespace, check_key, page_keys
+from .model.spec import FORMAT_VERSION, Component, KVSpec, mha_spec, mla_spec, model_spec, nsa_spec
+from .transfers.torch_path import pages_from_token_indices, torch_backup, torch_load, torch_load_layer
 
 __version__ = "0.1.0"
 

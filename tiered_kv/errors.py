@@ -49,7 +49,7 @@ class IndexValidationError(TieredKVError, ValueError):
 
 
 class PageKeyError(TieredKVError, ValueError):
-    """A page key is not a str of 1..512 printable ASCII characters (see ``tiered_kv.keys``)."""
+    """A page key is not a str of 1..512 printable ASCII characters (see ``tiered_kv.model.keys``)."""
 
 
 class PoolError(TieredKVError):

@@ -210,7 +210,7 @@ class BackendContract:
 
     @pytest.mark.parametrize("bad", BAD_KEYS)
     async def test_bad_keys_are_page_key_errors_everywhere(self, backend, pool, bad):
-        """The one validator (tiered_kv.keys): seal refuses what backends refuse, with PageKeyError."""
+        """The one validator (tiered_kv.model.keys): seal refuses what backends refuse, with PageKeyError."""
         free_before = pool.free_slots
         [good] = new_keys(1)
         slots = pool.allocate(2)

@@ -146,7 +146,7 @@ class RawClient:
 def segment_holder(master: MooncakeMaster, segment_bytes: str = "64MiB"):
     """A second process contributing ``segment_bytes`` to ``master``'s store (``with`` it)."""
     from tiered_kv.backends.mooncake import MooncakeOptions
-    from tiered_kv.bench.segment_holder import SegmentHolder
+    from tiered_kv.ops.bench.segment_holder import SegmentHolder
 
     return SegmentHolder(MooncakeOptions.from_url(master.url(global_segment_bytes=segment_bytes, timeout_s=10)))
 

@@ -24,7 +24,7 @@ import mooncake.store  # noqa: E402,F401 - fail loudly when installed but broken
 from tiered_kv import HostPool, nsa_spec  # noqa: E402
 from tiered_kv.backends import open_backend  # noqa: E402
 from tiered_kv.backends.mooncake import MooncakeBackend  # noqa: E402
-from tiered_kv.bench.raw_ceilings import measure_raw_ceiling, measure_raw_round  # noqa: E402
+from tiered_kv.ops.bench.raw_ceilings import measure_raw_ceiling, measure_raw_round  # noqa: E402
 from tiered_kv.errors import BackendError, BackendTimeoutError, BackendUnavailableError, ConfigError  # noqa: E402
 
 from .contract import SPEC, BackendContract, fill_and_seal, new_keys  # noqa: E402

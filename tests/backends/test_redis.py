@@ -23,7 +23,7 @@ import redis
 from tiered_kv import HostPool, nsa_spec
 from tiered_kv.backends import open_backend
 from tiered_kv.backends.redis import RedisBackend
-from tiered_kv.bench.raw_ceilings import measure_raw_ceiling
+from tiered_kv.ops.bench.raw_ceilings import measure_raw_ceiling
 from tiered_kv.errors import BackendError, BackendTimeoutError, BackendUnavailableError, ConfigError
 
 from .contract import SPEC, BackendContract, assert_round_trip, assert_settled, fill_and_seal, new_keys

@@ -12,13 +12,13 @@ import pytest
 
 from tiered_kv.backends.file import FileOptions
 from tiered_kv.backends.redis_options import RedisOptions
-from tiered_kv.cli import main
+from tiered_kv.ops.cli import main
 from tiered_kv.config import Config, describe, load_config, replay_settings, show, to_replay_settings
 from tiered_kv.config.models import ControllerConfig, PoliciesConfig, PrefetchTimeoutConfig
 from tiered_kv.errors import ConfigError
 from tiered_kv.hierarchy import ControllerLimits, Policies, PrefetchPolicy, PrefetchTimeout, WritePolicy
-from tiered_kv.plan import plan_tiers, slot_bytes
-from tiered_kv.sizes import parse_size
+from tiered_kv.ops.plan import plan_tiers, slot_bytes
+from tiered_kv.model.sizes import parse_size
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "configs"
 
@@ -409,7 +409,7 @@ def test_replay_reads_the_config_named_by_tiered_kv_config_with_its_environment(
     """``$TIERED_KV_CONFIG`` names the file for ``replay`` as for ``config show`` (file < environment
     < flags); with neither it and ``--config`` the replay runs the embedded default, under the
     environment all the same."""
-    from tiered_kv.replay import embedded_default
+    from tiered_kv.ops.replay import embedded_default
 
     embedded = str(EXAMPLES / "embedded.yaml")
     env = {"TIERED_KV_L2__SIZE": "6MiB"}
@@ -439,7 +439,7 @@ def test_replay_without_a_file_takes_the_environment_over_the_embedded_default(
         capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """file < environment < flags holds with no file too: the embedded default stands in for the
     file, and a bad or unknown TIERED_KV_* variable is refused as config show refuses it."""
-    from tiered_kv.replay import embedded_default
+    from tiered_kv.ops.replay import embedded_default
 
     monkeypatch.delenv("TIERED_KV_CONFIG", raising=False)
     default = embedded_default()
@@ -459,8 +459,8 @@ def test_replay_without_a_file_takes_the_environment_over_the_embedded_default(
 
 
 def test_replay_serves_metrics_the_environment_enables_without_a_file(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tiered_kv.cli import build_parser
-    from tiered_kv.replay.cli import metrics_address, run_config
+    from tiered_kv.ops.cli import build_parser
+    from tiered_kv.ops.replay.cli import metrics_address, run_config
 
     monkeypatch.delenv("TIERED_KV_CONFIG", raising=False)
     args = build_parser().parse_args(["replay", "--simulate"])
@@ -474,8 +474,8 @@ def test_replay_serves_metrics_the_environment_enables_without_a_file(monkeypatc
 
 def test_config_show_without_a_file_is_what_replay_runs_without_one(capsys: pytest.CaptureFixture,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from tiered_kv.replay import embedded_default
-    from tiered_kv.replay.setup import embedded_config
+    from tiered_kv.ops.replay import embedded_default
+    from tiered_kv.ops.replay.setup import embedded_config
 
     monkeypatch.delenv("TIERED_KV_CONFIG", raising=False)
     assert to_replay_settings(load_config(env={}, defaults=embedded_config())) == embedded_default()

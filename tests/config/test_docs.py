@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from tiered_kv.config.loader import SIZE_KEYS
 from tiered_kv.config.models import OPTION_CLASSES, Config
-from tiered_kv.sizes import parse_size
+from tiered_kv.model.sizes import parse_size
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 ROW = re.compile(r"^\| `([a-z0-9_.:]+)` \| [^|]*(?:\\\|[^|]*)* \| ([^|]+) \| .+ \|$")

@@ -23,7 +23,7 @@ from tiered_kv import HostPool, allocate_engine_like, nsa_spec
 from tiered_kv.backends import open_backend
 from tiered_kv.hierarchy import CacheManager, ControllerLimits, L1PrefixCache, L3Controller, Policies, TransferHalf
 from tiered_kv.hierarchy.oracle import fill_pages, verify_pages
-from tiered_kv.keys import Namespace, page_keys
+from tiered_kv.model.keys import Namespace, page_keys
 
 from ..backends.mooncake_server import LOOPBACK_ENV, MooncakeMaster
 from ..backends.redis_server import REDIS_SERVER, RedisServer

@@ -123,7 +123,7 @@ def test_an_orphaned_prefetch_counts_against_the_prefetch_slot_limit_until_its_r
     prefetches hold. (Before: the count dropped at once and the next prefetch took the whole
     budget again: 8 slots held by prefetches under a limit of 4.)"""
     from tiered_kv.hierarchy import CacheManager
-    from tiered_kv.slot_allocator import SlotAllocator
+    from tiered_kv.model.slot_allocator import SlotAllocator
 
     backend = GatedBackend()
     ctl = L3Controller(backend, record_bytes=1, limits=ControllerLimits(read_workers=2, write_workers=1))

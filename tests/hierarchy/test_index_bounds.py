@@ -4,7 +4,7 @@ pages that left L1 (and are on neither L2 nor L3) are dropped when the engine ev
 from __future__ import annotations
 
 from tiered_kv.hierarchy import CacheManager, PageIndex, Policies
-from tiered_kv.slot_allocator import SlotAllocator
+from tiered_kv.model.slot_allocator import SlotAllocator
 
 from .conftest import keys_of, prompts
 

@@ -12,7 +12,7 @@ from tiered_kv.errors import ConfigError, PoolError, PoolExhaustedError
 from tiered_kv.hierarchy import (AgreeTimeout, CacheManager, L3Controller, PageIndex, Policies, PrefetchPolicy,
                                  PrefetchTimeout, WritePolicy)
 from tiered_kv.backends import open_backend
-from tiered_kv.slot_allocator import SlotAllocator
+from tiered_kv.model.slot_allocator import SlotAllocator
 
 from .conftest import PAGE, SPEC, assert_clean, keys_of, prompts
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tiered_kv.hierarchy import CacheManager, Policies
 from tiered_kv.hierarchy.agree import TcpAgreement
-from tiered_kv.slot_allocator import SlotAllocator
+from tiered_kv.model.slot_allocator import SlotAllocator
 
 from .conftest import PAGE, assert_clean, count_on_l3, keys_of, make_stack, prompts
 

@@ -10,8 +10,8 @@ that waited on L3 would hang there; it must keep answering "not yet" until the s
 
 The scheduler refuses (and counts) every ``HostPool`` / ``HostMemory`` construction, CUDA lazy
 initialisation and ``Tensor.pin_memory`` call. ``torch`` itself is imported there all the same:
-``tiered_kv/__init__.py`` imports ``tiered_kv.device_pool``, which imports torch, and
-``backends/base.py`` imports ``tiered_kv.host_pool`` (torch too); so the test checks that torch is
+``tiered_kv/__init__.py`` imports ``tiered_kv.model.device_pool``, which imports torch, and
+``backends/base.py`` imports ``tiered_kv.model.host_pool`` (torch too); so the test checks that torch is
 loaded but CUDA was never initialised and no host memory was made, rather than torch's absence.
 """
 
@@ -30,7 +30,7 @@ import pytest
 
 from tiered_kv import HostPool
 from tiered_kv.backends import open_backend
-from tiered_kv.keys import page_keys
+from tiered_kv.model.keys import page_keys
 
 from ..backends.contract import fill_and_seal
 from ..backends.redis_server import REDIS_SERVER, RedisServer
@@ -53,18 +53,18 @@ def refuse(what):
 
 # Guards first, before anything of the cache exists: host memory, pinning and CUDA are refused.
 import torch
-import tiered_kv.host_memory, tiered_kv.host_pool
-tiered_kv.host_pool.HostPool.__init__ = refuse("HostPool")
-tiered_kv.host_memory.HostMemory.__init__ = refuse("HostMemory")
+import tiered_kv.model.host_memory, tiered_kv.model.host_pool
+tiered_kv.model.host_pool.HostPool.__init__ = refuse("HostPool")
+tiered_kv.model.host_memory.HostMemory.__init__ = refuse("HostMemory")
 torch.cuda._lazy_init = refuse("CUDA init")
 torch.Tensor.pin_memory = refuse("pin_memory")
 
 from tiered_kv.backends import open_backend
 from tiered_kv.hierarchy import CacheManager, L3Controller
-from tiered_kv.keys import Namespace, page_keys
-from tiered_kv.record import HEADER_BYTES
-from tiered_kv.slot_allocator import SlotAllocator
-from tiered_kv.spec import nsa_spec
+from tiered_kv.model.keys import Namespace, page_keys
+from tiered_kv.model.record import HEADER_BYTES
+from tiered_kv.model.slot_allocator import SlotAllocator
+from tiered_kv.model.spec import nsa_spec
 
 def send(**message):
     print(json.dumps(message), flush=True)

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from tiered_kv.hierarchy import CacheManager, ControllerLimits, L3Controller, Policies, WritePolicy
-from tiered_kv.slot_allocator import SlotAllocator
+from tiered_kv.model.slot_allocator import SlotAllocator
 
 from .conftest import PAGE, assert_clean, keys_of, prompts
 

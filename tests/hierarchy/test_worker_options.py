@@ -9,7 +9,7 @@ from tiered_kv import ConfigError, HostPool, allocate_engine_like
 from tiered_kv.hierarchy import TransferHalf
 from tiered_kv.hierarchy.manager import LoadPlan, StorePlan
 from tiered_kv.hierarchy.oracle import fill_pages, verify_pages
-from tiered_kv.transfer_policy import TransferOptions
+from tiered_kv.transfers.policy import TransferOptions
 
 from .conftest import SPEC, keys_of, prompts
 

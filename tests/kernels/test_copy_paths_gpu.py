@@ -12,7 +12,7 @@ import torch
 
 from tiered_kv import mha_spec, mla_spec, nsa_spec
 from tiered_kv.kernels import StagedCopier, copy_pages_batch, copy_pages_direct, copy_pages_uva
-from tiered_kv.transfer import backup_pairs, load_pairs
+from tiered_kv.transfers.torch_path import backup_pairs, load_pairs
 
 from .pools import adjacent_ids, check_copy, make_device_pool, make_host_pool, random_ids
 

@@ -142,7 +142,7 @@ def test_staged_pitched_ops_through_the_runtime_match_the_cpu_copies(fake_runtim
     from tiered_kv import nsa_spec
     from tiered_kv.kernels import StagedCopier
     from tiered_kv.kernels.staged_copy import fold_pitched
-    from tiered_kv.transfer import load_pairs
+    from tiered_kv.transfers.torch_path import load_pairs
 
     from .pools import make_device_pool, make_host_pool
 

@@ -171,7 +171,7 @@ def test_without_a_runtime_a_lease_hands_out_torch_pool_streams(monkeypatch):
 def test_issue_threads_give_their_streams_back_when_closed(monkeypatch):
     """An engine's replaced or closed issue threads return their streams to its lease."""
     from tests.fake_cuda import patch_cuda
-    from tiered_kv.transfer_engine import _IssueThreads
+    from tiered_kv.transfers.engine import _IssueThreads
 
     patch_cuda(monkeypatch)
     lender, _ = _lender()
@@ -189,7 +189,7 @@ def test_an_engine_dropped_without_close_ends_its_threads_and_its_streams_go_bac
     from tests.fake_cuda import patch_cuda
     from tests.kernels.pools import make_device_pool, make_host_pool
     from tiered_kv import nsa_spec
-    from tiered_kv.transfer_engine import TransferEngine
+    from tiered_kv.transfers.engine import TransferEngine
 
     patch_cuda(monkeypatch)
     lender, _ = _lender()
@@ -213,7 +213,7 @@ def test_a_closed_engine_stays_usable_and_its_next_threads_take_streams_again(mo
     from tests.fake_cuda import patch_cuda
     from tests.kernels.pools import make_device_pool, make_host_pool
     from tiered_kv import nsa_spec
-    from tiered_kv.transfer_engine import TransferEngine
+    from tiered_kv.transfers.engine import TransferEngine
 
     patch_cuda(monkeypatch)
     lender, _ = _lender()
@@ -235,7 +235,7 @@ def test_a_finished_job_does_not_keep_its_closure(monkeypatch):
     import weakref
 
     from tests.fake_cuda import patch_cuda
-    from tiered_kv.transfer_engine import _Issued, _IssueThreads
+    from tiered_kv.transfers.engine import _Issued, _IssueThreads
 
     patch_cuda(monkeypatch)
     threads = _IssueThreads(torch.device("cuda", 0), 1, 0, StreamLease(0, _lender()[0]))
@@ -261,7 +261,7 @@ def test_a_finished_job_does_not_keep_its_closure(monkeypatch):
 def test_an_engines_streams_are_none_of_torchs_and_go_back_with_it():
     from tests.kernels.pools import make_device_pool, make_host_pool
     from tiered_kv import nsa_spec
-    from tiered_kv.transfer_engine import TransferEngine
+    from tiered_kv.transfers.engine import TransferEngine
 
     lender = owned_streams.default_lender()
     assert lender is not None

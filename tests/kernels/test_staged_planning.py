@@ -18,7 +18,7 @@ from tiered_kv.kernels import StagedCopier
 from tiered_kv.kernels.batch_copy import CopyList, merge_copy_list
 from tiered_kv.kernels import staged_copy
 from tiered_kv.kernels.staged_copy import _batch_rows, _share, _spans, fold_pitched
-from tiered_kv.transfer import backup_pairs, load_pairs
+from tiered_kv.transfers.torch_path import backup_pairs, load_pairs
 
 from .pools import adjacent_ids, check_copy, make_device_pool, make_host_pool, random_ids
 

@@ -47,7 +47,7 @@ def running(pid: int) -> bool:
 
 
 def replay(env: dict[str, str], config: str, url: str) -> dict:
-    args = [sys.executable, "-m", "tiered_kv.cli", "replay", "--config", f"examples/configs/{config}", "--l3", url,
+    args = [sys.executable, "-m", "tiered_kv.ops.cli", "replay", "--config", f"examples/configs/{config}", "--l3", url,
             "--metrics-port", "0", "--clients", "3", "--rounds", "2", "--inflight", "1", "--json", "--quiet"]
     done = subprocess.run(args, env={**env, "MC_TCP_BIND_ADDRESS": "127.0.0.1"}, capture_output=True, text=True,
                           timeout=120, cwd=REPO)

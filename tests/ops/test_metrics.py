@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.replay.conftest import TEST_SPEC, TINY_CHAT, TINY_TIERS
+from tests.ops.replay.conftest import TEST_SPEC, TINY_CHAT, TINY_TIERS
 from tiered_kv.errors import ConfigError, MetricsServerError
-from tiered_kv.metrics import (BACKEND_LABELS, METRICS, cache_registry, check_address, exposition, metric_names,
+from tiered_kv.ops.metrics import (BACKEND_LABELS, METRICS, cache_registry, check_address, exposition, metric_names,
                                serve_metrics)
-from tiered_kv.replay import build, embedded_default, replay, summarize
-from tiered_kv.replay.workload import synthetic_chat
+from tiered_kv.ops.replay import build, embedded_default, replay, summarize
+from tiered_kv.ops.replay.workload import synthetic_chat
 
 REPO = Path(__file__).resolve().parents[2]
 ALLOWED_LABELS = {
@@ -120,7 +120,7 @@ def test_hits_agree_with_the_replays_totals(scraped):
 
 def test_a_cache_without_l3_exposes_no_l3_series():
     from tiered_kv.hierarchy import CacheManager
-    from tiered_kv.slot_allocator import SlotAllocator
+    from tiered_kv.model.slot_allocator import SlotAllocator
 
     two_tier = CacheManager(SlotAllocator(8), page_size=64)
     try:
@@ -209,7 +209,7 @@ def test_l3_evictions_and_capacity_are_exposed_for_backends_that_evict_themselve
     tiers = {**TINY_TIERS, "l3_pages": 24}  # far below the chat's ~80 distinct pages: L3 evicts
     url = None
     if l3 == "memory":
-        from tiered_kv.plan import record_bytes
+        from tiered_kv.ops.plan import record_bytes
         url = f"memory://?capacity_bytes={tiers['l3_pages'] * record_bytes(TEST_SPEC)}"
     h = build(embedded_default(spec=TEST_SPEC, l3_url=url, **tiers))
     registry = cache_registry(l1=h.l1)
@@ -230,7 +230,7 @@ def test_l3_evictions_and_capacity_are_exposed_for_backends_that_evict_themselve
 def test_a_metrics_port_in_use_is_a_runtime_failure_exit_1(capsys):
     """Exit codes: 2 for bad usage or input, 1 for a failure at run time; a port someone else
     holds is the latter (the same flags work once it is free)."""
-    from tiered_kv.cli import main
+    from tiered_kv.ops.cli import main
 
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))

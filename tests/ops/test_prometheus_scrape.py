@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from tests.backends.mooncake_server import free_port
-from tests.replay.conftest import TINY_CHAT, TINY_TIERS
-from tiered_kv.plan import slot_bytes
-from tiered_kv.replay import embedded_default
+from tests.ops.replay.conftest import TINY_CHAT, TINY_TIERS
+from tiered_kv.ops.plan import slot_bytes
+from tiered_kv.ops.replay import embedded_default
 
 REPO = Path(__file__).resolve().parents[2]
 #: Below TINY_TIERS' L2, and one request at a time: hits on all three tiers, independent of timing.
@@ -92,7 +92,7 @@ def prometheus(tmp_path, metrics_port):
 def test_prometheus_reads_the_replays_hit_counters(prometheus, metrics_port):
     spec = embedded_default().spec
     w = TINY_CHAT
-    args = [sys.executable, "-m", "tiered_kv.cli", "replay", "--json", "--quiet",
+    args = [sys.executable, "-m", "tiered_kv.ops.cli", "replay", "--json", "--quiet",
             "--clients", str(w.clients), "--rounds", str(w.rounds), "--system-tokens", str(w.system_tokens),
             "--turn-tokens", str(w.turn_tokens), "--answer-tokens", str(w.answer_tokens), "--seed", str(w.seed),
             "--gpu-mem", str(TINY_TIERS["l1_pages"] * spec.page_bytes),

@@ -1,7 +1,7 @@
 """``tiered-kv config check FILE`` and ``tiered-kv config show [FILE] [--json]``.
 
 ``check`` loads FILE as a run would (the file, then ``TIERED_KV_*`` variables) and prints ``ok`` and
-a one-line summary; a bad config is the loader's one-line ConfigError, which ``tiered_kv.cli.main``
+a one-line summary; a bad config is the loader's one-line ConfigError, which ``tiered_kv.ops.cli.main``
 prints and turns into exit code 2. ``show`` prints every effective value and its source (default,
 file, env, argument); with no FILE, ``$TIERED_KV_CONFIG``, else the embedded default that
 ``tiered-kv replay`` runs without a file (``replay.setup.embedded_config``), under the environment.
@@ -23,7 +23,7 @@ def run_check(args: argparse.Namespace) -> int:
 def run_show(args: argparse.Namespace) -> int:
     defaults = None
     if config_file(args.file) is None:
-        from ..replay.setup import embedded_config
+        from ..ops.replay.setup import embedded_config
 
         defaults = embedded_config()  # what ``tiered-kv replay`` runs with no file
     print(show(load_config(args.file, defaults=defaults), as_json=args.json))

@@ -42,9 +42,9 @@ from ..backends.redis_options import RedisOptions, parse_redis_url
 from ..backends.url_options import HostName, options_from_url, split_url
 from ..errors import ConfigError, SpecError
 from ..hierarchy import ControllerLimits, Policies, PrefetchTimeout
-from ..plan import plan_tiers
-from ..sizes import format_size, parse_size
-from ..spec import LATENT_DTYPES, MODEL_PRESETS, KVSpec, mha_spec, mla_spec, model_spec, nsa_spec
+from ..ops.plan import plan_tiers
+from ..model.sizes import format_size, parse_size
+from ..model.spec import LATENT_DTYPES, MODEL_PRESETS, KVSpec, mha_spec, mla_spec, model_spec, nsa_spec
 
 ENV_PREFIX = "TIERED_KV_"
 ENV_DELIMITER = "__"
@@ -168,7 +168,7 @@ class Mirror(Section):
 
 # --- spec --------------------------------------------------------------------------------------
 class SpecConfig(Section):
-    """Either ``model`` (a preset of ``tiered_kv.spec.MODEL_PRESETS``) or ``kind`` + ``layers``."""
+    """Either ``model`` (a preset of ``tiered_kv.model.spec.MODEL_PRESETS``) or ``kind`` + ``layers``."""
 
     model: Literal[tuple(MODEL_PRESETS)] | None = "deepseek-v3.2"  # type: ignore[valid-type]
     kind: Literal["nsa", "mla", "mha"] | None = None
@@ -402,7 +402,7 @@ ControllerConfig = mirror("ControllerConfig", ControllerLimits)
 
 def _metrics_host(value: str) -> str:
     """The endpoint's address as ``serve_metrics`` takes it (an IP address, no host name)."""
-    from ..metrics import check_address
+    from ..ops.metrics import check_address
 
     return check_address(value, 0)[0]
 

@@ -28,7 +28,7 @@ from itertools import islice
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..completion import DONE, AllOf, Completion, as_completion
+from ..model.completion import DONE, AllOf, Completion, as_completion
 from ..errors import PoolError
 
 STORING = "storing"

@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..completion import DONE, AllOf, Completion, as_completion
+from ..model.completion import DONE, AllOf, Completion, as_completion
 from ..errors import PoolError
-from ..keys import check_keys
+from ..model.keys import check_keys
 from .manager import CacheManager, LoadPlan, Match
 
 

@@ -45,8 +45,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, PoolError
-from ..integers import as_int
-from ..keys import check_keys
+from ..model.integers import as_int
+from ..model.keys import check_keys
 from .agree_deadline import AgreeTimeout, DeadlineAgree, DirectAgree, agree_with_deadline
 from .controller import L3Controller, heard_from_l3
 from .index import RESIDENT, Entry, PageIndex, free_slot_count

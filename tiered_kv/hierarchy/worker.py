@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..completion import DONE, Completion
+from ..model.completion import DONE, Completion
 from ..errors import IndexValidationError
 from .manager import LoadPlan, StorePlan
 
@@ -51,7 +51,7 @@ class TransferHalf:
         """``path`` and ``options`` (a ``TransferOptions``) go to the engine as they are: a serving
         engine whose model computes while loads run passes ``TransferOptions(beside_compute=True)``,
         so ``auto`` takes the splits that leave the model its SMs."""
-        from ..transfer_engine import TransferEngine  # torch / CUDA only on the worker side
+        from ..transfers.engine import TransferEngine  # torch / CUDA only on the worker side
 
         self.device_pool = device_pool
         self.host_pool = host_pool

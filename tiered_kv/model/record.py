@@ -1,0 +1,189 @@
+"""The page record: how one page is stored on L3 and how it is verified when it comes back.
+
+A record is a 4 KiB header block followed by the payload (components in spec order, each
+layer-major; see ``spec.KVSpec.chunk_offset``). Header block, little-endian:
+
+    0     8s   magic b"TIEREDKV"
+    8     u16  format version
+    10    u16  checksum algorithm (1 = xxh3-128)
+    12    u16  key length in bytes
+    14    u16  reserved (0)
+    16    16s  spec fingerprint (raw bytes of ``KVSpec.fingerprint``)
+    32    u64  payload length
+    40    16s  payload checksum
+    56    ...  page key (ASCII, at most MAX_KEY_BYTES), then zeros
+    4080  16s  header checksum over bytes [0, 4080)
+
+Latent and indexer of a page are in one payload under one checksum, so they can only be
+stored, found and lost together. ``verify`` checks everything and raises a ``RecordError``
+subclass, which every caller treats as a miss; it never hands back bytes it has not verified.
+
+xxh3 was chosen by measurement (docs/benchmarks.md, benchmarks/checksum.py): it releases the GIL
+and runs at tens of GB/s per core, far above any L3 tier.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import xxhash
+
+from ..errors import CorruptRecordError, ForeignRecordError, NotARecordError, RecordError, SpecError, TruncatedRecordError
+from .keys import MAX_KEY_BYTES, check_key
+from .spec import FORMAT_VERSION
+
+HEADER_BYTES = 4096
+MAGIC = b"TIEREDKV"
+CHECKSUM_XXH3_128 = 1
+_FIXED = struct.Struct("<8sHHHH16sQ16s")  # 56 bytes
+_KEY_OFFSET = _FIXED.size
+_HEADER_SUM_OFFSET = HEADER_BYTES - 16
+_ZEROS = bytes(HEADER_BYTES)
+
+
+def payload_checksum(payload) -> bytes:
+    """16-byte xxh3-128 digest of a buffer (releases the GIL while it runs)."""
+    return xxhash.xxh3_128_digest(payload)
+
+
+def _key_bytes(key: str) -> bytes:
+    # The one validator (PageKeyError), so a key sealed into a record is one every backend takes.
+    return check_key(key).encode("ascii")
+
+
+@dataclass(frozen=True)
+class RecordHeader:
+    version: int
+    fingerprint: str
+    key: str
+    payload_len: int
+    checksum: bytes
+
+
+def _fingerprint_bytes(fingerprint: str) -> bytes:
+    """The 16 raw bytes of a ``KVSpec.fingerprint`` (32 hex characters); SpecError for anything else,
+    which ``struct`` would pad or cut into another spec's fingerprint."""
+    try:
+        raw = bytes.fromhex(fingerprint) if isinstance(fingerprint, str) and len(fingerprint) == 32 else None
+    except ValueError:
+        raw = None
+    if raw is None:
+        raise SpecError(f"a spec fingerprint is 32 hex characters (KVSpec.fingerprint), got {repr(fingerprint)[:80]}")
+    return raw
+
+
+def write_header(header: memoryview, *, fingerprint: str, key: str, payload) -> None:
+    """Fill the 4 KiB ``header`` block for ``payload`` (any contiguous buffer).
+
+    Written after the payload bytes have landed: this is what *sealing* a slot means.
+    """
+    if len(header) < HEADER_BYTES:
+        raise RecordError(f"header block needs {HEADER_BYTES} bytes, got {len(header)}")
+    raw_key = _key_bytes(key)
+    raw_fingerprint = _fingerprint_bytes(fingerprint)
+    payload_len = _bytes_of(payload).nbytes
+    header[:HEADER_BYTES] = _ZEROS
+    _FIXED.pack_into(
+        header, 0, MAGIC, FORMAT_VERSION, CHECKSUM_XXH3_128, len(raw_key), 0,
+        raw_fingerprint, payload_len, payload_checksum(payload),
+    )
+    header[_KEY_OFFSET:_KEY_OFFSET + len(raw_key)] = raw_key
+    header[_HEADER_SUM_OFFSET:HEADER_BYTES] = xxhash.xxh3_128_digest(header[:_HEADER_SUM_OFFSET])
+
+
+def encode(payload, *, fingerprint: str, key: str) -> bytearray:
+    """A new record (header + copy of ``payload``)."""
+    data = _bytes_of(payload)
+    out = bytearray(HEADER_BYTES + data.nbytes)
+    view = memoryview(out)
+    view[HEADER_BYTES:] = data
+    write_header(view[:HEADER_BYTES], fingerprint=fingerprint, key=key, payload=view[HEADER_BYTES:])
+    return out
+
+
+def _bytes_of(record) -> memoryview:
+    """``record`` as a flat byte view; NotARecordError for what is no contiguous buffer."""
+    try:
+        return memoryview(record).cast("B")
+    except TypeError:
+        raise NotARecordError(f"a record is a contiguous bytes-like buffer (bytes, bytearray, memoryview, uint8 "
+                              f"array), got {type(record).__name__}") from None
+
+
+def read_header(record) -> RecordHeader:
+    """Parse and check the header block (magic, header checksum, version); no payload check."""
+    view = _bytes_of(record)
+    if view.nbytes < HEADER_BYTES:
+        raise TruncatedRecordError(f"record is {view.nbytes} bytes, shorter than its {HEADER_BYTES}-byte header")
+    magic, version, algo, key_len, reserved, fp, payload_len, checksum = _FIXED.unpack_from(view, 0)
+    if magic != MAGIC:
+        raise CorruptRecordError(f"bad magic {magic!r}: not a tiered-kv page record")
+    if xxhash.xxh3_128_digest(view[:_HEADER_SUM_OFFSET]) != bytes(view[_HEADER_SUM_OFFSET:HEADER_BYTES]):
+        raise CorruptRecordError("header checksum mismatch: the header block is corrupted")
+    if version != FORMAT_VERSION or algo != CHECKSUM_XXH3_128 or reserved != 0:
+        raise CorruptRecordError(f"unsupported record format version {version} / checksum {algo}")
+    if not 0 < key_len <= MAX_KEY_BYTES:
+        raise CorruptRecordError(f"key length {key_len} out of range")
+    key = bytes(view[_KEY_OFFSET:_KEY_OFFSET + key_len]).decode("ascii", errors="replace")
+    return RecordHeader(version, fp.hex(), key, payload_len, bytes(checksum))
+
+
+def verify(record, *, fingerprint: str, key: str, payload_len: int) -> memoryview:
+    """Check every field of ``record`` and return a view of its verified payload.
+
+    ``record`` may be longer than the record (a padded slot); the bytes after it are ignored.
+    Raises TruncatedRecordError, CorruptRecordError or ForeignRecordError.
+    """
+    header = read_header(record)
+    check_owner(header, fingerprint=fingerprint, key=key, payload_len=payload_len)
+    view = _bytes_of(record)
+    if view.nbytes < HEADER_BYTES + payload_len:
+        raise TruncatedRecordError(f"record is {view.nbytes} bytes, header says {HEADER_BYTES + payload_len}")
+    payload = view[HEADER_BYTES:HEADER_BYTES + payload_len]
+    if payload_checksum(payload) != header.checksum:
+        raise CorruptRecordError(f"payload checksum mismatch for page {key[:64]!r}")
+    return payload
+
+
+def check_owner(header: RecordHeader, *, fingerprint: str, key: str, payload_len: int) -> None:
+    """ForeignRecordError unless ``header`` is of spec ``fingerprint``, page ``key`` and ``payload_len``."""
+    if header.fingerprint != fingerprint:
+        raise ForeignRecordError(f"record written for spec {header.fingerprint}, expected {fingerprint}")
+    if header.key != key:
+        raise ForeignRecordError(f"record holds page {header.key[:64]!r}, expected {key[:64]!r}")
+    if header.payload_len != payload_len:
+        raise ForeignRecordError(f"record payload is {header.payload_len} bytes, this spec's page is {payload_len}")
+
+
+def other_length_error(prefix, *, length: int, expected: int, fingerprint: str, key: str, payload_len: int) -> RecordError:
+    """Why a stored value of ``length`` bytes, where this reader's records take ``expected``, is no hit.
+
+    ``prefix`` holds the value's first ``min(length, len(prefix))`` bytes (its header, where the
+    value has one). An intact header of another spec, key or size makes it ForeignRecordError:
+    someone else's page, which the reader must leave alone. A value that is no readable record,
+    or that is this very page at the wrong length, is TruncatedRecordError / CorruptRecordError.
+    """
+    if length > expected:
+        size = f"larger than the slot ({length} B > {expected} B)"
+    else:
+        size = f"shorter than this reader's records ({length} B < {expected} B)"
+    try:
+        header = read_header(memoryview(prefix).cast("B")[:min(length, memoryview(prefix).nbytes)])
+    except RecordError as exc:
+        return type(exc)(f"stored value {size} is no readable record: {exc}")
+    try:
+        check_owner(header, fingerprint=fingerprint, key=key, payload_len=payload_len)
+    except ForeignRecordError as exc:
+        return ForeignRecordError(f"record {size}, another reader's: {exc}")
+    cls = TruncatedRecordError if length < expected else CorruptRecordError
+    return cls(f"record of page {key[:64]!r} is {size}: damaged")
+
+
+def is_sealed_for(record, *, fingerprint: str, key: str) -> bool:
+    """Cheap check (header only) that a slot was sealed for ``key``: used before every put."""
+    try:
+        header = read_header(record)
+    except (CorruptRecordError, TruncatedRecordError):
+        return False
+    return header.fingerprint == fingerprint and header.key == key

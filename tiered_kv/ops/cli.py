@@ -1,0 +1,276 @@
+"""The ``tiered-kv`` command line.
+
+    tiered-kv [--debug] [--version]
+    tiered-kv plan --model deepseek-v3.2 [--layers N | --layer-range START:END] [--page-size N]
+                   [--latent-dtype fp8|bf16] [--gpu-mem SIZE] [--host-mem SIZE] [--disk SIZE] [--json]
+    tiered-kv bench storage --backend URL [--pages N] [--batch N] [--json]
+    tiered-kv bench transfer [--model M] [--layers N] [--pages N] [--layout L] [--path P] [--device D] [--json]
+    tiered-kv inspect URL [--verify] [--json]
+    tiered-kv config check FILE | config show [FILE] [--json]
+
+Subcommands are registered from ``COMMANDS`` (name -> ``register(subparsers, common)``, which adds
+the command's parser with ``parents=[common]``, for ``--debug``, and sets ``func``: a function of the
+parsed arguments returning the exit code). A new command is one entry there and one small function
+or module; it raises the library's errors and leaves exit codes and messages to ``main``.
+
+Exit codes: 0 success; 2 bad usage (argparse's convention) and bad argument values (the library's
+``ConfigError`` / ``SpecError``: malformed sizes, impossible plans, bad URLs); 1 a failure while
+running (backend unreachable, store too small: any other library error), and also an unexpected
+exception, which is a bug; 130 interrupted. ``tiered-kv`` with no command prints the help on
+stderr and exits 2, as any other incomplete command line does. Errors are one line on stderr,
+``tiered-kv: error: ...``; ``--debug`` (before or after the subcommand) adds the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable
+
+from .. import __version__
+from . import store_inspect as inspect_cli
+from ..config import cli as config_cli
+from ..errors import ConfigError, SpecError, TieredKVError
+from .plan import describe_page_sizes, plan_json, plan_tiers
+from .replay import cli as replay_cli
+from .cli_args import positive_int, positive_size
+from ..model.sizes import format_size, parse_size
+from ..model.spec import LATENT_DTYPES, MODEL_PRESETS, model_spec
+
+#: Exit code per error class, looked up along the exception's MRO (the most specific class wins):
+#: wrong argument values are usage errors, every other library error a runtime failure.
+EXIT_CODES: dict[type[BaseException], int] = {
+    ConfigError: 2,
+    SpecError: 2,
+    TieredKVError: 1,
+    KeyboardInterrupt: 130,
+}
+BUG_EXIT_CODE = 1
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, with usage errors on one line like every other error (subparsers inherit it)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see '{self.prog} --help')\n")
+
+
+# --- argument types: tiered_kv.ops.cli_args (shared with the subcommand modules) ---------------------
+
+
+def layer_range(text: str) -> tuple[int, int]:
+    """``START:END``, end exclusive (``0:30`` is the first 30 layers)."""
+    start, sep, end = text.partition(":")
+    try:
+        bounds = (int(start), int(end)) if sep else None
+    except ValueError:
+        bounds = None
+    if bounds is None or not 0 <= bounds[0] < bounds[1]:
+        raise argparse.ArgumentTypeError(f"expected START:END with 0 <= START < END, got {text!r}")
+    return bounds
+
+
+# --- plan ----------------------------------------------------------------------------------------
+
+def register_plan(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("plan", parents=[common], help="bytes per token and page, and what fits in each tier")
+    p.add_argument("--model", default="deepseek-v3.2", choices=sorted(MODEL_PRESETS), help="model preset (default deepseek-v3.2)")
+    layers = p.add_mutually_exclusive_group()
+    layers.add_argument("--layers", type=positive_int, default=None, help="the model's first N layers (default: all)")
+    layers.add_argument("--layer-range", type=layer_range, default=None, metavar="START:END",
+                        help="the layers this cache holds, end exclusive (a pipeline stage)")
+    p.add_argument("--page-size", type=positive_int, default=64, help="tokens per page (default 64)")
+    p.add_argument("--latent-dtype", choices=["fp8", "bf16"], default=None,
+                   help="latent dtype, for models with a latent (default: fp8 for NSA, bf16 for MLA)")
+    p.add_argument("--gpu-mem", type=positive_size, default=parse_size("64GiB"), metavar="SIZE", help="GPU memory for KV pages (default 64GiB)")
+    p.add_argument("--host-mem", type=positive_size, default=parse_size("512GiB"), metavar="SIZE", help="pinned host pool (default 512GiB)")
+    p.add_argument("--disk", type=positive_size, default=parse_size("4TiB"), metavar="SIZE", help="L3 capacity (default 4TiB)")
+    p.add_argument("--trace", metavar="FILE", default=None,
+                   help="also replay this Mooncake-format trace with --simulate at these sizes: hit rate per tier")
+    p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="with --trace: its first N requests")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run_plan)
+
+
+def _plan_spec(args: argparse.Namespace):
+    """The spec the arguments describe; ConfigError naming the argument for impossible ones."""
+    kind, model_layers, _ = MODEL_PRESETS[args.model]
+    allowed = LATENT_DTYPES[kind]
+    if args.latent_dtype is not None and args.latent_dtype not in allowed:
+        has = f"stores its latent only as {', '.join(allowed)}" if allowed else "has no latent (separate k and v)"
+        raise ConfigError(f"--latent-dtype {args.latent_dtype}: {args.model} ({kind}) {has}")
+    if args.layers is not None and args.layers > model_layers:
+        raise ConfigError(f"--layers {args.layers}: {args.model} has {model_layers} layers")
+    bounds = args.layer_range or (0, args.layers or model_layers)
+    if bounds[1] > model_layers:
+        raise ConfigError(f"--layer-range {bounds[0]}:{bounds[1]}: {args.model} has layers 0..{model_layers - 1}"
+                          f" (END is exclusive, at most {model_layers})")
+    return model_spec(args.model, page_size=args.page_size, latent_dtype=args.latent_dtype, layer_range=bounds)
+
+
+_TIER_ARGUMENT = {"gpu": "--gpu-mem", "host": "--host-mem", "disk": "--disk"}
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    spec = _plan_spec(args)
+    tiers = plan_tiers(spec, gpu_bytes=args.gpu_mem, host_bytes=args.host_mem, disk_bytes=args.disk)
+    for t in tiers:
+        if t.pages == 0:
+            raise ConfigError(f"{_TIER_ARGUMENT[t.name]} {format_size(t.capacity_bytes)}: holds no page of "
+                              f"{t.bytes_per_page:,} B ({args.model}, page size {spec.page_size})")
+    if args.limit is not None and args.trace is None:
+        raise ConfigError("--limit slices a --trace; give --trace too")
+    trace = _simulate_trace(args, spec) if args.trace else None
+    if args.json:
+        out = plan_json(spec, tiers, args.model)
+        if trace is not None:
+            out["trace"] = trace
+        print(json.dumps(out))
+        return 0
+    parts = ", ".join(f"{c.name} {c.bytes_per_layer:,} B" for c in spec.components)
+    print(f"model         {args.model}: {spec.kind}, layers [{spec.layer_start}, {spec.layer_end}), "
+          f"{spec.page_size} tokens a page; per layer of a page: {parts}")
+    print(f"per token     {spec.bytes_per_token:,} B")
+    print(f"per page      {describe_page_sizes(spec)}")
+    print()
+    print(f"{'tier':<6}{'capacity':>14}{'B per page':>14}{'pages':>14}{'tokens':>16}")
+    for t in tiers:
+        print(f"{t.name:<6}{format_size(t.capacity_bytes):>14}{t.bytes_per_page:>14,}{t.pages:>14,}{t.tokens(spec.page_size):>16,}")
+    print("(gpu: page payloads; host and disk: padded slots of one stored record each, as the host pool and the file\n"
+          " backend hold them; Redis and Mooncake keep records unpadded, so they fit a few more)")
+    if trace is not None:
+        rates = trace["hit_rate"]
+        print()
+        print(f"trace         {args.trace}: {trace['requests']:,} requests, {trace['input_tokens']:,} input tokens "
+              f"(replayed with --simulate at these sizes)")
+        print(f"hit rate      l1 {rates['l1']:.1%}, l2 {rates['l2']:.1%}, l3 {rates['l3']:.1%}, all {rates['total']:.1%}")
+    return 0
+
+
+def _simulate_trace(args: argparse.Namespace, spec) -> dict:
+    """``replay --simulate`` of ``args.trace`` at the plan's sizes: the hits capacity planning needs."""
+    import dataclasses
+
+    from .replay.driver import replay
+    from .replay.report import summarize
+    from .replay.setup import build, embedded_default
+    from .replay.workload import read_trace
+
+    requests = read_trace(args.trace, limit=args.limit)
+    settings = dataclasses.replace(embedded_default(), spec=spec, model=args.model, simulate=True, verify=False,
+                                   l3_url=None)
+    settings = settings.with_sizes(gpu_bytes=args.gpu_mem, host_bytes=args.host_mem, disk_bytes=args.disk)
+    with build(settings) as h:
+        result = replay(h, requests)
+    summary = summarize(result, workload="trace " + args.trace, l3="simulated")
+    return {k: summary[k] for k in ("requests", "input_tokens", "hit_tokens", "hit_rate", "prefill_tokens_saved",
+                                    "tier_pages")}
+
+
+# --- bench ---------------------------------------------------------------------------------------
+def _register_bench_storage(bench: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    from .bench import storage as storage_bench
+
+    storage = bench.add_parser("storage", parents=[common],
+                               help="put/get throughput of an L3 backend against its medium's ceiling")
+    storage_bench.add_arguments(storage)
+    storage.set_defaults(func=storage_bench.run)
+
+
+def _register_bench_transfer(bench: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    from .bench import transfer
+
+    p = bench.add_parser("transfer", parents=[common],
+                         help="L1 <-> L2 copies through the transfer engine: backup, load, one layer (GB/s)")
+    transfer.add_arguments(p)
+    p.set_defaults(func=transfer.run)
+
+
+#: ``tiered-kv bench`` subcommands: name -> function adding its parser.
+BENCHES: dict[str, Callable[[argparse._SubParsersAction, argparse.ArgumentParser], None]] = {
+    "storage": _register_bench_storage,
+    "transfer": _register_bench_transfer,
+}
+
+
+def register_bench(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    bench = sub.add_parser("bench", parents=[common], help="benchmarks").add_subparsers(
+        dest="bench", required=True, metavar="{" + ",".join(BENCHES) + "}")
+    for register in BENCHES.values():
+        register(bench, common)
+
+
+# --- the command line ----------------------------------------------------------------------------
+#: Top-level subcommands: name -> function adding its parser (the name is for readers and tests;
+#: each function names its own parser).
+COMMANDS: dict[str, Callable[[argparse._SubParsersAction, argparse.ArgumentParser], None]] = {
+    "plan": register_plan,
+    "bench": register_bench,
+    "replay": replay_cli.register,
+    "config": config_cli.register,
+    "inspect": inspect_cli.register,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = ArgumentParser(prog="tiered-kv", description="A three-tier KV cache for LLM serving engines.",
+                                     epilog="exit codes: 0 ok, 1 failure while running, 2 bad usage or argument values")
+    parser.add_argument("--version", action="version", version=f"tiered-kv {__version__}")
+    parser.add_argument("--debug", action="store_true", help="print the traceback of an error")
+    # Also accepted after the subcommand; SUPPRESS keeps a subparser from resetting the top-level value.
+    common = ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="print the traceback of an error")
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
+    for register in COMMANDS.values():
+        register(sub, common)
+    return parser
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+def _exit_code(exc: BaseException) -> int | None:
+    return next((EXIT_CODES[cls] for cls in type(exc).__mro__ if cls in EXIT_CODES), None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        code = args.func(args)
+        # Output to a pipe is block-buffered: a reader that went away shows at this flush, inside
+        # the handler below, instead of in the interpreter's final flush (exit 120 and a message).
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # The reader went away (``tiered-kv replay --json | head -c 100``): nothing is wrong with
+        # the command, so no "internal error" line; stdout goes to /dev/null so that the
+        # interpreter's final flush does not raise the same error again (Python's documented way).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - the one place that turns errors into exit codes
+        code = _exit_code(exc)
+        if args.debug:
+            traceback.print_exc()
+        if isinstance(exc, KeyboardInterrupt):
+            print("tiered-kv: interrupted", file=sys.stderr)
+        elif code is None:
+            # Not one of the library's errors: a bug. Still one line; the traceback is one flag away.
+            print(f"tiered-kv: internal error: {type(exc).__name__}: {_one_line(exc)} (a bug; rerun with --debug "
+                  f"for the traceback)", file=sys.stderr)
+        else:
+            print(f"tiered-kv: error: {_one_line(exc)}", file=sys.stderr)
+        return BUG_EXIT_CODE if code is None else code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -27,7 +27,7 @@ import torch
 
 from tiered_kv.ops.replay import cli as replay_cli
 from tiered_kv.ops.replay.driver import replay
-from tiered_kv.ops.replay.setup import build
+from tiered_kv.compose import build
 from tiered_kv.transfers.engine import TransferEngine
 from tiered_kv.transfers.policy import STAGED_MIN_MEAN_RUN, mean_host_run
 

@@ -475,7 +475,7 @@ def test_replay_serves_metrics_the_environment_enables_without_a_file(monkeypatc
 def test_config_show_without_a_file_is_what_replay_runs_without_one(capsys: pytest.CaptureFixture,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from tiered_kv.ops.replay import embedded_default
-    from tiered_kv.ops.replay.setup import embedded_config
+    from tiered_kv.compose import embedded_config
 
     monkeypatch.delenv("TIERED_KV_CONFIG", raising=False)
     assert to_replay_settings(load_config(env={}, defaults=embedded_config())) == embedded_default()

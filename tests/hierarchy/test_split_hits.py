@@ -19,7 +19,7 @@ from tiered_kv.backends import open_backend
 from tiered_kv.hierarchy import (CacheManager, L1PrefixCache, L3Controller, NullTransferHalf, Policies,
                                  TransferHalf)
 from tiered_kv.hierarchy.oracle import fill_pages, verify_pages
-from tiered_kv.ops.replay.simulated_l3 import SimulatedL3
+from tiered_kv.backends.simulated import SimulatedL3
 from tiered_kv.model.slot_allocator import SlotAllocator
 
 from .conftest import PAGE, SPEC, assert_clean, decided_lookup, keys_of, make_stack, prompts

@@ -23,7 +23,7 @@ def run_check(args: argparse.Namespace) -> int:
 def run_show(args: argparse.Namespace) -> int:
     defaults = None
     if config_file(args.file) is None:
-        from ..ops.replay.setup import embedded_config
+        from ..compose import embedded_config
 
         defaults = embedded_config()  # what ``tiered-kv replay`` runs with no file
     print(show(load_config(args.file, defaults=defaults), as_json=args.json))

@@ -398,11 +398,11 @@ SIZE_KEYS = _size_keys()
 
 # --- the replay --------------------------------------------------------------------------------
 def to_replay_settings(config: Config) -> Any:
-    """The ``tiered_kv.ops.replay.setup.ReplaySettings`` this config describes: its spec and namespace
+    """The ``tiered_kv.compose.ReplaySettings`` this config describes: its spec and namespace
     name, tiers in pages as ``plan`` counts them (L1 in page payloads, L2 / L3 in padded slots), the
     L3 URL with its options written in (None: the replay's temporary file store), policies,
     controller limits, host layout and L1 device. Run flags (simulate, verify) keep their defaults."""
-    from ..ops.replay.setup import ReplaySettings
+    from ..compose import ReplaySettings
 
     base = ReplaySettings(spec=config.kv_spec(), model=config.spec.namespace_name, l3_url=config.l3.effective_url,
                           policies=config.policies_value(), limits=config.controller_limits(),
@@ -414,7 +414,7 @@ def replay_settings(path: str | os.PathLike | None = None, overrides: Mapping[st
                     env: Mapping[str, str] = os.environ) -> Any:
     """``to_replay_settings(load_config(path, overrides, env))``: what ``replay --config FILE`` runs;
     with no file (and no ``$TIERED_KV_CONFIG``), the embedded default under ``env`` and ``overrides``."""
-    from ..ops.replay.setup import embedded_config
+    from ..compose import embedded_config
 
     defaults = embedded_config() if config_file(path, env) is None else None
     return to_replay_settings(load_config(path, overrides, env, defaults=defaults))

@@ -156,7 +156,7 @@ def _simulate_trace(args: argparse.Namespace, spec) -> dict:
 
     from .replay.driver import replay
     from .replay.report import summarize
-    from .replay.setup import build, embedded_default
+    from ..compose import build, embedded_default
     from .replay.workload import read_trace
 
     requests = read_trace(args.trace, limit=args.limit)

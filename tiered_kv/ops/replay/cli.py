@@ -30,7 +30,7 @@ from ...errors import ConfigError
 from ...hierarchy import PrefetchPolicy, WritePolicy
 from ..cli_args import non_negative_int, positive_float, positive_int, positive_size
 from ...model.spec import MODEL_PRESETS
-from .setup import ReplaySettings, build, embedded_config
+from ...compose import ReplaySettings, build, embedded_config
 from .workload import ChatWorkload, read_trace, synthetic_chat
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -37,7 +37,7 @@ from typing import Any
 from ...errors import ConfigError
 from ...hierarchy import PrefetchPolicy
 from ...model.keys import page_keys
-from .setup import Hierarchy
+from ...compose import Hierarchy
 from .workload import Request
 
 IDLE_SLEEP_S = 0.0005

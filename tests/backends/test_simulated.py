@@ -6,7 +6,7 @@ import pytest
 
 from tiered_kv.errors import ConfigError, PageKeyError
 from tiered_kv.hierarchy import L3Controller
-from tiered_kv.ops.replay.simulated_l3 import SimulatedL3
+from tiered_kv.backends.simulated import SimulatedL3
 
 KEYS = [f"{i:032x}" for i in range(8)]
 

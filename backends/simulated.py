@@ -14,8 +14,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ...errors import ConfigError
-from ...model.keys import check_keys
+from ..errors import ConfigError
+from ..model.keys import check_keys
 
 
 @dataclass

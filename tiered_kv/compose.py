@@ -1,4 +1,4 @@
-"""Building the hierarchy the replay drives, from one settings value.
+"""The composition root: the one place that builds a whole hierarchy from one settings value.
 
 ``ReplaySettings`` says what to build: the spec, each tier's capacity in pages, the L3 (a backend
 URL, or None for a ``file://`` store in a temporary directory), the policies and the controller's
@@ -7,6 +7,8 @@ as an engine would wire them (``L1PrefixCache`` over a device pool, ``CacheManag
 ``HostPool``, ``L3Controller`` over the backend, ``TransferHalf`` between L1 and L2), or, for
 ``simulate``, the same index, policies and capacities with no memory reserved for any tier: a bare
 ``SlotAllocator`` for L2, ``NullTransferHalf``, the key-only ``SimulatedL3``, no fill / verify.
+``tiered_kv.config`` turns a config file into settings (``replay_settings``); the replay, the
+benchmarks and an engine of one's own build from here. Nothing else wires parts together.
 
 ``embedded_default()`` is what ``tiered-kv replay`` runs with no config and no sizing flags: a
 two-layer DeepSeek-V3.2-shaped NSA spec (page 64), L1 on the GPU when there is one, else the CPU,
@@ -22,14 +24,14 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ...errors import ConfigError
-from ...hierarchy import (CacheManager, ControllerLimits, L1PrefixCache, L3Controller, NullTransferHalf, Policies,
+from .errors import ConfigError
+from .hierarchy import (CacheManager, ControllerLimits, L1PrefixCache, L3Controller, NullTransferHalf, Policies,
                          PrefetchPolicy, TransferHalf)
-from ...model.keys import Namespace
-from ..plan import plan_tiers, record_bytes, slot_bytes
-from ...model.slot_allocator import SlotAllocator
-from ...model.spec import KVSpec, nsa_spec
-from .simulated_l3 import SimulatedL3
+from .model.keys import Namespace
+from .ops.plan import plan_tiers, record_bytes, slot_bytes
+from .model.slot_allocator import SlotAllocator
+from .model.spec import KVSpec, nsa_spec
+from .backends.simulated import SimulatedL3
 
 #: The embedded default's tiers, in pages of its spec (the default chat workload touches about
 #: 1,300 distinct pages: L1 holds an eighth of them, L2 a third, L3 all).
@@ -157,9 +159,9 @@ class Hierarchy:
             return
         import torch  # the worker side only
 
-        from ... import HostPool, allocate_engine_like
-        from ...backends import open_backend
-        from ...hierarchy.oracle import fill_pages, verify_pages
+        from . import HostPool, allocate_engine_like
+        from .backends import open_backend
+        from .hierarchy.oracle import fill_pages, verify_pages
 
         device = s.device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.device = device

@@ -1,6 +1,7 @@
-"""The probes' byte checks (``transfer_gpu.backup_copies_every_byte`` / ``load_copies_every_byte``,
-shared by the serving and short-runs probes) on CPU pools: true after a transfer that copied every
-byte, false where one page was not copied, so a GPU run cannot time a wrong candidate."""
+"""The GPU benchmark's byte checks (``transfer_gpu.backup_copies_every_byte`` /
+``load_copies_every_byte``, run on every path before anything is timed) on CPU pools: true after a
+transfer that copied every byte, false where one page was not copied, so a GPU run cannot time a
+wrong path."""
 
 from __future__ import annotations
 

@@ -781,8 +781,8 @@ def test_options_that_are_not_transfer_options_are_refused(options):
     ("minor_layers_per_copy", 0), ("minor_layers_per_copy", "8"), ("minor_lead_groups", 1.5),
 ])
 def test_load_split_fields_of_wrong_types_are_config_errors(field, value):
-    """A ``LoadSplit`` field of the wrong type is a ConfigError naming the field (it was a bare
-    TypeError, or taken and failing deep inside a load: a float count, a bool fraction)."""
+    """A ``LoadSplit`` field of the wrong type is a ConfigError naming the field, not a bare
+    TypeError, nor taken and failing deep inside a load (a float count, a bool fraction)."""
     with pytest.raises(ConfigError, match=f"LoadSplit.{field}"):
         LoadSplit(**{field: value})
 

@@ -277,16 +277,18 @@ def load_copies_every_byte(engine, device_pool, host: HostPool, slots: torch.Ten
 
 
 def check_paths(engines, device_pool, hosts, pages: torch.Tensor, slot_sets: dict) -> list[dict]:
-    """Every engine's backup and load of ``pages`` (slots in runs and scattered) checked byte for
-    byte, each a row ``{path, op, layout, slots, ok}`` (the reference path ``torch`` is not checked)."""
+    """Every engine's load and backup of ``pages`` (slots in runs and scattered) checked byte for
+    byte, each a row ``{path, op, layout, slots, ok}`` (the reference path ``torch`` is not checked).
+    The load goes first, into the pages in reverse order, so that a page a broken load left
+    poisoned is not the one a broken backup leaves poisoned too (both would then look copied)."""
     checks = []
     for (layout, path), engine in engines.items():
         if path == "torch":
             continue
         for slots_kind in ("runs", "scattered"):
             slots = slot_sets[slots_kind][0]
-            for op, check in (("backup", backup_copies_every_byte), ("load", load_copies_every_byte)):
-                ids = (pages, slots) if op == "backup" else (slots, pages)
+            for op, check, ids in (("load", load_copies_every_byte, (slots, pages.flip(0))),
+                                   ("backup", backup_copies_every_byte, (pages, slots))):
                 ok = check(engine, device_pool, hosts[layout], *ids)
                 checks.append({"path": path, "op": op, "layout": layout, "slots": slots_kind, "ok": ok})
                 print(f"check {path:7s} {op:7s} {layout:11s} slots {slots_kind:9s} {'ok' if ok else 'WRONG'}", flush=True)
@@ -345,7 +347,7 @@ def main() -> int:
     add_shape_arguments(parser)
     parser.add_argument("--quick", action="store_true", help="fewer sweep points and reps")
     parser.add_argument("--no-sweeps", action="store_true",
-                        help="skip the CTA, tile, ce_fraction and staging sweeps (ceilings, paths and load + backup only)")
+                        help="skip the CTA, tile, ce_fraction and staging sweeps")
     parser.add_argument("--beside-reps", type=int, default=3, help="repetitions of each beside-compute measurement")
     parser.add_argument("--beside-paths", default="",
                         help="comma-separated names of the beside-compute loads to run (default: all of BESIDE)")

@@ -9,12 +9,12 @@ the other direction's copy engine stays free for a backup running at the same ti
 
 The work of a call is a *copy list*: three uint64 arrays (destination address, source address,
 size), built with numpy from the chunk views' base addresses and row pitches. Rows adjacent on
-both sides (a run of pages whose rows are dense on both sides) merge into one copy. On a GPU the list is one ``cudaMemcpyBatchAsync`` on the given
-stream; on a machine without CUDA the *same list* is executed with ``ctypes.memmove``, so the CPU
-tests check the address arithmetic the GPU relies on.
+both sides (a run of pages whose rows are dense on both sides) merge into one copy. On a GPU the
+list is one ``cudaMemcpyBatchAsync`` on the given stream; on a machine without CUDA the *same list*
+is executed with ``ctypes.memmove``, so the CPU tests check the address arithmetic the GPU relies
+on. ``reference.copy_pages_reference`` is the pure torch reference.
 
 This module never synchronises the device and never validates ids (the caller did, on CPU).
-``copy_pages_batch_reference`` is the pure torch reference.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 
 from . import cudart
 from .owned_streams import kept_stream
-from .reference import ChunkPair, copy_pages_reference
+from .reference import ChunkPair
 
 
 @dataclass(frozen=True)
@@ -90,16 +90,6 @@ def merge_copy_list(copies: CopyList) -> CopyList:
     return CopyList(np.ascontiguousarray(dsts_a), np.ascontiguousarray(srcs_a), np.ascontiguousarray(sizes_a))
 
 
-def split_copy_list(copies: CopyList, parts: int) -> list[CopyList]:
-    """``copies`` in ``parts`` lists of about equal bytes, in order (one per copy stream)."""
-    if parts <= 1 or len(copies) < 2:
-        return [copies] + [CopyList(copies.dsts[:0], copies.srcs[:0], copies.sizes[:0])] * max(0, parts - 1)
-    ends = np.cumsum(copies.sizes)
-    cuts = np.searchsorted(ends, [ends[-1] * k // parts for k in range(1, parts)], side="right")
-    bounds = [0, *cuts.tolist(), len(copies)]
-    return [CopyList(copies.dsts[a:b], copies.srcs[a:b], copies.sizes[a:b]) for a, b in zip(bounds, bounds[1:])]
-
-
 def run_copy_list(copies: CopyList, *, stream: torch.cuda.Stream | None = None, on_gpu: bool, flags: int = 0) -> None:
     """Enqueue ``copies`` as one batch on ``stream`` (GPU), or run them now with memmove (CPU)."""
     if len(copies) == 0:
@@ -114,7 +104,7 @@ def run_copy_list(copies: CopyList, *, stream: torch.cuda.Stream | None = None, 
 
 def issue_batch(stream: torch.cuda.Stream, call) -> None:
     """``call(handle)`` with the ``cudaStream_t`` its batch runs on, in ``stream``'s order. The
-    runtime refuses batches (1-D and pitched) on the legacy default stream: there the batch runs
+    runtime refuses batches on the legacy default stream: there the batch runs
     on a side stream ordered after it, and the default stream is ordered after the batch."""
     if stream.cuda_stream != 0:
         call(stream.cuda_stream)
@@ -144,8 +134,3 @@ def copy_pages_batch(pairs: Sequence[ChunkPair], src_ids: torch.Tensor, dst_ids:
     run_copy_list(copies, stream=stream, on_gpu=on_gpu, flags=flags)
     return len(copies)
 
-
-def copy_pages_batch_reference(pairs: Sequence[ChunkPair], src_ids: torch.Tensor, dst_ids: torch.Tensor,
-                               **_options: object) -> None:
-    """Pure torch reference of ``copy_pages_batch`` (options accepted and ignored)."""
-    copy_pages_reference(pairs, src_ids, dst_ids)

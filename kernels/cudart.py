@@ -5,9 +5,7 @@ The copy-engine paths need ``cudaMemcpy2DAsync``: one call moves a layer's chunk
 do this across devices without first making a contiguous CPU temporary, which costs a CPU memcpy
 of the whole run. The ``batch`` path needs ``cudaMemcpyBatchAsync`` (CUDA 12.8+): thousands of
 scattered copies handed to the copy engines in one call, where one ``cudaMemcpyAsync`` per copy
-would cost microseconds of CPU each. ``cudaMemcpy3DBatchAsync`` does the same for pitched (2-D)
-copies: one op moves a slot's rows of a block of ``layer_first`` layers (one row pitch apart), so a
-scattered load is a few thousand ops instead of one row copy per slot, component and layer. So this module binds the CUDA runtime that torch itself has loaded (found in
+would cost microseconds of CPU each. So this module binds the CUDA runtime that torch itself has loaded (found in
 ``/proc/self/maps``, so the versions always match) through ctypes, from the standard library.
 
 Every call is asynchronous on the stream it is given and checks the returned status; it must
@@ -22,7 +20,6 @@ import functools
 import glob
 import os
 
-import numpy as np
 
 _MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: direction inferred from the (unified) addresses
 
@@ -209,70 +206,3 @@ def memcpy_batch_async(dsts, srcs, sizes, stream: int, *, flags: int = 0) -> Non
     if status != 0:
         where = f" (copy {fail.value} of {count})" if fail_idx else f" ({count} copies)"
         _check(status, "cudaMemcpyBatchAsync" + where)
-
-
-#: ``cudaMemcpy3DBatchOp`` as 14 little-endian uint64 words (112 bytes, checked against CUDA 13's
-#: driver_types.h with the C compiler): the source operand (type, ptr, rowLength, layerHeight,
-#: locHint) in words 0-4, the destination's in 5-9, the extent (width, height, depth) in 10-12,
-#: srcAccessOrder and flags in 13.
-OP_WORDS = 14
-_OPERAND_POINTER = 1  # cudaMemcpyOperandTypePointer
-
-
-def pack_2d_ops(dsts, dst_pitches, srcs, src_pitches, widths, heights, *, flags: int = 0) -> np.ndarray:
-    """Pitched copies (``heights[k]`` rows of ``widths[k]`` bytes, row ``j`` at ``src + j * pitch``)
-    as ``cudaMemcpy3DBatchOp`` records, uint64 ``[n, OP_WORDS]``; sources read in stream order.
-    Every argument is an integer array (or scalar) broadcast to one length."""
-    columns = np.broadcast_arrays(*(np.asarray(a, dtype=np.uint64)
-                                    for a in (dsts, dst_pitches, srcs, src_pitches, widths, heights)))
-    dsts, dst_pitches, srcs, src_pitches, widths, heights = (c.reshape(-1) for c in columns)
-    n = widths.size
-    ops = np.zeros((n, OP_WORDS), dtype=np.uint64)
-    ops[:, 0] = ops[:, 5] = _OPERAND_POINTER
-    ops[:, 1], ops[:, 2] = srcs, src_pitches  # rowLength in elements: bytes for pointer operands
-    ops[:, 6], ops[:, 7] = dsts, dst_pitches  # layerHeight 0: packed by the extent (depth 1)
-    ops[:, 10], ops[:, 11], ops[:, 12] = widths, heights, 1
-    ops[:, 13] = _ACCESS_ORDER_STREAM | (int(flags) << 32)
-    return ops
-
-
-@functools.cache
-def _batch_3d_has_fail_idx() -> bool | None:
-    """None where the runtime has no ``cudaMemcpy3DBatchAsync``; else whether its signature has
-    ``failIdx`` (CUDA 12.8-12.9; 13 dropped it, as for ``cudaMemcpyBatchAsync``)."""
-    lib = _runtime()
-    if not hasattr(lib, "cudaMemcpy3DBatchAsync"):
-        return None
-    size_t, ptr = ctypes.c_size_t, ctypes.c_void_p
-    fail_idx = runtime_version() < 13000
-    lib.cudaMemcpy3DBatchAsync.argtypes = [size_t, ptr, *([ctypes.POINTER(size_t)] if fail_idx else []),
-                                           ctypes.c_ulonglong, ptr]
-    lib.cudaMemcpy3DBatchAsync.restype = ctypes.c_int
-    return fail_idx
-
-
-def has_memcpy_3d_batch() -> bool:
-    """Whether ``cudaMemcpy3DBatchAsync`` can run here (runtime and driver 12.8 or later)."""
-    try:
-        return _batch_3d_has_fail_idx() is not None and driver_version() >= BATCH_MIN_VERSION
-    except CudaRuntimeError:
-        return False
-
-
-def memcpy_3d_batch_async(ops: np.ndarray, stream: int) -> None:
-    """One ``cudaMemcpy3DBatchAsync`` of ``ops`` (C-contiguous uint64 ``[n, OP_WORDS]``, from
-    ``pack_2d_ops``), read by the runtime during the call."""
-    count = len(ops)
-    if count == 0:
-        return
-    if ops.dtype != np.uint64 or ops.shape[1:] != (OP_WORDS,) or not ops.flags.c_contiguous:
-        raise ValueError(f"ops must be C-contiguous uint64 [n, {OP_WORDS}], got {ops.dtype} {ops.shape}")
-    fail_idx = _batch_3d_has_fail_idx()
-    if fail_idx is None:
-        raise CudaRuntimeError(f"cudaMemcpy3DBatchAsync needs CUDA 12.8 or later; this runtime is {runtime_version()}")
-    fail = ctypes.c_size_t(0)
-    args = [count, ops.ctypes.data, *([ctypes.byref(fail)] if fail_idx else []), 0, stream]
-    status = _runtime().cudaMemcpy3DBatchAsync(*args)
-    if status != 0:
-        where = f" (op {fail.value} of {count})" if fail_idx else f" ({count} ops)"
-        _check(status, "cudaMemcpy3DBatchAsync" + where)

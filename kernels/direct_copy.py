@@ -10,7 +10,7 @@ height = run length, pitches = the views' row strides) is enqueued on the given 
 view is on a GPU the same runs are copied with torch on the CPU (the path CI exercises).
 
 This module must never synchronise the device, nor validate ids (the caller did, on CPU).
-``copy_pages_direct_reference`` is the pure torch reference with the same signature.
+``reference.copy_pages_reference`` is the pure torch reference.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from . import cudart
-from .reference import ChunkPair, copy_pages_reference
+from .reference import ChunkPair
 from .runs import Runs, find_runs
 
 
@@ -66,12 +66,3 @@ def copy_pages_direct(
             cudart.memcpy_2d_async(dst_base + d * dst_pitch, dst_pitch, src_base + s * src_pitch, src_pitch, width, n, handle)
     return len(runs) * len(pairs)
 
-
-def copy_pages_direct_reference(
-    pairs: Sequence[ChunkPair],
-    src_ids: torch.Tensor,
-    dst_ids: torch.Tensor,
-    **_options: object,
-) -> None:
-    """Pure torch reference of ``copy_pages_direct`` (options accepted and ignored)."""
-    copy_pages_reference(pairs, src_ids, dst_ids)

@@ -1,11 +1,10 @@
 """Ids to the device through a ring of pinned host rows, with no pinned allocation per load.
 
 ``uva_copy.upload`` packs its tensors into a freshly pinned tensor (torch's caching host
-allocator) and copies that. For a load's head, that upload is about 0.5 ms of the caller's path
-before the first launch on the H200's host (``benchmarks/issue_timeline.py``, 2026-12-02). With
-the kernel tables kept on the device (``TransferOptions.device_tables``) a load uploads only its
-ids. They go through rows of one pinned tensor allocated once, each copied out on the current
-stream.
+allocator) and copies that: for a load's head, about half a millisecond of the caller's path
+before the first launch on the H200's host. A head's kernel tables stay on the device, so it
+uploads only its ids, through rows of one pinned tensor allocated once, each copied out on the
+current stream.
 
 A row is written again only once the copy out of it has run (its event). When the next row is
 still in flight, as when loads are queued faster than their streams drain, the upload falls back to

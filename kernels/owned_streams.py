@@ -3,10 +3,9 @@
 ``torch.cuda.Stream()`` does not make a stream: it hands out one of a pool of 32 per priority and
 device, round-robin, shared by the whole process. So a serving engine's "new" stream can be one of
 the transfer engine's, and work put on either then waits for the other's (no wrong bytes, but a
-backup held behind the model's work, or the other way round). Measured on the H200 (2026-12-03,
-``benchmarks/stream_alias_probe.py``, docs/benchmarks.md): of 64 new streams at priority 0, 6 were
-the engine's (its backup, backup copy and table streams, each twice); a 40 ms sleep put on one of
-them held a backup from the call to 70.3 ms, against 31.4 ms on a stream that was none of them.
+backup held behind the model's work, or the other way round). On the H200 a 40 ms kernel put on
+such a shared stream held a backup from the call to 70 ms instead of 31 (docs/benchmarks.md,
+"Transfers on the H200").
 
 So a GPU engine makes its streams itself (``cudaStreamCreateWithPriority``, non-blocking, as torch
 makes its pool's) and wraps them in ``torch.cuda.ExternalStream``. It never destroys one: the
@@ -19,7 +18,7 @@ at a time.
 An owner holds a ``StreamLease``: ``take`` lends it a stream, ``give_back`` returns some early (an
 engine's replaced issue threads), and everything goes back on ``release`` or when the lease is
 collected with its owner. Where the CUDA runtime cannot be bound (no CUDA device, or a torch that
-links the runtime statically), a lease hands out torch's pool streams as before
+links the runtime statically), a lease hands out torch's pool streams instead
 (``StreamLease.owned`` is False), which is also what CPU tests patch.
 """
 
@@ -134,7 +133,7 @@ def default_lender() -> StreamLender | None:
     try:
         cudart.stream_priority_range()
     except (cudart.CudaRuntimeError, AttributeError, OSError):
-        return None  # no runtime library to bind: torch's pool, as before
+        return None  # no runtime library to bind: torch's pool
     return StreamLender(CudaStreamMaker())
 
 

@@ -22,44 +22,28 @@ the other direction is busy), instead of one 42 KB and one 8 KB row per slot and
 A unit of many host copies of few rows each (scattered slots: one row per slot and piece;
 ``layer_first`` runs: one dense copy per run and pair; ``page_first`` runs of up to
 ``BATCH_MAX_MEAN_ROWS`` slots: a pitched copy of that many rows) goes to the copy engines as one
-``cudaMemcpyBatchAsync`` per unit and copy stream instead of one ``cudaMemcpy2DAsync`` each: about
-1.3 us of CPU per row of the batch against about 21 us per 2-D call, and the copy engines run a
-2-D op of narrow rows slower than the same rows as 1-D copies (H200, docs/benchmarks.md "Serving
-conditions", fourth and fifth rounds). ``host_batch`` (per copier) forces it on or off; on CPU the same copy list runs
-through ``memmove``, so CI checks its addresses.
-
-``pitched=True`` (per call) sends those copies as pitched ops in one ``cudaMemcpy3DBatchAsync``
-instead (CUDA 12.8+), and first folds the pairs of a unit whose host rows lie one pitch apart
-(``layer_first``: a component's layers are ``[layers, slots, bytes]``, so one slot's rows of the
-unit's layers are one layer stride apart, and so are their staging blocks) into one op per slot
-and component: a 61-layer load of 512 scattered slots in blocks of 8 layers is about 8k ops
-instead of 62k row copies. Units then hold fewer rows so that several layers share one
-(``PITCHED_MIN_PAIRS``). On CPU the folded copies run through torch views, so CI checks the fold.
-
-Two knobs per call: ``copy_stream`` may be several streams, and each unit's copy-engine copies are
-then split by rows across them (the first stream forks the others and joins them again, so every
-event above stays on it); copy engines working side by side hide the per-row cost of pitched
-``page_first`` rows. ``unit_rows`` caps the rows of a unit, so a single layer is several units and
-its scatter runs behind the copy of the next unit instead of after the whole layer.
+``cudaMemcpyBatchAsync`` per unit instead of one ``cudaMemcpy2DAsync`` each: about 1.3 us of CPU
+per row of the batch against about 21 us per 2-D call, and the copy engines run a 2-D op of narrow
+rows slower than the same rows as 1-D copies (docs/benchmarks.md, "Transfers on the H200").
+``host_batch`` (per copier) forces it on or off; on CPU the same copy list runs through
+``memmove``, so CI checks its addresses.
 
 CPU cost matters as much as bytes: everything a call's kernels need (tables, ids) goes to the
-device in one pinned copy (one per wave with ``first_wave`` / ``unit_wave``: the first groups or
-units are planned, sent and enqueued before the rest are planned, so they copy meanwhile), so a
-unit costs one launch, a few copies and a few event operations. A unit's kernel table depends only
-on its ring slot, pairs and staging layout, so the ring keeps each list of views' geometry and
-tables, their device copies too (``_Geometry``, views held weakly): once a list's tables are known,
-a call uploads only its ids (on the H200 a staged backup's first gather moved from 2.7-3.3 ms after
-the call to 2.1-2.3 ms, 2026-12-03, ``benchmarks/backup_timeline.py``). Only layouts that do not
-follow the call's size are kept (spans, and full dense units): a dense unit of fewer rows, as
-every unit of a ``layer_first`` call smaller than one unit is, gets its table built per call, as
-before, so calls of ever new sizes neither keep memory nor churn the kept tables.
+device in one pinned copy (one per wave with ``first_wave``: the first groups are planned, sent
+and enqueued before the rest are planned, so they copy meanwhile), so a unit costs one launch, a
+few copies and a few event operations. A unit's kernel table depends only on its ring slot, pairs
+and staging layout, so the ring keeps each list of views' geometry and tables, their device copies
+too (``_Geometry``, views held weakly): once a list's tables are known, a call uploads only its
+ids, which brings a staged backup's first gather about 0.6 ms closer to the call. Only layouts that
+do not follow the call's size are kept (spans, and full dense units): a dense unit of fewer rows,
+as every unit of a ``layer_first`` call smaller than one unit is, gets its table built per call, so
+calls of ever new sizes neither keep memory nor churn the kept tables.
 Planning is numpy, per group of pairs: the call's runs are cut at unit boundaries at once, and a
 unit's host copies are a slice of one int64 table (a row per span or pair and piece of a run);
-copy lists, stream shares and the ``cudaMemcpy2DAsync`` loop read those tables, so scattered
-slots (hundreds of runs) cost microseconds per unit, not per run.
+copy lists and the ``cudaMemcpy2DAsync`` loop read those tables, so scattered slots (hundreds of
+runs) cost microseconds per unit, not per run.
 This module never synchronises the device and never validates ids. On a machine without CUDA the
 same code runs with CPU buffers and no streams (the path CI exercises).
-``copy_pages_staged_reference`` is the pure torch reference.
 """
 
 from __future__ import annotations
@@ -70,7 +54,7 @@ import itertools
 import math
 import weakref
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -78,7 +62,7 @@ import numpy as np
 import torch
 
 from . import cudart
-from .reference import ChunkPair, copy_pages_reference
+from .reference import ChunkPair
 from .owned_streams import StreamLease
 from .streams import on_stream
 from .uva_copy import DEFAULT_CTAS_ON_DEVICE, UvaPlan, launch_uva, upload
@@ -97,55 +81,22 @@ STAGING_NUM_WARPS = 16
 #: hold at most ``BATCH_MAX_MEAN_ROWS`` 1-D copies per copy on average (``_batch_rows``: a dense
 #: copy is one, however many rows): where one 2-D call per copy costs more CPU than the copy
 #: engines need to move it, or where the copy engines run a 2-D op of narrow rows slower than the
-#: same rows as 1-D copies. Measured on the H200 (2026-12-01, ninth session,
-#: ``benchmarks/short_runs_probe.py``, docs/benchmarks.md "Serving conditions, fifth round"):
-#: - ``BATCH_MAX_MEAN_ROWS`` 64 (was 2): ``page_first`` 61-layer loads from slots in runs of 16
-#:   (per-layer split) rise from 47.2-47.6 to 52.0-52.5 GB/s (85% to 94-95% of the ceiling), from
-#:   runs of 4 (blocks of 8 layers) from 46.8-47.1 to 52.8-52.9; runs of 32 (at a minimum of 16
-#:   copies), 64 and one long run within 0.4 GB/s.
-#: - ``BATCH_MIN_COPIES`` 4 (was 16): ``layer_first`` runs of 64 are 7-8 dense runs a layer, 14-16
-#:   copies a unit, mostly under 16, so each went out as 2-D calls; batched, the 61-layer load rose
-#:   from 49.8 to 52.9 GB/s (90% to 95%), the other kinds measured unchanged (``page_first`` runs of
-#:   32, about 13 copies a unit, now batch too: not measured). Loads are issued on a library thread
-#:   (1.9 ms of the caller's either way).
-#: - ``BATCH_MIN_COPIES_TO_HOST`` 16: backups are issued on the caller's thread, and there a batch of
-#:   a few copies costs more than their 2-D calls: ``layer_first`` runs of 64 14.4 to 16.6 ms of
-#:   issue against 7.7 to 8.5 for 1.6 ms less device time (53.9 against 51.1 GB/s), ``page_first``
-#:   scattered slots 10.0 against 5.9 ms for 0.8 ms (54.3 against 52.8); the engine's own launches
-#:   wait behind it.
+#: same rows as 1-D copies. On the H200 (docs/benchmarks.md, "Transfers on the H200") a mean of up
+#: to 64 rows batched took ``page_first`` loads from slots in short runs from 85% to 94-95% of the
+#: ceiling, and a minimum of 4 copies did the same for ``layer_first`` runs of 64 (7-8 dense runs
+#: a layer). Backups are issued on the caller's thread, where a batch of a few copies costs more
+#: CPU than their 2-D calls, so they batch from 16 copies on.
 BATCH_MIN_COPIES = 4
 BATCH_MIN_COPIES_TO_HOST = 16
 BATCH_MAX_MEAN_ROWS = 64
-#: With ``pitched`` copies, a unit of dense blocks holds few enough rows that this many pairs (or
-#: all of a group's, if fewer) fit one buffer: their rows fold into one op per slot.
-PITCHED_MIN_PAIRS = 16
-#: The widest pitch a folded op gets (cudaDevAttrMaxPitch on the H200, which cudaMemcpy2D enforces;
-#: whether cudaMemcpy3DBatchAsync does is not measured): a layer stride of a big layer_first pool
-#: (DeepSeek-V3.2 latent: 51k slots and more) is wider, and such bases stay unfolded.
-MAX_PITCH = (1 << 31) - 1
-
 #: Lists of pairs whose geometry (``_Geometry``) a ring keeps, the least recently used dropped:
 #: an engine's backups pass one list, its loads a group per layer or block of layers (a serving
-#: engine whose loads cut ever other blocks would cycle through them: planned as before, no harm).
+#: engine whose loads cut ever other blocks would cycle through them: planned per call, no harm).
 GEOMETRIES_KEPT = 256
 #: Tables a geometry keeps: one per ring slot and unit layout that does not follow the call's size
 #: (a ``layer_first`` backup larger than one unit has up to 61 such layouts per slot; a short unit's
 #: table is never kept), the least recently used dropped. A table is 40 bytes per pair.
 TABLES_KEPT = 1024
-
-CopyStreams = torch.cuda.Stream | Sequence[torch.cuda.Stream] | None
-
-
-@dataclass
-class IssueLag:
-    """How often a copier's loads kept the copy engines waiting on the issuing thread, as the GPU
-    saw it: ``units`` counts the units of a call after its first, ``starved`` those whose previous
-    unit's copy had already landed when they were issued (an event query, about a microsecond; the
-    copy engines had nothing queued). A thread ahead of the copy engines finds the unit before
-    still queued. GPU loads only; CPU copies run synchronously and count nothing."""
-
-    units: int = 0
-    starved: int = 0
 
 
 def _round(value: int) -> int:
@@ -193,8 +144,8 @@ class _Geometry:
     """What the ring needs of one list of pairs besides the ids, kept across calls
     (``StagedCopier._geometry_of``): the host views' ``(address, row pitch, width)``, the device
     views' offsets from the staging storage and row pitches, and the tables built for them.
-    Reading a view's address and pitch is a torch call each (on the H200 a 61-layer backup's
-    geometry and tables cost 1.4 ms of the caller's thread before its first gather, 2026-12-03)."""
+    Reading a view's address and pitch is a torch call each: a 61-layer backup's geometry and
+    tables are over a millisecond of the caller's thread before its first gather."""
 
     views: tuple  # weak references to every pair's views in order (the key is their ids)
     info: tuple[tuple[int, int, int], ...]
@@ -203,16 +154,6 @@ class _Geometry:
     # (slot, first pair, pairs, ``_Unit.stage_rows``) -> _KeptTable, the least recently used dropped;
     # only layouts that do not follow a call's size (``StagedCopier._plan_wave``)
     tables: OrderedDict = field(default_factory=OrderedDict)
-
-
-def _spans(host_views: Sequence[torch.Tensor]) -> list[tuple[int, int]] | None:
-    """The views' bytes as maximal contiguous pieces of a row, ``[(address, width), ...]``, if
-    they share one row pitch and do not overlap (else None).
-
-    ``page_first`` views of one slot do: all layers of all components tile the payload (one
-    piece: whole-slot rows), and a block of adjacent layers is one latent and one indexer piece.
-    """
-    return _spans_of([(v.data_ptr(), v.stride(0), v.shape[1]) for v in host_views])
 
 
 @dataclass(frozen=True)
@@ -251,7 +192,12 @@ def _span_layout(info: tuple[tuple[int, int, int], ...], buffer_bytes: int) -> _
 
 
 def _spans_of(info: Sequence[tuple[int, int, int]]) -> list[tuple[int, int]] | None:
-    """``_spans`` of views given as ``(address, row pitch, width)``."""
+    """The bytes of views given as ``(address, row pitch, width)`` as maximal contiguous pieces of
+    a row, ``[(address, width), ...]``, if they share one row pitch and do not overlap (else None).
+
+    ``page_first`` views of one slot do: all layers of all components tile the payload (one
+    piece: whole-slot rows), and a block of adjacent layers is one latent and one indexer piece.
+    """
     pitch = info[0][1]
     if any(p != pitch for _, p, _ in info):
         return None
@@ -304,17 +250,10 @@ class StagedCopier:
         self._ready = [torch.cuda.Event() for _ in range(num_buffers)] if self._on_gpu else []
         self._free = [torch.cuda.Event() for _ in range(num_buffers)] if self._on_gpu else []
         self._free_recorded = [False] * num_buffers
-        # Fork / join events of the extra copy streams (re-recorded per unit, like the ones above).
-        self._fork = torch.cuda.Event() if self._on_gpu else None
-        self._join: list[torch.cuda.Event] = []
         # Waves' uploads (``first_wave``), made once the first one needs them.
         self._upload_stream: torch.cuda.Stream | None = None
         # Geometry of the lists of pairs seen, by their views' ids and direction (``_geometry_of``).
         self._geometries: OrderedDict[tuple[tuple[int, ...], bool], _Geometry] = OrderedDict()
-        #: Loads' copy-engine starvation so far (``IssueLag``; read deltas around a call).
-        self.lag = IssueLag()
-        # The ring slot of the last unit a load call issued (None before a call's first unit).
-        self._last_slot: int | None = None
 
     # --- public ----------------------------------------------------------------------------------
     def to_device(
@@ -323,21 +262,15 @@ class StagedCopier:
         host_ids: torch.Tensor,
         device_ids: torch.Tensor,
         *,
-        copy_stream: CopyStreams = None,
+        copy_stream: torch.cuda.Stream | None = None,
         kernel_stream: torch.cuda.Stream | None = None,
-        unit_rows: int | None = None,
-        pitched: bool = False,
     ) -> None:
         """Load: for every ``(host_view, device_view)`` pair and i, ``device[device_ids[i]] = host[host_ids[i]]``.
 
         Completion is ordered on ``kernel_stream`` (record an event there after this call).
-        Args: views ``uint8 [rows, chunk_bytes]``; ids int64 ``[n]`` on the CPU, validated;
-        ``copy_stream`` one stream or several (copies split by rows); ``unit_rows`` the most rows
-        per staging unit (default: as many as fit a buffer); ``pitched``: short host runs as
-        folded pitched ops (module docstring).
+        Args: views ``uint8 [rows, chunk_bytes]``; ids int64 ``[n]`` on the CPU, validated.
         """
-        self.to_device_groups([pairs], host_ids, device_ids, copy_stream=copy_stream, kernel_stream=kernel_stream,
-                              unit_rows=unit_rows, pitched=pitched)
+        self.to_device_groups([pairs], host_ids, device_ids, copy_stream=copy_stream, kernel_stream=kernel_stream)
 
     def to_device_groups(
         self,
@@ -345,12 +278,10 @@ class StagedCopier:
         host_ids: torch.Tensor,
         device_ids: torch.Tensor,
         *,
-        copy_stream: CopyStreams = None,
+        copy_stream: torch.cuda.Stream | None = None,
         kernel_stream: torch.cuda.Stream | None = None,
         on_group_done: Callable[[int], None] | None = None,
-        unit_rows: int | None = None,
         num_ctas: int | None = None,
-        pitched: bool = False,
         first_wave: int | None = None,
     ) -> None:
         """``to_device`` of several groups of pairs (e.g. one group per layer) in one call.
@@ -363,8 +294,7 @@ class StagedCopier:
         the first groups copy while the rest are planned (None: one wave, every group planned
         and uploaded before the first copy).
         """
-        self._run(groups, host_ids, device_ids, True, copy_stream, kernel_stream, on_group_done, unit_rows, num_ctas,
-                  pitched, first_wave)
+        self._run(groups, host_ids, device_ids, True, copy_stream, kernel_stream, on_group_done, num_ctas, first_wave)
 
     def to_host(
         self,
@@ -372,28 +302,19 @@ class StagedCopier:
         device_ids: torch.Tensor,
         host_ids: torch.Tensor,
         *,
-        copy_stream: CopyStreams = None,
+        copy_stream: torch.cuda.Stream | None = None,
         kernel_stream: torch.cuda.Stream | None = None,
-        unit_rows: int | None = None,
-        pitched: bool = False,
-        unit_wave: int | None = None,
     ) -> None:
         """Backup: for every ``(device_view, host_view)`` pair and i, ``host[host_ids[i]] = device[device_ids[i]]``.
 
-        Completion is ordered on ``copy_stream`` (the first one if several: it joins the others;
-        record an event there after this call). ``unit_wave``: the units are planned, their tables
-        uploaded (on the ring's own stream) and their work enqueued in waves of ``unit_wave``
-        units, then twice as many each time (``waves``), so the first units gather and copy while
-        the rest are planned (None: one wave, every unit planned and uploaded before the first
-        gather).
+        Completion is ordered on ``copy_stream`` (record an event there after this call). Every
+        unit is planned and its table uploaded before the first gather.
         """
-        self._run([pairs], host_ids, device_ids, False, copy_stream, kernel_stream, None, unit_rows, None, pitched,
-                  unit_wave=unit_wave)
+        self._run([pairs], host_ids, device_ids, False, copy_stream, kernel_stream, None)
 
     # --- planning --------------------------------------------------------------------------------
     def _units(self, host_views: Sequence[torch.Tensor], host_sorted: np.ndarray, run_starts: np.ndarray,
-               run_ends: np.ndarray, unit_rows: int | None = None, pitched: bool = False,
-               info: Sequence[tuple[int, int, int]] | None = None) -> list[_Unit]:
+               run_ends: np.ndarray, info: Sequence[tuple[int, int, int]] | None = None) -> list[_Unit]:
         """Split (rows x pairs) into units that each fit one buffer, with their host-side copies.
 
         Views with one row pitch stage as *spans*: a staging row holds each contiguous piece of a
@@ -416,11 +337,6 @@ class StagedCopier:
             if biggest > self.buffer_bytes:
                 raise ValueError(f"a {biggest}-byte chunk does not fit a {self.buffer_bytes}-byte staging buffer")
             rows_per_unit = self.buffer_bytes // biggest
-            if pitched:  # several pairs per unit, so their rows fold (``PITCHED_MIN_PAIRS``)
-                widths = sum(_round(width) for _, _, width in info[:PITCHED_MIN_PAIRS])
-                rows_per_unit = max(1, min(rows_per_unit, self.buffer_bytes // widths))
-        if unit_rows is not None:
-            rows_per_unit = max(1, min(rows_per_unit, unit_rows))
         if n == 0:
             return []
         # The call's runs cut at unit boundaries, all at once: piece i is rows [starts[i], ends[i])
@@ -469,46 +385,17 @@ class StagedCopier:
         r0, r1, p0, p1 = unit_bounds[-1]
         if groups_of[r1 - r0][1] != offsets:  # a short last unit: its own staging offsets
             table[:, p0:p1, _OFFSET] += np.array(groups_of[r1 - r0][1], dtype=np.int64)[:, None] - base[:, _OFFSET, None]
-        folded = self._fold_units(table, unit_bounds, groups_of) if pitched else {}
 
         def full_rows(rows: int) -> int | None:
             return rows if rows == rows_per_unit else None
         units = []
-        for u, (r0, r1, p0, p1) in enumerate(unit_bounds):
+        for r0, r1, p0, p1 in unit_bounds:
             ranges, unit_offsets = groups_of[r1 - r0]
             for k0, k1 in ranges:
                 stage = [(unit_offsets[k], info[k][2], info[k][2]) for k in range(k0, k1)]
-                if (u, k0) in folded:  # folded for the whole group at once: the unit's pieces of it
-                    rows, first = folded[(u, k0)]
-                    units.append(_Unit(list(range(k0, k1)), r0, r1, rows[:, p0 - first:p1 - first].reshape(-1, 7), stage,
-                                       host_views, 1, full_rows(r1 - r0)))
-                    continue
                 units.append(_Unit(list(range(k0, k1)), r0, r1, table[k0:k1, p0:p1].reshape(-1, 7), stage, host_views,
                                    k1 - k0, full_rows(r1 - r0)))
         return units
-
-    @staticmethod
-    def _fold_units(table: np.ndarray, unit_bounds, groups_of) -> dict[tuple[int, int], tuple[np.ndarray, int]]:
-        """Pitched folds (``fold_pitched``) of the units of one shape (row count) and pair range at
-        once: one call for all the full units of a group and one for a short last unit, instead of
-        one per unit. Returns ``{(unit, k0): (folded [chains, pieces, 7], first piece)}`` for the
-        units whose pieces all folded (``_Unit.bases`` 1: nothing left to fold)."""
-        out = {}
-        shapes: dict[int, list[int]] = {}
-        for u, (r0, r1, _, _) in enumerate(unit_bounds):
-            shapes.setdefault(r1 - r0, []).append(u)
-        for rows, members in shapes.items():
-            # Units of one shape are consecutive (all full ones, then a short last one).
-            p_first, p_last = unit_bounds[members[0]][2], unit_bounds[members[-1]][3]
-            for k0, k1 in groups_of[rows][0]:
-                if k1 - k0 < 2:
-                    continue
-                result = _fold(table[k0:k1, p_first:p_last])
-                if result is None or not result[1].all():
-                    continue
-                for u in members:
-                    out[(u, k0)] = (result[0], p_first)
-        return out
 
     def _pair_groups(self, info, rows: int) -> tuple[list[tuple[int, int]], list[int]]:
         """The pairs of a ``rows``-row unit in groups that each fit one buffer (ranges ``[k0, k1)``
@@ -564,7 +451,7 @@ class StagedCopier:
 
     # --- running ---------------------------------------------------------------------------------
     def _run(self, groups, host_ids, device_ids, to_device, copy_stream, kernel_stream, on_group_done,
-             unit_rows=None, num_ctas=None, pitched=False, first_wave=None, unit_wave=None) -> None:
+             num_ctas=None, first_wave=None) -> None:
         if host_ids.numel() != device_ids.numel():
             raise ValueError(f"host_ids has {host_ids.numel()} ids, device_ids {device_ids.numel()}")
         if host_ids.numel() == 0 or not groups:
@@ -572,12 +459,8 @@ class StagedCopier:
                 if on_group_done is not None:
                     on_group_done(g)
             return
-        copy_streams = [copy_stream] if copy_stream is None or isinstance(copy_stream, torch.cuda.Stream) else list(copy_stream)
-        if self._on_gpu and (not copy_streams or any(s is None for s in copy_streams) or kernel_stream is None):
+        if self._on_gpu and (copy_stream is None or kernel_stream is None):
             raise ValueError("staged copies on a GPU need an explicit copy_stream and kernel_stream")
-        pitched = pitched and (not self._on_gpu or _pitched_available())  # else ignored, units included
-        while self._on_gpu and len(self._join) < len(copy_streams) - 1:
-            self._join.append(torch.cuda.Event())
         # Stage rows in host order, so consecutive host slots become one copy-engine copy.
         host_np = host_ids.cpu().numpy().astype(np.int64, copy=False)
         order = np.argsort(host_np, kind="stable")
@@ -589,37 +472,35 @@ class StagedCopier:
 
         # Each wave's tables go in one upload; the ids go with the first. A unit stages at most every
         # row of the call, so one row list serves every unit.
-        self._last_slot = None
         device_dev = stage_dev = None
         done_groups = 0
-        own_stream = first_wave is not None or unit_wave is not None
+        own_stream = first_wave is not None
         for g0, g1 in waves(len(groups), first_wave):
-            units = self._wave_units(groups, g0, g1, to_device, host_sorted, run_starts, run_ends, unit_rows, pitched)
-            for u0, u1 in waves(len(units), unit_wave):
-                work, tables = self._plan_wave(units[u0:u1], to_device)
-                missing = [kept for kept in tables if kept.device is None]
-                extra = [device_sorted, torch.arange(host_sorted.size, dtype=torch.int64)] if device_dev is None else []
-                if missing or extra:
-                    uploaded = self._send([kept.plan.table for kept in missing] + extra, kernel_stream,
-                                          own_stream=own_stream)
-                    if device_dev is None:
-                        uploaded, (device_dev, stage_dev) = uploaded[:-2], uploaded[-2:]
-                    self._keep(missing, uploaded, kernel_stream, own_stream)
-                self._wait_kept(tables, kernel_stream)
-                done_groups = self._issue_wave(work, tables, device_dev, stage_dev, to_device, copy_streams,
-                                               kernel_stream, on_group_done, done_groups, num_ctas, pitched)
+            units = self._wave_units(groups, g0, g1, to_device, host_sorted, run_starts, run_ends)
+            if not units:
+                continue
+            work, tables = self._plan_wave(units, to_device)
+            missing = [kept for kept in tables if kept.device is None]
+            extra = [device_sorted, torch.arange(host_sorted.size, dtype=torch.int64)] if device_dev is None else []
+            if missing or extra:
+                uploaded = self._send([kept.plan.table for kept in missing] + extra, kernel_stream, own_stream=own_stream)
+                if device_dev is None:
+                    uploaded, (device_dev, stage_dev) = uploaded[:-2], uploaded[-2:]
+                self._keep(missing, uploaded, kernel_stream, own_stream)
+            self._wait_kept(tables, kernel_stream)
+            done_groups = self._issue_wave(work, tables, device_dev, stage_dev, to_device, copy_stream, kernel_stream,
+                                           on_group_done, done_groups, num_ctas)
         while on_group_done is not None and done_groups < len(groups):
             on_group_done(done_groups)
             done_groups += 1
 
     def _send(self, parts: list, kernel_stream, *, own_stream: bool) -> list[torch.Tensor]:
-        """Upload ``parts`` (``upload``) for ``kernel_stream``'s kernels. Without ``first_wave`` or
-        ``unit_wave`` the copy is enqueued on ``kernel_stream`` itself, as before waves existed.
-        With one (``own_stream``; every upload of the call then, a call of one wave too) it goes on a stream of the
-        copier's that waits for nothing, and ``kernel_stream`` waits for it: on ``kernel_stream`` a
-        later wave's copy could start only after the scatters before it and then queue behind the
-        data copies on the copy engines (H200, fifteenth session: waves uploaded there cost idle
-        61-layer loads 1-2%)."""
+        """Upload ``parts`` (``upload``) for ``kernel_stream``'s kernels. Without ``first_wave`` the
+        copy is enqueued on ``kernel_stream`` itself. With it (``own_stream``: every upload of the
+        call, a call of one wave too) it goes on a stream of the copier's that waits for nothing,
+        and ``kernel_stream`` waits for it: on ``kernel_stream`` a later wave's copy could start only
+        after the scatters before it and then queue behind the data copies on the copy engines,
+        which cost idle 61-layer loads 1-2% on the H200."""
         if not self._on_gpu or not own_stream:
             with on_stream(kernel_stream) if self._on_gpu else nullcontext():
                 return upload(self.device, parts)
@@ -636,8 +517,8 @@ class StagedCopier:
         sent[0].record_stream(kernel_stream)
         return sent
 
-    def _wave_units(self, groups, g0: int, g1: int, to_device: bool, host_sorted, run_starts, run_ends, unit_rows,
-                    pitched) -> list[tuple[int, _Unit, _Geometry]]:
+    def _wave_units(self, groups, g0: int, g1: int, to_device: bool, host_sorted, run_starts,
+                    run_ends) -> list[tuple[int, _Unit, _Geometry]]:
         """The units of groups ``g0..g1`` in order, each with its group and that group's geometry."""
         units = []
         for g in range(g0, g1):
@@ -646,8 +527,8 @@ class StagedCopier:
                 continue
             geometry = self._geometry_of(pairs, to_device)
             host_views = [pair[0] if to_device else pair[1] for pair in pairs]
-            units += [(g, unit, geometry) for unit in self._units(host_views, host_sorted, run_starts, run_ends,
-                                                                  unit_rows, pitched, info=geometry.info)]
+            units += [(g, unit, geometry)
+                      for unit in self._units(host_views, host_sorted, run_starts, run_ends, info=geometry.info)]
         return units
 
     def _plan_wave(self, units, to_device: bool) -> tuple[list, list[_KeptTable]]:
@@ -656,8 +537,8 @@ class StagedCopier:
         layout, not on the ids. Where that layout does not follow the call's size
         (``_Unit.stage_rows``: spans, full dense units) the table is built once per geometry and
         kept with it, its device copy too once uploaded: a span backup has one per buffer, and
-        after the first call a wave builds and sends none. The others are built for the call, as
-        every table was before, so calls of ever new sizes keep nothing."""
+        after the first call a wave builds and sends none. The others are built for the call, so
+        calls of ever new sizes keep nothing."""
         work = []  # (group, unit, slot, table index)
         tables: list[_KeptTable] = []
         table_index: dict[tuple, int] = {}
@@ -735,11 +616,10 @@ class StagedCopier:
                 kept.device.record_stream(kernel_stream)
                 kept.waited.append(kernel_stream)
 
-    def _issue_wave(self, work, tables, device_dev, stage_dev, to_device, copy_streams, kernel_stream,
-                    on_group_done, done_groups: int, num_ctas, pitched) -> int:
+    def _issue_wave(self, work, tables, device_dev, stage_dev, to_device, copy_stream, kernel_stream,
+                    on_group_done, done_groups: int, num_ctas) -> int:
         """Enqueue a planned wave's units in order; ``on_group_done`` after each group's last unit
         (and for the groups without pairs before it). Returns the groups done so far."""
-        copy_stream = copy_streams[0]
         producer, consumer = (copy_stream, kernel_stream) if to_device else (kernel_stream, copy_stream)
         for index, (g, unit, slot, t) in enumerate(work):
             plan, table = tables[t].plan, tables[t].device
@@ -749,14 +629,13 @@ class StagedCopier:
             buffer_addr = self._storage.data_ptr() + slot * self.buffer_bytes
             ids_device, ids_stage = device_dev[unit.r0:unit.r1], stage_dev[:rows]
             if to_device:
-                self._count_lag(slot)
-                self._engine_copies(unit, buffer_addr, True, copy_streams, pitched)
+                self._engine_copies(unit, buffer_addr, True, copy_stream)
                 self._handoff(slot, copy_stream, kernel_stream)
                 self._kernel(plan, table, ids_stage, ids_device, kernel_stream, num_ctas)
             else:
                 self._kernel(plan, table, ids_device, ids_stage, kernel_stream, num_ctas)
                 self._handoff(slot, kernel_stream, copy_stream)
-                self._engine_copies(unit, buffer_addr, False, copy_streams, pitched)
+                self._engine_copies(unit, buffer_addr, False, copy_stream)
             if self._on_gpu:
                 self._free[slot].record(consumer)
                 self._free_recorded[slot] = True
@@ -808,34 +687,25 @@ class StagedCopier:
             return merge_copy_list(copy_list)
         return copy_list
 
-    def _engine_copies(self, unit: _Unit, buffer_addr: int, to_device: bool, streams, pitched: bool = False) -> None:
+    def _engine_copies(self, unit: _Unit, buffer_addr: int, to_device: bool, stream) -> None:
         copies = unit.host_copies
-        pitched = pitched and len(copies) > 0  # ``_run`` checked that the runtime has the call
-        if pitched:
-            copies = fold_pitched(copies, unit.bases)
-        shares = [_share(copies, k, len(streams)) for k in range(len(streams))]
-        if pitched and self._on_gpu:
-            self._pitched_copies(shares, buffer_addr, to_device, streams)
-            return
-        if not pitched and any(len(share) for share in shares) and self._batched(copies, to_device):
-            self._batch_copies(shares, buffer_addr, to_device, streams)
+        if len(copies) and self._batched(copies, to_device):
+            self._batch_copies(copies, buffer_addr, to_device, stream)
             return
         if self._on_gpu:
-            with self._forked(streams):
-                for stream, share in zip(streams, shares):
-                    handle = stream.cuda_stream
-                    # Few copies, or pitched ones of many rows (the batch was not worth it): a
-                    # loop over Python ints.
-                    for host_addr, host_pitch, offset, stage_pitch, width, height, _ in share.tolist():
-                        stage_addr = buffer_addr + offset
-                        if to_device:
-                            cudart.memcpy_2d_async(stage_addr, stage_pitch, host_addr, host_pitch, width, height, handle)
-                        else:
-                            cudart.memcpy_2d_async(host_addr, host_pitch, stage_addr, stage_pitch, width, height, handle)
+            handle = stream.cuda_stream
+            # Few copies, or pitched ones of many rows (the batch was not worth it): a loop over
+            # Python ints.
+            for host_addr, host_pitch, offset, stage_pitch, width, height, _ in copies.tolist():
+                stage_addr = buffer_addr + offset
+                if to_device:
+                    cudart.memcpy_2d_async(stage_addr, stage_pitch, host_addr, host_pitch, width, height, handle)
+                else:
+                    cudart.memcpy_2d_async(host_addr, host_pitch, stage_addr, stage_pitch, width, height, handle)
             return
-        # CPU: the same copies (and the same split) through torch views of the host memory.
+        # CPU: the same copies through torch views of the host memory.
         storage_addr = self._storage.data_ptr()
-        for host_addr, host_pitch, offset, stage_pitch, width, height, view in np.concatenate(shares).tolist():
+        for host_addr, host_pitch, offset, stage_pitch, width, height, view in copies.tolist():
             ref = unit.host_views[view]
             stage_start = buffer_addr - storage_addr + offset
             stage = torch.as_strided(self._storage, (height, width), (stage_pitch, 1), stage_start)
@@ -845,47 +715,12 @@ class StagedCopier:
             else:
                 host.copy_(stage)
 
-    def _pitched_copies(self, shares, buffer_addr: int, to_device: bool, streams) -> None:
-        """Each copy stream's share of a unit as one ``cudaMemcpy3DBatchAsync`` of pitched ops."""
-        from .batch_copy import issue_batch
-
-        with self._forked(streams):
-            for stream, share in zip(streams, shares):
-                if len(share):
-                    host = (share[:, _HOST], share[:, _HOST_PITCH])
-                    stage = (share[:, _OFFSET] + buffer_addr, share[:, _STAGE_PITCH])
-                    dst, src = (stage, host) if to_device else (host, stage)
-                    ops = cudart.pack_2d_ops(*dst, *src, share[:, _WIDTH], share[:, _HEIGHT])
-                    issue_batch(stream, lambda handle, ops=ops: cudart.memcpy_3d_batch_async(ops, handle))
-
-    def _batch_copies(self, shares, buffer_addr: int, to_device: bool, streams) -> None:
-        """Each copy stream's share of a unit as one memcpy batch (memmove on CPU: the CPU
-        storage's address stands in for the device buffer's)."""
+    def _batch_copies(self, copies, buffer_addr: int, to_device: bool, stream) -> None:
+        """A unit's copies as one memcpy batch (memmove on CPU: the CPU storage's address stands in
+        for the device buffer's)."""
         from .batch_copy import run_copy_list
 
-        if not self._on_gpu:
-            for share in shares:
-                if len(share):
-                    run_copy_list(self._copy_list(share, buffer_addr, to_device), on_gpu=False)
-            return
-        with self._forked(streams):
-            for stream, share in zip(streams, shares):
-                if len(share):
-                    run_copy_list(self._copy_list(share, buffer_addr, to_device), stream=stream, on_gpu=True)
-
-    @contextmanager
-    def _forked(self, streams):
-        """The extra copy streams start after everything the first one waited for, and the first
-        one waits for them at the end (so every event of a unit stays on it)."""
-        primary, extra = streams[0], streams[1:]
-        if extra:
-            self._fork.record(primary)
-            for stream in extra:
-                stream.wait_event(self._fork)
-        yield
-        for stream, joined in zip(extra, self._join):
-            joined.record(stream)
-            primary.wait_event(joined)
+        run_copy_list(self._copy_list(copies, buffer_addr, to_device), stream=stream, on_gpu=self._on_gpu)
 
     def _kernel(self, plan, table, src_ids, dst_ids, stream, num_ctas=None) -> None:
         with on_stream(stream) if self._on_gpu else nullcontext():
@@ -896,17 +731,6 @@ class StagedCopier:
         if self._on_gpu:
             self._ready[slot].record(producer)
             consumer.wait_event(self._ready[slot])
-
-    def _count_lag(self, slot: int) -> None:
-        """``IssueLag``: before the copies of a load unit staged in ``slot``, whether the previous
-        unit's have landed (its ``ready`` event was recorded by its hand-off); then this unit is the
-        previous one."""
-        if not self._on_gpu:
-            return
-        if self._last_slot is not None:
-            self.lag.units += 1
-            self.lag.starved += bool(self._ready[self._last_slot].query())
-        self._last_slot = slot
 
 
 def waves(count: int, first: int | None) -> list[tuple[int, int]]:
@@ -931,12 +755,6 @@ def _batch_available() -> bool:
     return available()
 
 
-@functools.cache
-def _pitched_available() -> bool:
-    """Asked once per process: runtime and driver do not change while it runs."""
-    return torch.cuda.is_available() and cudart.has_memcpy_3d_batch()
-
-
 def _dense_copies(copies: np.ndarray) -> np.ndarray:
     """Which of a ``host_copies`` table's copies (``[..., 7]``) are dense on both sides (row pitch
     = width): a run of ``layer_first`` rows, one 1-D copy of ``width * height`` bytes however
@@ -947,141 +765,7 @@ def _dense_copies(copies: np.ndarray) -> np.ndarray:
 
 def _batch_rows(copies: np.ndarray) -> int:
     """The 1-D copies a memcpy batch of ``copies`` holds: a dense copy is one, any other copy one
-    per row. Counting a dense run of 16 ``layer_first`` rows as 16 rows kept such units out of the
-    batch, one ``cudaMemcpy2DAsync`` per (run, component, layer) instead, about 3k calls for 512
-    slots: on the H200 a backup issued for 65 ms and ran at 77% of the ceiling, a 61-layer load
-    likewise 77%; counted as one copy each, 96% both (issue 22 ms; ``benchmarks/short_runs_probe.py``,
-    2026-12-01, docs/benchmarks.md "Serving conditions, fourth round")."""
+    per row. A dense run of ``layer_first`` rows counts as one copy, not one per row: counted by
+    rows such units stayed out of the batch, one ``cudaMemcpy2DAsync`` per (run, component, layer),
+    and ran at 77% of the ceiling instead of 96% on the H200."""
     return int(np.where(_dense_copies(copies), 1, copies[:, _HEIGHT]).sum())
-
-
-def fold_pitched(copies: np.ndarray, bases: int) -> np.ndarray:
-    """A unit's host copies (``host_copies``: ``[bases, pieces]`` rows of columns ``_HOST``...,
-    flattened base-major) with the bases that lie one pitch apart folded.
-
-    A copy dense on both sides (a run of ``layer_first`` slots: pitch = width) counts as one row
-    of its whole bytes. Where bases of one width and pitches have host addresses and staging
-    offsets in arithmetic progression (both ascending, steps at least the widest row), each piece
-    whose copies are single rows becomes one copy over the chain: its rows are the bases (height
-    = their count, pitches = the steps). Other pieces, and bases in no chain, keep their copies;
-    with nothing to fold the copies come back as they were. The rows moved are the same.
-
-    The planner's tables step alike in every piece (a base's copies are its address plus a
-    multiple of its pitch), so the chains are found on the first piece and checked on every
-    piece; they depend only on the bases, so they are computed once per shape of unit
-    (``_chain_plan``). A table that does not step alike comes back unfolded.
-    """
-    if bases < 2 or len(copies) % bases:
-        return copies
-    original = copies.reshape(bases, -1, 7)
-    folded = _fold(original)
-    if folded is None:
-        return copies
-    rows, single = folded
-    out = [rows.reshape(-1, 7)]
-    if not single.all():
-        out.append(original[:, ~single].reshape(-1, 7))
-    return np.ascontiguousarray(np.concatenate(out)) if len(out) > 1 else np.ascontiguousarray(out[0])
-
-
-def _fold(original: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """``fold_pitched`` of a ``[bases, pieces, 7]`` table: (the folded copies of the single-row
-    pieces, ``[chains, those pieces, 7]``; the mask of those pieces), or None (nothing folds)."""
-    bases = original.shape[0]
-    table = original.copy()
-    width, height = table[..., _WIDTH], table[..., _HEIGHT]
-    dense = _dense_copies(table)
-    whole = np.where(dense, width * height, width)
-    # A dense copy is one row of all its bytes (pitches too: a pitched op needs pitch >= width).
-    table[..., _HOST_PITCH] = np.where(dense, whole, table[..., _HOST_PITCH])
-    table[..., _STAGE_PITCH] = np.where(dense, whole, table[..., _STAGE_PITCH])
-    table[..., _WIDTH] = whole
-    table[..., _HEIGHT] = np.where(dense, 1, height)
-    single = (table[..., _HEIGHT] == 1).all(axis=0)  # pieces whose copies are one row in every base
-    if not single.any():
-        return None
-    first = original[:, 0]
-    keys = first[:, (_WIDTH, _HOST_PITCH, _STAGE_PITCH)]
-    # Chains join bases of one key only, whose distances do not depend on the unit's slots: each
-    # base's place relative to the first base of its key keeps the cache key one per unit shape.
-    seen: dict[tuple, int] = {}
-    ref = [seen.setdefault(k, i) for i, k in enumerate(map(tuple, keys.tolist()))]
-    where = first[:, (_HOST, _OFFSET)] - first[ref][:, (_HOST, _OFFSET)]
-    widest = table[..., _WIDTH].max(axis=1)
-    (members, lead_of, ahead), leads, lengths, steps = _chain_plan(keys.tobytes(), where.tobytes(),
-                                                                   widest.tobytes(), bases)
-    if len(leads) == bases:
-        return None
-    # Check on every piece what the chains were found on in the first (and that a chain's copies
-    # have its lead's width and height in every piece).
-    place = original[..., (_HOST, _OFFSET)]
-    size = table[..., (_WIDTH, _HEIGHT)]
-    if not ((place[members] - place[lead_of] == ahead[:, None, :]).all() and (size[members] == size[lead_of]).all()):
-        return None  # not a table of the planner's form: move it unfolded, as it is
-    folded = table[leads][:, single] if not single.all() else table[leads]  # [chains, single pieces, 7]
-    long = lengths > 1
-    folded[long, :, _HOST_PITCH] = steps[long, 0, None]
-    folded[long, :, _STAGE_PITCH] = steps[long, 1, None]
-    folded[long, :, _HEIGHT] = lengths[long, None]
-    return folded, single
-
-
-@functools.lru_cache(maxsize=256)
-def _chain_plan(keys: bytes, where: bytes, widest: bytes, bases: int):
-    """Chains of bases (see ``fold_pitched``) from their (width, pitches), their addresses relative
-    to base 0 and their widest rows: (members in chain order, leads, lengths, steps [chains, 2])."""
-    key = np.frombuffer(keys, dtype=np.int64).reshape(bases, 3).tolist()
-    host, offset = np.frombuffer(where, dtype=np.int64).reshape(bases, 2).T.tolist()
-    wide = np.frombuffer(widest, dtype=np.int64).tolist()
-    order = sorted(range(bases), key=lambda b: (key[b], host[b]))
-    chains: list[list[int]] = []
-    for b in order:
-        chain = chains[-1] if chains else None
-        if chain is not None and key[b] == key[chain[0]]:
-            step = (host[b] - host[chain[-1]], offset[b] - offset[chain[-1]])
-            if len(chain) == 1:
-                fits = max(wide[b], wide[chain[0]]) <= min(step) and max(step) <= MAX_PITCH
-            else:
-                fits = step == (host[chain[1]] - host[chain[0]], offset[chain[1]] - offset[chain[0]])
-            if fits:
-                chain.append(b)
-                continue
-        chains.append([b])
-    members = np.array([b for chain in chains for b in chain], dtype=np.int64)
-    leads = np.array([chain[0] for chain in chains], dtype=np.int64)
-    lengths = np.array([len(chain) for chain in chains], dtype=np.int64)
-    steps = np.array([(host[c[1]] - host[c[0]], offset[c[1]] - offset[c[0]]) if len(c) > 1 else (0, 0) for c in chains],
-                     dtype=np.int64).reshape(-1, 2)
-    # Each member's chain lead and its (host, staging) distance from it: rank x step.
-    lead_of = np.repeat(leads, lengths)
-    ahead = np.concatenate([np.arange(n) for n in lengths])[:, None] * np.repeat(steps, lengths, axis=0)
-    return (members, lead_of, ahead), leads, lengths, steps
-
-
-def _share(copies, k: int, parts: int) -> np.ndarray:
-    """Copy-stream k's part of a unit's copies (a ``host_copies`` table, or rows like it): rows
-    ``[h*k/parts, h*(k+1)/parts)`` of each copy of height h > 1, copies left empty dropped; copies
-    of one row (scattered slots) dealt whole in ``parts`` consecutive ranges of about equal count
-    (split by rows they would all fall to the last stream; consecutive, so copies that continue
-    each other stay together and still merge)."""
-    table = np.asarray(copies)
-    if parts == 1:
-        return table
-    heights = table[:, _HEIGHT]
-    r0, r1 = heights * k // parts, heights * (k + 1) // parts
-    one = heights == 1
-    if one.any():
-        dealt = np.cumsum(one) - 1  # index among the one-row copies
-        mine = dealt * parts // int(one.sum()) == k
-        r0, r1 = np.where(one, 0, r0), np.where(one, mine.astype(heights.dtype), r1)
-    keep = r1 > r0
-    share, r0 = table[keep], r0[keep]  # a copy: boolean indexing
-    share[:, _HOST] += r0 * share[:, _HOST_PITCH]
-    share[:, _OFFSET] += r0 * share[:, _STAGE_PITCH]
-    share[:, _HEIGHT] = r1[keep] - r0
-    return share
-
-
-def copy_pages_staged_reference(pairs: Sequence[ChunkPair], src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:
-    """Pure torch reference of a staged copy: ``dst[dst_ids[i]] = src[src_ids[i]]`` for every pair."""
-    copy_pages_reference(pairs, src_ids, dst_ids)

@@ -2,10 +2,10 @@
 
 ``torch.cuda.stream(s)`` looks the current device up through ``torch.cuda.is_available`` in its
 ``__init__`` and again in its ``__enter__``: about 45 us per use on the H200's host under the
-profiler, and a load's caller entered three of them before layer 0 was launched
-(``benchmarks/caller_profile.py``, 2026-12-02). ``on_stream`` asks for the current device by index
-and sets the stream directly. A stream on another device than the current one goes through
-``torch.cuda.stream`` as before (which also switches the device for the block).
+profiler, and a load's caller enters several of them before layer 0 is launched. ``on_stream``
+asks for the current device by index and sets the stream directly. A stream on another device
+than the current one goes through ``torch.cuda.stream`` (which also switches the device for the
+block).
 """
 
 from __future__ import annotations

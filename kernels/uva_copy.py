@@ -19,9 +19,8 @@ launch from uploaded tensors) and ``copy_pages_uva`` (all three for one copy).
 
 This module must never validate ids (the caller did, on CPU) nor synchronise the device: it only
 enqueues work on the current stream. Host memory it touches must be pinned (page-locked and
-mapped); pageable host memory would fault the kernel.
-
-``copy_pages_uva_reference`` is the pure torch reference with the same signature.
+mapped); pageable host memory would fault the kernel. ``reference.copy_pages_reference`` is
+the pure torch reference.
 """
 
 from __future__ import annotations
@@ -35,14 +34,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .reference import ChunkPair, copy_pages_reference
+from .reference import ChunkPair
 
-#: CTA budgets chosen by measurement on the H200 (benchmarks/transfer_gpu.py, docs/benchmarks.md):
-#: device -> host saturates PCIe from a few CTAs (posted writes), host -> device needs more reads in
-#: flight. Host -> device reads top out at 92.5% of the copy engines' rate whatever the budget
-#: (16, 32 or 64 CTAs), the cache modifier, a prefetch-size hint on each load (``L2::128B`` /
-#: ``L2::256B`` in inline PTX) or a bulk L2 prefetch of the next tile: 50.7-51.3 against 55.3 GB/s
-#: (``benchmarks/uva_read_probe.py``, 2026-12-03), so the gap is not the reads' size.
+#: CTA budgets chosen by measurement on the H200 (``benchmarks/transfer_gpu.py``, docs/benchmarks.md
+#: "Transfers on the H200"): device -> host saturates PCIe from a few CTAs (posted writes), host ->
+#: device needs more reads in flight. Host -> device reads top out at about 92% of the copy engines'
+#: rate whatever the budget (16, 32 or 64 CTAs), cache modifier or prefetch hint.
 DEFAULT_CTAS_TO_HOST = 8
 DEFAULT_CTAS_FROM_HOST = 16
 #: Device -> device (staging gather / scatter, with 64 KiB tiles): HBM is ~80x faster than PCIe;
@@ -293,12 +290,3 @@ def default_ctas(pairs: Sequence[ChunkPair]) -> int:
         return DEFAULT_CTAS_TO_HOST
     return DEFAULT_CTAS_ON_DEVICE
 
-
-def copy_pages_uva_reference(
-    pairs: Sequence[ChunkPair],
-    src_ids: torch.Tensor,
-    dst_ids: torch.Tensor,
-    **_launch_options: int | None,
-) -> None:
-    """Pure torch reference of ``copy_pages_uva`` (launch options are accepted and ignored)."""
-    copy_pages_reference(pairs, src_ids, dst_ids)

@@ -11,7 +11,7 @@ from tiered_kv.transfers.torch_path import load_pairs
 from tiered_kv.transfers.engine import TransferEngine, _blocks, staged_groups
 from tiered_kv.transfers.policy import LoadSplit, TransferOptions
 
-from .kernels.pools import adjacent_ids, check_copy, make_device_pool, make_host_pool, random_ids
+from .kernels.pools import adjacent_ids, check_copy, make_device_pool, make_host_pool, random_ids, spans
 
 LATENT, INDEXER = 0, 1
 SIZES = [42, 8]  # bytes per layer of each component: only their order matters
@@ -59,22 +59,20 @@ def test_every_pair_lands_once_and_never_after_its_own_layer(per, minor, lead):
 def test_a_minor_block_is_one_wide_row_of_a_page_first_slot():
     """The fold the option exists for: the indexer rows of adjacent layers sit side by side in a
     page_first slot, so a group with a latent and a block of indexers is two pieces per slot."""
-    from tiered_kv.kernels.staged_copy import _spans
-
     spec = nsa_spec(num_layers=9, page_size=4)
     device, host = make_device_pool(spec, 8), make_host_pool(spec, 8, "page_first")
     blocks = [[i] for i in range(9)]
     group = staged_groups(blocks, (LATENT, INDEXER), [c.bytes_per_layer for c in spec.components], 4)[0]
     views = [load_pairs(host, device.pool, i)[c][0] for i, c in group]
     latent, indexer = spec.components[LATENT].bytes_per_layer, spec.components[INDEXER].bytes_per_layer
-    assert sorted(width for _, width in _spans(views)) == sorted([latent, 4 * indexer])
+    assert sorted(width for _, width in spans(views)) == sorted([latent, 4 * indexer])
 
 
 SPLITS = {
     "all_ce": LoadSplit(1.0, minor_layers_per_copy=4),
-    "after_a_head": LoadSplit(1.0, head_layers=2, ramp=True, ramp_step=3, minor_layers_per_copy=3, unit_rows=3),
+    "after_a_head": LoadSplit(1.0, head_layers=2, ramp=True, ramp_step=3, minor_layers_per_copy=3),
     "half_pages_blocks_of_layers": LoadSplit(0.5, layers_per_copy=2, ramp=True, minor_layers_per_copy=5),
-    "two_streams_halves": LoadSplit(1.0, copy_streams=2, issue_halves=2, minor_layers_per_copy=2),
+    "scatter_ctas": LoadSplit(1.0, staging_ctas=2, minor_layers_per_copy=2),
     "waves": LoadSplit(1.0, plan_wave=1, lead_blocks=2, minor_layers_per_copy=3),
     "one_group_ahead": LoadSplit(1.0, head_layers=1, minor_layers_per_copy=4, minor_lead_groups=1),
     "far_ahead_in_blocks": LoadSplit(1.0, layers_per_copy=2, minor_layers_per_copy=3, minor_lead_groups=5),

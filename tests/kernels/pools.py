@@ -99,6 +99,14 @@ def adjacent_ids(count: int, low: int, high: int) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.int64)[order]
 
 
+def spans(views: Sequence[torch.Tensor]) -> list[tuple[int, int]] | None:
+    """The staging ring's spans of ``views`` (``staged_copy._spans_of``): their bytes as maximal
+    contiguous pieces of a row, or None where they share no pitch or overlap."""
+    from tiered_kv.kernels.staged_copy import _spans_of
+
+    return _spans_of([(v.data_ptr(), v.stride(0), v.shape[1]) for v in views])
+
+
 def _root_of(view: torch.Tensor, roots: Sequence[torch.Tensor]) -> tuple[int, torch.Tensor]:
     for i, root in enumerate(roots):
         start = root.data_ptr()

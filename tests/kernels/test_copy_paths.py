@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from tiered_kv.kernels import StagedCopier, copy_pages_batch, copy_pages_direct, copy_pages_uva, find_runs, mean_run_length
-from tiered_kv.kernels.batch_copy import plan_copy_list, split_copy_list
+from tiered_kv.kernels.batch_copy import plan_copy_list
 from tiered_kv.transfers.torch_path import backup_pairs, load_pairs
 
-from .pools import adjacent_ids, check_copy, make_device_pool, make_host_pool, random_ids, small_specs
+from .pools import adjacent_ids, check_copy, make_device_pool, make_host_pool, random_ids, small_specs, spans
 
 SPECS = small_specs()
 NUM_PAGES = 24
@@ -33,22 +33,20 @@ def _direct(pairs, src, dst):
     copy_pages_direct(pairs, src, dst)
 
 
-def _staged(pairs, src, dst, *, to_device, roomy=False, split=False, host_batch=None):
+def _staged(pairs, src, dst, *, to_device, roomy=False, host_batch=None):
     # A tiny ring forces several units per call and several pair groups per unit; a roomy one
-    # takes two whole page_first slots per unit (the span layout of all-layer backups). ``split``:
-    # copies split by rows over three copy streams, at most two rows per unit.
+    # takes two whole page_first slots per unit (the span layout of all-layer backups).
     biggest = max(p[0].shape[1] for p in pairs)
-    size = 2 * sum(p[0].shape[1] for p in pairs) + 300 if roomy or split else 3 * biggest + 7
+    size = 2 * sum(p[0].shape[1] for p in pairs) + 300 if roomy else 3 * biggest + 7
     copier = StagedCopier("cpu", buffer_bytes=size, num_buffers=2, host_batch=host_batch)
-    options = {"copy_stream": [None] * 3, "unit_rows": 2} if split else {}
     if to_device:
-        copier.to_device(pairs, src, dst, **options)
+        copier.to_device(pairs, src, dst)
     else:
-        copier.to_host(pairs, src, dst, **options)
+        copier.to_host(pairs, src, dst)
 
 
 # ``_batch``: the staging ring's host copies as one memcpy batch per unit (memmove on CPU).
-PATHS = ["uva", "direct", "batch", "staged", "staged_roomy", "staged_split", "staged_batch", "staged_split_batch"]
+PATHS = ["uva", "direct", "batch", "staged", "staged_roomy", "staged_batch", "staged_roomy_batch"]
 
 
 def _runner(path: str, to_device: bool):
@@ -58,7 +56,7 @@ def _runner(path: str, to_device: bool):
         return _direct
     if path == "batch":  # on CPU the same copy list runs through memmove
         return copy_pages_batch
-    return functools.partial(_staged, to_device=to_device, roomy=path == "staged_roomy", split="split" in path,
+    return functools.partial(_staged, to_device=to_device, roomy="roomy" in path,
                              host_batch=True if path.endswith("_batch") else None)
 
 
@@ -182,19 +180,17 @@ def test_staged_rejects_chunk_larger_than_buffer():
 def test_staged_span_layout_is_used_for_page_first_backups():
     """All layers of page_first slots tile each slot's payload: one copy per run of slots; a
     gap splits the row into pieces, each still one copy per run."""
-    from tiered_kv.kernels.staged_copy import _spans
-
     spec = SPECS["nsa"]
     device = make_device_pool(spec, NUM_PAGES)
     page_first = make_host_pool(spec, NUM_SLOTS, "page_first")
     layer_first = make_host_pool(spec, NUM_SLOTS, "layer_first")
     hosts = [dst for _, dst in backup_pairs(device.pool, page_first)]
-    assert _spans(hosts) == [(page_first.chunk_view(0, 0).data_ptr(), spec.page_bytes)]
-    assert len(_spans(hosts[1:])) == 1  # still one piece, starting at the next chunk
-    pieces = _spans(hosts[:2] + hosts[3:])  # the chunk between two pieces missing: a gap
+    assert spans(hosts) == [(page_first.chunk_view(0, 0).data_ptr(), spec.page_bytes)]
+    assert len(spans(hosts[1:])) == 1  # still one piece, starting at the next chunk
+    pieces = spans(hosts[:2] + hosts[3:])  # the chunk between two pieces missing: a gap
     assert len(pieces) == 2 and sum(width for _, width in pieces) == spec.page_bytes - hosts[2].shape[1]
-    assert _spans(hosts + hosts[:1]) is None  # overlapping views
-    assert _spans([dst for _, dst in backup_pairs(device.pool, layer_first)]) is None  # pitches differ
+    assert spans(hosts + hosts[:1]) is None  # overlapping views
+    assert spans([dst for _, dst in backup_pairs(device.pool, layer_first)]) is None  # pitches differ
 
 
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
@@ -284,13 +280,11 @@ def test_staged_waves_plan_the_first_groups_then_enqueue_them_before_planning_th
 
 
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
-@pytest.mark.parametrize("unit_wave", [None, 1, 2, 64])
-def test_backup_unit_waves_plan_gather_and_copy_each_wave_before_planning_the_next(monkeypatch, layout, unit_wave):
-    """With ``unit_wave`` a backup's units are cut once, then each wave's tables are built, sent
-    (one upload per wave, the ids with the first, on the ring's own stream) and its units gathered
-    and copied before the next wave's tables are built; every byte lands, as in one wave."""
+def test_a_backup_plans_every_table_then_uploads_once_then_gathers_each_unit(monkeypatch, layout):
+    """A backup's units are cut once, then every table it needs is built, sent in one upload with
+    the ids (on the kernel stream, not the ring's own) and its units gathered and copied; every
+    byte lands."""
     from tiered_kv.kernels import staged_copy
-    from tiered_kv.kernels.staged_copy import waves
 
     spec = SPECS["nsa"]
     device = make_device_pool(spec, NUM_PAGES)
@@ -328,29 +322,18 @@ def test_backup_unit_waves_plan_gather_and_copy_each_wave_before_planning_the_ne
     monkeypatch.setattr(copier, "_send", sent)
     for d, h in pairs:  # poison the slots, so the check below needs the backup's bytes
         h[slots] = 0
-    copier.to_host(pairs, pages, slots, unit_wave=unit_wave)
+    copier.to_host(pairs, pages, slots)
     for d, h in pairs:
         assert torch.equal(h[slots], d[pages])
     assert len(cut) == 1 and len(cut[0]) > 2  # one cut into units, and several of them
-    ranges = waves(len(cut[0]), unit_wave)
-    # Wave by wave: the tables it is the first to need, then their upload (the ids with the first
-    # wave's; a wave that needs no new table sends nothing), then one gather per unit.
-    position, built, uploads = 0, 0, 0
-    for index, (u0, u1) in enumerate(ranges):
-        tables = 0
-        while events[position] == "table":
-            tables, position = tables + 1, position + 1
-        assert tables <= u1 - u0 and (index > 0 or tables >= 1)
-        if tables or index == 0:
-            assert events[position] == ("upload", tables + (2 if index == 0 else 0))
-            position, uploads = position + 1, uploads + 1
-        assert events[position:position + u1 - u0] == ["gather"] * (u1 - u0)
-        position, built = position + u1 - u0, built + tables
-    assert position == len(events)
+    units_count = len(cut[0])
+    built = events.index(("upload", events.count("table") + 2))  # the tables, then their upload with the ids
+    assert events[:built] == ["table"] * built
+    assert events[built + 1:] == ["gather"] * units_count
     # A table per ring slot and staging layout: page_first spans share one per slot.
     layouts = {(slot % 3, unit.pairs[0], len(unit.pairs), tuple(unit.stage_views)) for slot, unit in enumerate(cut[0])}
     assert built == len(layouts)
-    assert asked == [unit_wave is not None] * uploads  # waves upload on the ring's own stream
+    assert asked == [False]  # one upload, on the kernel stream
 
 
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
@@ -458,7 +441,7 @@ def test_the_rings_kept_geometries_and_tables_stay_within_their_bounds(monkeypat
 @pytest.mark.parametrize(("first_wave", "own"), [(None, False), (1, True), (64, True)])
 def test_only_calls_with_waves_upload_on_the_rings_own_stream(monkeypatch, first_wave, own):
     """``_run`` asks ``_send`` for the ring's own stream exactly when the call has ``first_wave``
-    (a call without it uploads on the kernel stream, as before waves)."""
+    (a call without it uploads on the kernel stream)."""
     spec = SPECS["nsa"]
     device, host = make_device_pool(spec, NUM_PAGES), make_host_pool(spec, NUM_SLOTS, "page_first")
     slots, pages = random_ids(9, 0, NUM_SLOTS), random_ids(9, 1, NUM_PAGES)
@@ -479,7 +462,7 @@ def test_only_calls_with_waves_upload_on_the_rings_own_stream(monkeypatch, first
 @pytest.mark.parametrize("first_wave", [None, 1])
 def test_groups_without_pairs_are_reported_done_and_copy_nothing(first_wave):
     """A call whose groups hold no pairs (ids given) reports each group done and changes no byte
-    (the planner once failed on it: no unit to size the staging rows by)."""
+    (there is no unit to size the staging rows by)."""
     spec = SPECS["nsa"]
     device = make_device_pool(spec, NUM_PAGES)
     copier = StagedCopier("cpu", buffer_bytes=4 * 2624, num_buffers=3)
@@ -526,23 +509,6 @@ def test_waves_upload_on_the_copiers_own_stream_and_the_kernel_stream_waits_for_
     assert torch.cuda.current_stream() is default  # each upload's stream made current only for it
 
 
-def test_staged_split_shares_every_row_once():
-    """Rows of each copy split over k streams: pieces tile the copy, in order, none empty."""
-    from tiered_kv.kernels.staged_copy import _share
-
-    copies = [(1000, 100, 0, 40, 30, 7, None), (5000, 100, 400, 40, 30, 1, None)]
-    for parts in (1, 2, 3, 8):
-        pieces = [p for k in range(parts) for p in _share(copies, k, parts)]
-        for host_addr, host_pitch, offset, stage_pitch, width, height, _ in copies:
-            mine = sorted((p for p in pieces if (p[0] - host_addr) % host_pitch == 0 and host_addr <= p[0] < host_addr + height * host_pitch),
-                          key=lambda p: p[0])
-            assert sum(p[5] for p in mine) == height and all(p[5] > 0 for p in mine)
-            row = 0
-            for p in mine:
-                assert p[0] == host_addr + row * host_pitch and p[2] == offset + row * stage_pitch
-                row += p[5]
-
-
 def test_batch_copy_list_merges_only_rows_adjacent_on_both_sides():
     src = torch.zeros(10, 8, dtype=torch.uint8)
     dst = torch.zeros(12, 8, dtype=torch.uint8)
@@ -576,20 +542,6 @@ def test_batch_copy_list_rejects_mismatched_ids_and_widths():
         plan_copy_list([(src, src)], torch.tensor([0, 1]), torch.tensor([2]))
     with pytest.raises(ValueError, match="bytes per row"):
         plan_copy_list([(src, torch.zeros(4, 6, dtype=torch.uint8))], torch.tensor([0]), torch.tensor([1]))
-
-
-@pytest.mark.parametrize("parts", [1, 2, 3, 7])
-def test_batch_copy_list_splits_into_ordered_parts_of_similar_bytes(parts):
-    src = torch.zeros(40, 16, dtype=torch.uint8)
-    dst = torch.zeros(40, 16, dtype=torch.uint8)
-    copies = plan_copy_list([(src[:, :7], dst[:, :7]), (src[:, 8:], dst[:, 8:])], random_ids(13, 0, 40),
-                            random_ids(13, 0, 40))
-    split = split_copy_list(copies, parts)
-    assert len(split) == parts
-    assert [a for part in split for a in part.srcs.tolist()] == copies.srcs.tolist()
-    assert [a for part in split for a in part.dsts.tolist()] == copies.dsts.tolist()
-    largest = int(copies.sizes.max())
-    assert all(abs(part.nbytes - copies.nbytes / parts) <= largest for part in split)
 
 
 @pytest.mark.parametrize("to_device", [True, False])

@@ -29,7 +29,6 @@ def _build(tmp_path, monkeypatch, runtime: int, driver: int) -> ctypes.CDLL:
     cudart._declare(lib)
     monkeypatch.setattr(cudart, "_runtime", lambda: lib)
     cudart._batch_has_fail_idx.cache_clear()
-    cudart._batch_3d_has_fail_idx.cache_clear()
     return lib
 
 
@@ -38,7 +37,6 @@ def fake_runtime(request, tmp_path, monkeypatch):
     lib = _build(tmp_path, monkeypatch, request.param, request.param)
     yield request.param, lib
     cudart._batch_has_fail_idx.cache_clear()
-    cudart._batch_3d_has_fail_idx.cache_clear()
 
 
 @pytest.mark.parametrize(("runtime", "driver", "usable"), [(13000, 13000, True), (12080, 13000, True),
@@ -95,85 +93,6 @@ def test_pitched_copy_and_its_dense_shortcut(fake_runtime):
     dense = np.zeros(10 * 16, dtype=np.uint8)
     cudart.memcpy_2d_async(dense.ctypes.data, 16, source.ctypes.data, 16, 16, 10, 5)  # one 1-D copy
     assert np.array_equal(dense, source)
-
-
-def test_3d_batch_ops_match_cudas_struct_and_copy_pitched_rows(fake_runtime):
-    """``pack_2d_ops`` against the fake's C struct (the layout of CUDA's driver_types.h): each op
-    moves its rows between two pitches, in stream order, and the stream reaches the call."""
-    version, lib = fake_runtime
-    assert ctypes.c_size_t.in_dll(lib, "op_size").value == cudart.OP_WORDS * 8
-    assert cudart.has_memcpy_3d_batch()
-    rng = np.random.default_rng(3)
-    source = rng.integers(0, 256, 61 * 4 * 64, dtype=np.uint8)  # [61 layers, 4 slots, 64 B]
-    target = np.zeros(4 * 61 * 48, dtype=np.uint8)  # per slot: 61 rows of 48 B
-    base = source.ctypes.data
-    slots = np.array([3, 0, 2], dtype=np.uint64)
-    ops = cudart.pack_2d_ops(target.ctypes.data + np.arange(3, dtype=np.uint64) * 61 * 48, 48,
-                             base + slots * 64, 4 * 64, 48, 61, flags=cudart.FLAG_PREFER_OVERLAP_WITH_COMPUTE)
-    cudart.memcpy_3d_batch_async(ops, 0x1234)
-    got = target.reshape(4, 61, 48)[:3]
-    want = source.reshape(61, 4, 64)[:, slots.astype(np.int64), :48].transpose(1, 0, 2)
-    assert np.array_equal(got, want)
-    assert ctypes.c_void_p.in_dll(lib, "last_stream").value == 0x1234
-    assert ctypes.c_size_t.in_dll(lib, "last_num_ops").value == 3
-    assert ctypes.c_int.in_dll(lib, "last_access_order").value == 1
-    assert ctypes.c_uint.in_dll(lib, "last_flags").value == cudart.FLAG_PREFER_OVERLAP_WITH_COMPUTE
-
-
-def test_3d_batch_failure_names_the_op_and_bad_tables_are_refused(fake_runtime):
-    version, _ = fake_runtime
-    source, target = np.zeros(64, dtype=np.uint8), np.zeros(64, dtype=np.uint8)
-    ops = cudart.pack_2d_ops(target.ctypes.data, 16, source.ctypes.data, [16, 8], 16, 2)  # op 1: pitch < width
-    where = "op 1 of 2" if version < 13000 else "2 ops"
-    with pytest.raises(cudart.CudaRuntimeError, match=rf"cudaMemcpy3DBatchAsync \({where}\) failed"):
-        cudart.memcpy_3d_batch_async(ops, 1)
-    with pytest.raises(ValueError, match="uint64"):
-        cudart.memcpy_3d_batch_async(ops.astype(np.int64), 1)
-
-
-@pytest.mark.parametrize("to_device", [True, False])
-def test_staged_pitched_ops_through_the_runtime_match_the_cpu_copies(fake_runtime, to_device):
-    """The GPU branch of the staging ring's pitched copies (``_pitched_copies``: folded tables
-    packed into ``cudaMemcpy3DBatchAsync`` ops) run by the fake runtime on CPU memory, against the
-    CPU branch of the same units: the same bytes in the staging buffer (loads) or host slots
-    (backups), for scattered layer_first slots with runs of two among them."""
-    import torch
-
-    from tiered_kv import nsa_spec
-    from tiered_kv.kernels import StagedCopier
-    from tiered_kv.kernels.staged_copy import fold_pitched
-    from tiered_kv.transfers.torch_path import load_pairs
-
-    from .pools import make_device_pool, make_host_pool
-
-    spec = nsa_spec(num_layers=6, page_size=4)
-    device, host = make_device_pool(spec, 40), make_host_pool(spec, 64, "layer_first")
-    slots = np.array(sorted({3, 4, 9, 17, 18, 30, 41, 42, 43, 60}), dtype=np.int64)
-    breaks = np.flatnonzero(np.diff(slots) != 1) + 1
-    starts, ends = np.concatenate(([0], breaks)), np.concatenate((breaks, [slots.size]))
-    views = [pair[0] for layer in range(spec.num_layers) for pair in load_pairs(host, device.pool, layer)]
-    stream = type("Stream", (), {"cuda_stream": 0x77})()
-    results = []
-    for mode in ("unfolded rows", "folded on CPU", "folded through the runtime"):
-        copier = StagedCopier("cpu", buffer_bytes=1 << 20, num_buffers=1)
-        copier._storage.copy_(torch.arange(copier._storage.numel(), dtype=torch.int64).to(torch.uint8))
-        before = copier._storage.clone() if to_device else host.buffer.clone()
-        host_before = host.buffer.clone()
-        folded = copier._units(views, slots, starts, ends, None, True)
-        rows = folded[0].r1 - folded[0].r0
-        # The reference: the same units' boundaries, planned without folding.
-        units = folded if mode != "unfolded rows" else copier._units(views, slots, starts, ends, rows, False)
-        assert any(u.bases == 1 and len(u.pairs) > 1 for u in folded)  # folded when planned
-        for unit in units:
-            address = copier._storage.data_ptr()
-            if mode == "folded through the runtime":
-                copier._pitched_copies([fold_pitched(unit.host_copies, unit.bases)], address, to_device, [stream])
-            else:
-                copier._engine_copies(unit, address, to_device, [None], pitched=mode == "folded on CPU")
-        results.append(copier._storage.clone() if to_device else host.buffer.clone())
-        assert not torch.equal(results[-1], before), mode  # something was copied
-        host.buffer.copy_(host_before)
-    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
 
 
 def test_streams_are_made_non_blocking_at_the_clamped_priority(fake_runtime, monkeypatch):

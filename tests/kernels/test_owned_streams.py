@@ -196,17 +196,17 @@ def test_an_engine_dropped_without_close_ends_its_threads_and_its_streams_go_bac
     spec = nsa_spec(num_layers=2, page_size=4)
     engine = TransferEngine(make_device_pool(spec, 8, "cpu").pool, make_host_pool(spec, 8, "page_first"))
     engine._streams = StreamLease(0, lender)  # stand-in streams for the engine's lease
-    threads = engine._issue_threads(3)._threads + engine._issue_threads(2, backups=True)._threads
+    threads = engine._issue_threads(3)._threads
     engine._issue_threads(4)  # grown: the three threads before are closed now
     threads += engine._issuer._threads
-    assert [t.is_alive() for t in threads] == [False] * 3 + [True] * 6
-    assert lender.lent_count() == 6 and lender.free_count() == 0 and lender.made == 6  # three lent again
+    assert [t.is_alive() for t in threads] == [False] * 3 + [True] * 4
+    assert lender.lent_count() == 4 and lender.free_count() == 0 and lender.made == 4  # three lent again
     del engine
     gc.collect()
     for thread in threads:
         thread.join(timeout=10)
     assert not any(t.is_alive() for t in threads)
-    assert lender.lent_count() == 0 and lender.free_count() == lender.made == 6
+    assert lender.lent_count() == 0 and lender.free_count() == lender.made == 4
 
 
 def test_a_closed_engine_stays_usable_and_its_next_threads_take_streams_again(monkeypatch):
@@ -222,7 +222,7 @@ def test_a_closed_engine_stays_usable_and_its_next_threads_take_streams_again(mo
     engine._streams = StreamLease(0, lender)
     engine._issue_threads(2)
     engine.close()
-    assert engine._issuer is None and engine._issuer_stops == {} and lender.lent_count() == 0
+    assert engine._issuer is None and engine._issuer_stop is None and lender.lent_count() == 0
     again = engine._issue_threads(2)
     assert lender.lent_count() == 2 and lender.made == 2  # the same two streams, lent again
     engine.close()
@@ -271,15 +271,15 @@ def test_an_engines_streams_are_none_of_torchs_and_go_back_with_it():
     engine = TransferEngine(device.pool, host)
     engine_handles = {int(getattr(engine, name).cuda_stream) for name in
                       ("load_stream", "load_copy_stream", "backup_stream", "backup_copy_stream", "load_uva_stream")}
-    engine_handles |= {int(s.cuda_stream) for s in engine._head_streams + engine._load_copy_extra}
-    assert len(engine_handles) == 5 + 2 + 3
+    engine_handles |= {int(s.cuda_stream) for s in engine._head_streams}
+    assert len(engine_handles) == 5 + 2
     torch_streams = {int(torch.cuda.Stream(priority=p).cuda_stream) for p in (0, -1, -100) for _ in range(70)}
     assert not engine_handles & torch_streams
     lent = lender.lent_count()
     assert lent >= len(engine_handles)
     del engine
     gc.collect()
-    assert lender.lent_count() == lent - len(engine_handles) - 2  # its half streams too
+    assert lender.lent_count() == lent - len(engine_handles)
     made = lender.made
     for _ in range(5):
         TransferEngine(device.pool, host)

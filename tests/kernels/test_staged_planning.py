@@ -1,10 +1,10 @@
-"""Planning of the staged copy (units, host copies, copy lists, stream shares), on CPU.
+"""Planning of the staged copy (units, host copies, copy lists), on CPU.
 
-The planner builds each group's host copies as numpy tables. These tests hold it to the per-run
-planner it replaced (``_reference_units`` below, tuple by tuple and in order), check the copy lists
-and stream shares made from the tables against row-by-row expansions, and run staged loads and
-backups by blocks of layers with scattered slots, runs cut at unit boundaries, ``unit_rows`` and
-several copy streams, byte for byte against the reference.
+The planner builds each group's host copies as numpy tables. These tests hold it to a plain
+per-run planner (``_reference_units`` below, tuple by tuple and in order), check the copy lists
+made from the tables against row-by-row expansions, and run staged loads and backups by blocks
+of layers with scattered slots and runs cut at unit boundaries, byte for byte against the
+reference.
 """
 
 from __future__ import annotations
@@ -17,16 +17,17 @@ from tiered_kv import nsa_spec
 from tiered_kv.kernels import StagedCopier
 from tiered_kv.kernels.batch_copy import CopyList, merge_copy_list
 from tiered_kv.kernels import staged_copy
-from tiered_kv.kernels.staged_copy import _batch_rows, _share, _spans, fold_pitched
+from tiered_kv.kernels.staged_copy import _batch_rows
 from tiered_kv.transfers.torch_path import backup_pairs, load_pairs
 
-from .pools import adjacent_ids, check_copy, make_device_pool, make_host_pool, random_ids
+from .pools import adjacent_ids, check_copy, make_device_pool, make_host_pool, random_ids, spans
 
 SPEC = nsa_spec(num_layers=4, page_size=4)  # latent 2624 B, indexer 528 B per layer and page
 NUM_PAGES = 40
 NUM_SLOTS = 36
-#: Span layout of a 2-layer block: staging rows of 5248 + 1280 bytes, so three rows per unit.
+#: Span layout of a 2-layer block: staging rows of 5248 + 1280 bytes, so three (two) rows per unit.
 THREE_BLOCK_ROWS = 3 * 6528 + 7
+TWO_BLOCK_ROWS = 2 * 6528 + 7
 
 
 def _round(value: int) -> int:
@@ -40,36 +41,34 @@ def _sorted_runs(host_ids: torch.Tensor):
     return host_sorted, np.concatenate(([0], breaks)), np.concatenate((breaks, [host_sorted.size]))
 
 
-def _reference_units(buffer_bytes, host_views, host_sorted, run_starts, run_ends, unit_rows=None):
-    """The planner before the numpy tables: per unit ``(pairs, r0, r1, copies, stage_views)``,
-    copies as 7-tuples (the last one an index into ``host_views``), built run by run."""
+def _reference_units(buffer_bytes, host_views, host_sorted, run_starts, run_ends):
+    """The planner written plainly: per unit ``(pairs, r0, r1, copies, stage_views)``, copies as
+    7-tuples (the last one an index into ``host_views``), built run by run."""
     n = host_sorted.size
-    spans = _spans(host_views)
-    if spans is not None:
+    pieces = spans(host_views)
+    if pieces is not None:
         columns = [0]
-        for _, width in spans:
+        for _, width in pieces:
             columns.append(columns[-1] + _round(width))
         stage_pitch = columns[-1]
         if stage_pitch > buffer_bytes:
-            spans = None
-    if spans is not None:
+            pieces = None
+    if pieces is not None:
         rows_per_unit = buffer_bytes // stage_pitch
     else:
         rows_per_unit = buffer_bytes // max(_round(v.shape[1]) for v in host_views)
-    if unit_rows is not None:
-        rows_per_unit = max(1, min(rows_per_unit, unit_rows))
     units = []
     for r0 in range(0, n, rows_per_unit):
         r1 = min(n, r0 + rows_per_unit)
         clipped = [(max(s, r0), min(e, r1)) for s, e in zip(run_starts.tolist(), run_ends.tolist()) if s < r1 and e > r0]
-        if spans is not None:
+        if pieces is not None:
             stage = []
             for v in host_views:
-                j = max(k for k, (start, _) in enumerate(spans) if start <= v.data_ptr())
-                stage.append((columns[j] + v.data_ptr() - spans[j][0], stage_pitch, v.shape[1]))
+                j = max(k for k, (start, _) in enumerate(pieces) if start <= v.data_ptr())
+                stage.append((columns[j] + v.data_ptr() - pieces[j][0], stage_pitch, v.shape[1]))
             pitch = host_views[0].stride(0)
             copies = [(start + int(host_sorted[s]) * pitch, pitch, (s - r0) * stage_pitch + column, stage_pitch, width, e - s, 0)
-                      for (start, width), column in zip(spans, columns) for s, e in clipped]
+                      for (start, width), column in zip(pieces, columns) for s, e in clipped]
             units.append((list(range(len(host_views))), r0, r1, copies, stage))
             continue
         group, used = [], 0
@@ -113,9 +112,8 @@ def _slots(kind: str, count: int) -> torch.Tensor:
 @pytest.mark.parametrize("kind", ["scattered", "runs", "one_run"])
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
 @pytest.mark.parametrize("per", [1, 2, 4])
-@pytest.mark.parametrize("buffer_bytes,unit_rows", [(THREE_BLOCK_ROWS, None), (THREE_BLOCK_ROWS, 2),
-                                                    (4 * 2624 + 7, None), (1 << 20, None), (1 << 20, 5)])
-def test_units_match_the_per_run_planner(kind, layout, per, buffer_bytes, unit_rows):
+@pytest.mark.parametrize("buffer_bytes", [THREE_BLOCK_ROWS, TWO_BLOCK_ROWS, 4 * 2624 + 7, 1 << 20])
+def test_units_match_the_per_run_planner(kind, layout, per, buffer_bytes):
     """Every unit: the same rows, pairs, staging views and host copies, in the same order."""
     device = make_device_pool(SPEC, NUM_PAGES)
     host = make_host_pool(SPEC, NUM_SLOTS, layout)
@@ -124,15 +122,15 @@ def test_units_match_the_per_run_planner(kind, layout, per, buffer_bytes, unit_r
     cuts = 0
     for group in _groups(host, device.pool, per):
         views = [h for h, _ in group]
-        got = copier._units(views, host_sorted, run_starts, run_ends, unit_rows)
-        want = _reference_units(copier.buffer_bytes, views, host_sorted, run_starts, run_ends, unit_rows)
+        got = copier._units(views, host_sorted, run_starts, run_ends)
+        want = _reference_units(copier.buffer_bytes, views, host_sorted, run_starts, run_ends)
         assert len(got) == len(want)
         for unit, (pairs, r0, r1, copies, stage) in zip(got, want):
             assert (unit.pairs, unit.r0, unit.r1, unit.stage_views) == (pairs, r0, r1, stage)
             assert unit.host_copies.dtype == np.int64 and unit.host_copies.tolist() == [list(c) for c in copies]
             assert all(unit.host_views[c[6]].data_ptr() <= c[0] for c in copies)
         cuts += sum(r0 > 0 and r0 not in run_starts for _, r0, _, _, _ in want)
-    if kind == "one_run" and buffer_bytes == THREE_BLOCK_ROWS:
+    if kind == "one_run" and buffer_bytes in (THREE_BLOCK_ROWS, TWO_BLOCK_ROWS):
         assert cuts > 0  # the case this grid is for: a run cut at unit boundaries
 
 
@@ -145,7 +143,7 @@ def test_units_of_views_with_a_gap_are_two_spans_per_run():
     copier = StagedCopier("cpu", buffer_bytes=5 * 4 * 3328)
     got = copier._units(views, host_sorted, run_starts, run_ends)
     want = _reference_units(copier.buffer_bytes, views, host_sorted, run_starts, run_ends)
-    assert len(_spans(views)) == 4
+    assert len(spans(views)) == 4
     assert [u.host_copies.tolist() for u in got] == [[list(c) for c in w[3]] for w in want]
 
 
@@ -168,17 +166,12 @@ def test_copy_list_is_the_merged_row_by_row_list(layout, kind):
     for per in (1, 2, 4):
         for group in _groups(host, device.pool, per):
             for unit in copier._units([h for h, _ in group], host_sorted, run_starts, run_ends):
-                for parts in (1, 3):
-                    for k in range(parts):
-                        share = _share(unit.host_copies, k, parts)
-                        if len(share) == 0:
-                            continue
-                        for to_device in (True, False):
-                            got = StagedCopier._copy_list(share, 7 << 20, to_device)
-                            want = _expanded_copy_list(share, 7 << 20, to_device)
-                            for a, b in zip((got.dsts, got.srcs, got.sizes), (want.dsts, want.srcs, want.sizes)):
-                                assert a.dtype == np.uint64 and a.flags.c_contiguous and a.tolist() == b.tolist()
-                            checked += 1
+                for to_device in (True, False):
+                    got = StagedCopier._copy_list(unit.host_copies, 7 << 20, to_device)
+                    want = _expanded_copy_list(unit.host_copies, 7 << 20, to_device)
+                    for a, b in zip((got.dsts, got.srcs, got.sizes), (want.dsts, want.srcs, want.sizes)):
+                        assert a.dtype == np.uint64 and a.flags.c_contiguous and a.tolist() == b.tolist()
+                    checked += 1
     assert checked > 0
 
 
@@ -235,8 +228,7 @@ RUNS_OF_80 = (torch.arange(16)[:, None] * 128 + torch.arange(80)).flatten()
 
 def test_runs_of_layer_first_rows_go_out_as_one_batch(monkeypatch):
     """Slots in 16 runs of 4 with layer_first rows: every copy is a dense run, so a unit of many
-    copies takes the memcpy batch (it used to count 4 rows per copy and issue one 2-D call per
-    run). page_first rows are 2-D copies of four rows each (a block of layers has the slot's other
+    copies takes the memcpy batch (a dense run counts as one copy, not one per row). page_first rows are 2-D copies of four rows each (a block of layers has the slot's other
     layers between its rows, and whole slots are padded to 4 KiB in the host pool, so even
     DeepSeek-V3.2's 256-aligned 3,076,352-byte page is a pitched row there); up to
     ``BATCH_MAX_MEAN_ROWS`` rows on average they batch row by row too, and runs of 80 stay one
@@ -255,9 +247,9 @@ def test_runs_of_layer_first_rows_go_out_as_one_batch(monkeypatch):
 
 def test_a_few_dense_runs_of_one_layer_go_out_as_one_batch(monkeypatch):
     """Three runs of layer_first rows, one layer: six dense copies (a run per component) already
-    batch in a load (``layer_first`` runs of 64 on the H200 are 14-16 copies a unit and went out as
-    2-D calls under a minimum of 16); a unit of fewer copies than ``BATCH_MIN_COPIES`` stays 2-D
-    calls, and so does a backup's under ``BATCH_MIN_COPIES_TO_HOST``."""
+    batch in a load (``layer_first`` runs of 64 are 14-16 copies a unit); a unit of fewer copies
+    than ``BATCH_MIN_COPIES`` stays 2-D calls, and so does a backup's under
+    ``BATCH_MIN_COPIES_TO_HOST``."""
     monkeypatch.setattr(staged_copy, "_batch_available", lambda: True)
     three_runs = torch.cat([torch.arange(s, s + 4) for s in (0, 8, 16)])
     assert ring_decisions(SPEC, "layer_first", range(1), three_runs) == {(6, True)}
@@ -288,173 +280,48 @@ def test_copy_list_merges_rows_that_join_across_copies():
         assert got.sizes.tolist() == [100, 100, 456, 128]
 
 
-def test_share_splits_a_table_like_the_per_copy_split():
-    """A table's share for stream k: rows [h*k/parts, h*(k+1)/parts) of each copy of several rows,
-    empty ones dropped; one-row copies dealt whole, in consecutive ranges of about equal count."""
-    rng = np.random.default_rng(5)
-    table = np.stack([rng.integers(0, 1 << 40, 50), rng.integers(1, 1 << 16, 50), rng.integers(0, 1 << 20, 50),
-                      rng.integers(1, 1 << 16, 50), rng.integers(1, 4096, 50), rng.integers(1, 9, 50),
-                      rng.integers(0, 16, 50)], axis=1).astype(np.int64)
-    table[::3, 5] = 1  # a third of the copies are single rows (scattered slots)
-    before = table.copy()
-    for parts in (1, 2, 3, 8):
-        got_rows = []
-        for k in range(parts):
-            want, single, singles = [], 0, int((table[:, 5] == 1).sum())
-            for h, hp, o, sp, w, height, view in table.tolist():
-                if height == 1 and parts > 1:
-                    if single * parts // singles == k:
-                        want.append([h, hp, o, sp, w, 1, view])
-                    single += 1
-                    continue
-                r0, r1 = height * k // parts, height * (k + 1) // parts
-                if r1 > r0:
-                    want.append([h + r0 * hp, hp, o + r0 * sp, sp, w, r1 - r0, view])
-            share = _share(table, k, parts)
-            assert share.tolist() == want
-            got_rows += [(h + j * hp, o + j * sp) for h, hp, o, sp, w, height, _ in share.tolist() for j in range(height)]
-        # Every row of the table in exactly one share.
-        assert sorted(got_rows) == sorted((h + j * hp, o + j * sp) for h, hp, o, sp, w, height, _ in table.tolist()
-                                          for j in range(height))
-        if parts > 1:  # the single rows are spread, not all on one stream
-            assert all(any(row[5] == 1 for row in _share(table, k, parts).tolist()) for k in range(parts))
-    assert np.array_equal(table, before)  # shares are copies: the unit's table stays as it was
-
-
-def _staged_load(groups, slots, pages, *, buffer_bytes, unit_rows, streams, host_batch, pitched=False):
+def _staged_load(groups, slots, pages, *, buffer_bytes, host_batch, first_wave=None):
     copier = StagedCopier("cpu", buffer_bytes=buffer_bytes, num_buffers=2, host_batch=host_batch)
     done = []
-    copier.to_device_groups(groups, slots, pages, copy_stream=[None] * streams if streams > 1 else None,
-                            unit_rows=unit_rows, on_group_done=done.append, pitched=pitched)
+    copier.to_device_groups(groups, slots, pages, on_group_done=done.append, first_wave=first_wave)
     assert done == list(range(len(groups)))
 
 
-@pytest.mark.parametrize("host_batch,pitched", [(None, False), (True, False), (None, True)])
-@pytest.mark.parametrize("streams", [1, 3])
+@pytest.mark.parametrize("host_batch,first_wave", [(None, None), (True, None), (None, 1)])
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
 @pytest.mark.parametrize("kind", ["scattered", "one_run"])
-@pytest.mark.parametrize("per,buffer_bytes,unit_rows", [(2, THREE_BLOCK_ROWS, None), (4, THREE_BLOCK_ROWS, 2),
-                                                        (1, 1 << 20, 4)])
-def test_staged_load_by_blocks_of_layers(per, buffer_bytes, unit_rows, kind, layout, streams, host_batch, pitched):
-    """Blocks of layers, scattered slots or one run cut at unit boundaries, copies split over
-    streams: every copied byte right, every other device byte untouched."""
+@pytest.mark.parametrize("per,buffer_bytes", [(2, THREE_BLOCK_ROWS), (4, TWO_BLOCK_ROWS), (1, 4 * 2624 + 7),
+                                              (1, 1 << 20)])
+def test_staged_load_by_blocks_of_layers(per, buffer_bytes, kind, layout, host_batch, first_wave):
+    """Blocks of layers, scattered slots or one run cut at unit boundaries, planned whole or in
+    waves: every copied byte right, every other device byte untouched."""
     device = make_device_pool(SPEC, NUM_PAGES)
     host = make_host_pool(SPEC, NUM_SLOTS, layout)
     slots, pages = _slots(kind, 11), random_ids(11, 1, NUM_PAGES)
     groups = _groups(host, device.pool, per)
     pairs = [pair for group in groups for pair in group]
     check_copy(pairs, slots, pages, device.roots,
-               lambda: _staged_load(groups, slots, pages, buffer_bytes=buffer_bytes, unit_rows=unit_rows,
-                                    streams=streams, host_batch=host_batch, pitched=pitched))
+               lambda: _staged_load(groups, slots, pages, buffer_bytes=buffer_bytes, host_batch=host_batch,
+                                    first_wave=first_wave))
 
 
-@pytest.mark.parametrize("host_batch,pitched", [(None, False), (True, False), (None, True)])
+@pytest.mark.parametrize("host_batch", [None, True])
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
 @pytest.mark.parametrize("kind", ["scattered", "one_run"])
-def test_staged_backup_with_scattered_slots(kind, layout, host_batch, pitched):
-    """All layers in one call (whole-slot spans on page_first), short units, three streams."""
+def test_staged_backup_with_scattered_slots(kind, layout, host_batch):
+    """All layers in one call (whole-slot spans on page_first), short units of three slots."""
     device = make_device_pool(SPEC, NUM_PAGES)
     host = make_host_pool(SPEC, NUM_SLOTS, layout)
     pages, slots = random_ids(11, 1, NUM_PAGES), _slots(kind, 11)
     pairs = backup_pairs(device.pool, host)
     copier = StagedCopier("cpu", buffer_bytes=3 * SPEC.page_bytes + 300, num_buffers=2, host_batch=host_batch)
     check_copy(pairs, pages, slots, [host.buffer],
-               lambda: copier.to_host(pairs, pages, slots, copy_stream=[None] * 3, unit_rows=2, pitched=pitched))
-
-
-def _rows(copies: np.ndarray) -> list[tuple[int, int, int]]:
-    """The bytes a host-copy table moves: its (host address, staging offset, width) rows sorted,
-    rows that continue each other on both sides merged (a dense run is one row or several)."""
-    rows = sorted((h + j * hp, o + j * sp, w) for h, hp, o, sp, w, height, _ in copies.tolist() for j in range(height))
-    merged: list[list[int]] = []
-    for h, o, w in rows:
-        if merged and merged[-1][0] + merged[-1][2] == h and merged[-1][1] + merged[-1][2] == o:
-            merged[-1][2] += w
-        else:
-            merged.append([h, o, w])
-    return [tuple(m) for m in merged]
-
-
-@pytest.mark.parametrize("buffer_bytes", [1 << 20, 40_000])
-@pytest.mark.parametrize("per", [1, 3, 4])
-def test_pitched_units_of_layer_first_slots_fold_at_planning(per, buffer_bytes):
-    """Scattered layer_first slots, ``pitched``: each unit comes folded, one copy per (component,
-    run of slots) whose rows are the unit's layers, moving exactly the rows of the unfolded units
-    with the same boundaries (a small buffer splits the pairs mid-layer: those units fold too)."""
-    device = make_device_pool(SPEC, NUM_PAGES)
-    host = make_host_pool(SPEC, NUM_SLOTS, "layer_first")
-    slots = random_ids(11, 0, NUM_SLOTS)
-    group = _groups(host, device.pool, per)[0]
-    host_views = [pair[0] for pair in group]
-    copier = StagedCopier("cpu", buffer_bytes=buffer_bytes, num_buffers=2)
-    units = copier._units(host_views, *_sorted_runs(slots), pitched=True)
-    rows = units[0].r1 - units[0].r0
-    plain = copier._units(host_views, *_sorted_runs(slots), unit_rows=rows)
-    assert [(u.pairs, u.r0, u.r1) for u in units] == [(u.pairs, u.r0, u.r1) for u in plain]
-    for unit, unfolded in zip(units, plain, strict=True):
-        assert _rows(unit.host_copies) == _rows(unfolded.host_copies)
-        # What cudaMemcpy3DBatchAsync needs of every op: both pitches at least the width.
-        copies = unit.host_copies
-        assert (copies[:, 1] >= copies[:, 4]).all() and (copies[:, 3] >= copies[:, 4]).all()
-        layers = {p // len(SPEC.components) for p in unit.pairs}
-        components = {p % len(SPEC.components) for p in unit.pairs}
-        if len(layers) == 1:
-            assert np.array_equal(copies, unfolded.host_copies)  # nothing to fold
-            continue
-        # Whatever the runs' lengths: a copy per (component, run) whose rows are its layers.
-        runs = len(unfolded.host_copies) // len(unit.pairs)
-        assert len(copies) == len(components) * runs
-        assert sorted(copies[:, 5].tolist()) == sorted(
-            n for c in components for n in [sum(1 for p in unit.pairs if p % len(SPEC.components) == c)] * runs)
-    # fold_pitched of an unfolded unit is the same fold (the engine's per-unit fallback).
-    for unit, unfolded in zip(units, plain):
-        assert _rows(fold_pitched(unfolded.host_copies, unfolded.bases)) == _rows(unit.host_copies)
-
-
-def test_pitched_fold_leaves_what_does_not_fold():
-    """Spans (page_first: a block of layers is already one row per slot) and bases out of step
-    stay as they were; pitched copies of several rows stay unfolded."""
-    device = make_device_pool(SPEC, NUM_PAGES)
-    copier = StagedCopier("cpu", buffer_bytes=1 << 20, num_buffers=2)
-    host = make_host_pool(SPEC, NUM_SLOTS, "page_first")
-    views = [pair[0] for pair in _groups(host, device.pool, 4)[0]]
-    for unit in copier._units(views, *_sorted_runs(random_ids(11, 0, NUM_SLOTS)), pitched=True):
-        assert np.array_equal(fold_pitched(unit.host_copies, unit.bases), unit.host_copies)
-    pitched_rows = np.array([[0, 128, 0, 64, 64, 2, 0], [1000, 128, 500, 64, 64, 2, 0]], dtype=np.int64)
-    assert np.array_equal(fold_pitched(pitched_rows, 2), pitched_rows)
-    table = np.array([[0, 64, 0, 64, 64, 1, 0], [1000, 64, 64, 64, 64, 1, 0], [1500, 64, 128, 64, 64, 1, 0]],
-                     dtype=np.int64)  # host steps 1000 then 500: only the first two fold
-    folded = fold_pitched(table, 3)
-    assert _rows(folded) == _rows(table) and len(folded) == 2
-    # Two latent bases fold, the indexer base between them stays alone; the piece is a dense run
-    # of two slots, so every copy is one row of both slots' bytes (pitch >= width).
-    run = np.array([[0, 64, 0, 64, 64, 2, 0], [10_000, 16, 4096, 16, 16, 2, 1], [1000, 64, 128, 64, 64, 2, 2]],
-                   dtype=np.int64)
-    folded = fold_pitched(run, 3)
-    assert _rows(folded) == _rows(run) and len(folded) == 2
-    assert (folded[:, 1] >= folded[:, 4]).all() and (folded[:, 3] >= folded[:, 4]).all()
-    # Bases that step alike in the first piece but not in the last: moved unfolded.
-    uneven = np.array([[0, 64, 0, 64, 64, 1, 0], [5000, 64, 640, 64, 64, 1, 0],
-                       [1000, 64, 64, 64, 64, 1, 0], [7000, 64, 704, 64, 64, 1, 0]], dtype=np.int64)
-    assert np.array_equal(fold_pitched(uneven, 2), uneven)
-
-
-def test_issue_lag_counts_nothing_on_cpu():
-    """On CPU every copy has run by the time the next is issued: ``lag`` (a GPU measure of copy
-    engines waiting on the thread) stays at zero, and the bytes still land."""
-    spec = nsa_spec(4, 64)
-    device, host = make_device_pool(spec, 40), make_host_pool(spec, 30, "layer_first")
-    copier = StagedCopier("cpu", buffer_bytes=1 << 16)
-    pairs = load_pairs(host, device.pool, 0)
-    src, dst = random_ids(20, 0, 30), random_ids(20, 0, 40)
-    check_copy(pairs, src, dst, device.roots, lambda: copier.to_device_groups([pairs], src, dst, unit_rows=4))
-    assert (copier.lag.units, copier.lag.starved) == (0, 0)
+               lambda: copier.to_host(pairs, pages, slots))
 
 
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
-@pytest.mark.parametrize("pitched", [False, True])
 @pytest.mark.parametrize("buffer_bytes", [THREE_BLOCK_ROWS, 5 * 2624 + 11, 1 << 20])
-def test_a_units_first_pair_pair_count_and_stage_rows_name_its_staging_layout(layout, pitched, buffer_bytes):
+def test_a_units_first_pair_pair_count_and_stage_rows_name_its_staging_layout(layout, buffer_bytes):
     """The ring keeps a unit's kernel table by (slot, first pair, pairs, ``stage_rows``) across
     calls, so across calls of any size and slots those must fix the unit's staging layout (and
     pairs must be consecutive, as ``_table`` reads them); units whose layout follows the call's
@@ -466,7 +333,7 @@ def test_a_units_first_pair_pair_count_and_stage_rows_name_its_staging_layout(la
     layouts, seen = {}, 0
     for count in (1, 7, 11, 20, 36):
         for slots in (random_ids(count, 0, NUM_SLOTS), adjacent_ids(count, 0, NUM_SLOTS)):
-            units = copier._units(host_views, *_sorted_runs(slots), pitched=pitched)
+            units = copier._units(host_views, *_sorted_runs(slots))
             for unit in units:
                 assert unit.pairs == list(range(unit.pairs[0], unit.pairs[0] + len(unit.pairs)))
                 if unit.stage_rows is None:  # a dense unit short of a full one's rows: not kept

@@ -1,6 +1,7 @@
-"""The probes' byte checks (``transfer_gpu.backup_copies_every_byte`` / ``load_copies_every_byte``,
-shared by the serving and short-runs probes) on CPU pools: true after a transfer that copied every
-byte, false where one page was not copied, so a GPU run cannot time a wrong candidate."""
+"""The GPU benchmark's byte checks (``transfer_gpu.backup_copies_every_byte`` /
+``load_copies_every_byte``, run on every path before anything is timed) on CPU pools: true after a
+transfer that copied every byte, false where one page was not copied, so a GPU run cannot time a
+wrong path."""
 
 from __future__ import annotations
 
@@ -51,3 +52,18 @@ def test_issue_pair_issues_in_the_order_it_names():
         issued = []
         handles = tg.issue_pair(lambda: issued.append("load") or "L", lambda: issued.append("backup") or "B", order)
         assert issued == expected and sorted(handles) == ["B", "L"]
+
+
+def test_check_paths_names_the_engine_that_lost_a_page():
+    """The benchmark's gate: every engine but the reference checked for both ops and both kinds of
+    slots, one row each, and only the broken engine's rows fail."""
+    spec = small_specs()["nsa"]
+    device, host = make_device_pool(spec, 20), make_host_pool(spec, 16, "page_first")
+    engines = {("page_first", "kernel"): TransferEngine(device.pool, host, path="kernel"),
+               ("page_first", "staged"): DropsOnePage(TransferEngine(device.pool, host, path="staged")),
+               ("page_first", "torch"): DropsOnePage(TransferEngine(device.pool, host, path="torch"))}
+    slot_sets = {"runs": [torch.arange(3, 7)], "scattered": [torch.tensor([9, 2, 14, 5])]}
+    checks = tg.check_paths(engines, device.pool, {"page_first": host}, torch.tensor([3, 7, 1, 12]), slot_sets)
+    assert {(c["path"], c["op"], c["slots"]) for c in checks} == {
+        (path, op, slots) for path in ("kernel", "staged") for op in ("backup", "load") for slots in ("runs", "scattered")}
+    assert all(c["ok"] == (c["path"] == "kernel") for c in checks)

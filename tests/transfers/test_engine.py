@@ -7,7 +7,6 @@ streams and per-layer waits on a real device.
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 
 import torch
 
@@ -22,9 +21,7 @@ from tiered_kv.transfers.engine import (  # noqa: E402
     COPY_PATHS,
     BackupHandle,
     LoadHandle,
-    MIXED_LOADS_BESIDE_BACKUP,
     PATHS,
-    SINGLE_LAYER_WITHOUT_BATCH,
     CopyPath,
     LoadSplit,
     TransferEngine,
@@ -34,6 +31,9 @@ from tiered_kv.transfers.engine import (  # noqa: E402
 )
 from tiered_kv.transfers.policy import (  # noqa: E402
     AUTO_PATHS,
+    KERNEL_LOADS,
+    MIXED_LOADS_BESIDE_BACKUP,
+    SINGLE_LAYER_WITHOUT_BATCH,
     MIXED_BACKUPS,
     MIXED_BACKUPS_BESIDE_LOAD,
     SCATTERED_LOADS,
@@ -45,7 +45,7 @@ from tiered_kv.transfers.policy import (  # noqa: E402
     issue_threads,
 )
 
-from ..kernels.pools import check_copy, make_device_pool, make_host_pool, random_ids, small_specs  # noqa: E402
+from ..kernels.pools import check_copy, make_device_pool, make_host_pool, random_ids, small_specs, spans  # noqa: E402
 
 SPECS = small_specs()
 GPU = torch.cuda.is_available()
@@ -78,7 +78,7 @@ def test_load_every_path_layer_by_layer(path, layout):
     for layer in range(host.spec.num_layers):
         handles = []
         check_copy(load_pairs(host, device.pool, layer), slots, pages, device.roots,
-                   lambda: handles.append(engine.load_layer(slots, pages, layer)))
+                   lambda: handles.append(engine.load(slots, pages, layers=[layer])))
         handle = handles[0]
         assert handle.done() and handle.layers == (layer,)
         handle.wait_layer(layer)  # complete on CPU: returns at once
@@ -100,14 +100,13 @@ def test_load_all_layers_covers_every_component(path, layout):
 
 SPLITS = {
     "components": LoadSplit(by="components"),
-    "components_streams_units": LoadSplit(by="components", copy_streams=2, unit_rows=2, staging_ctas=3),
-    "pages_streams_units": LoadSplit(0.5, copy_streams=3, unit_rows=3),
-    "all_ce_streams": LoadSplit(1.0, copy_streams=2),
+    "components_scatter_ctas": LoadSplit(by="components", staging_ctas=3),
+    "pages": LoadSplit(0.5),
+    "all_ce": LoadSplit(1.0),
     "components_blocks": LoadSplit(by="components", layers_per_copy=2),
-    "pages_blocks": LoadSplit(0.5, layers_per_copy=3, unit_rows=4),
+    "pages_blocks": LoadSplit(0.5, layers_per_copy=3),
     "components_batch": LoadSplit(by="components", ce_path="batch"),
     "pages_batch": LoadSplit(0.5, ce_path="batch"),
-    "components_batch_streams": LoadSplit(by="components", ce_path="batch", copy_streams=3),
     "all_batch": LoadSplit(1.0, ce_path="batch"),
     "whole_slots": LoadSplit(1.0, layers_per_copy=1000),
     "ramp_blocks": LoadSplit(1.0, layers_per_copy=4, ramp=True),
@@ -115,10 +114,10 @@ SPLITS = {
     "kernel_and_ce_blocks_differ": LoadSplit(0.5, layers_per_copy=2, kernel_blocks=3, ramp=True),
     "components_kernel_blocks": LoadSplit(by="components", kernel_blocks=2),
     "head_then_ramp_step_blocks": LoadSplit(0.5, layers_per_copy=3, kernel_blocks=2, ramp=True, ramp_step=1, head_layers=2),
-    "head_then_components": LoadSplit(by="components", head_layers=1, kernel_ctas=2),
+    "head_then_components": LoadSplit(by="components", head_layers=1),
     "head_then_batch": LoadSplit(0.5, ce_path="batch", head_layers=3),
     "head_longer_than_the_load": LoadSplit(1.0, head_layers=99),
-    "kernel_half_large_tile": LoadSplit(0.5, kernel_tile=512, kernel_ctas=2, head_layers=1),
+    "head_then_lead_blocks_in_waves": LoadSplit(1.0, layers_per_copy=2, head_layers=1, lead_blocks=2, plan_wave=1),
 }
 
 
@@ -126,7 +125,7 @@ SPLITS = {
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
 @pytest.mark.parametrize("split", sorted(SPLITS))
 def test_mixed_load_splits(split, layout, spec_name):
-    """Every way of splitting a mixed load (components, copy streams, units) copies every byte once."""
+    """Every way of splitting a mixed load (components, pages, blocks, heads) copies every byte once."""
     device, host = _pools(spec_name, layout)
     engine = TransferEngine(device.pool, host, path="mixed", options=TransferOptions(load_split=SPLITS[split]))
     slots, pages = random_ids(9, 0, 16), random_ids(9, 1, 20)
@@ -134,7 +133,7 @@ def test_mixed_load_splits(split, layout, spec_name):
     check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages))
     layer = host.spec.num_layers - 1
     check_copy(load_pairs(host, device.pool, layer), slots, pages, device.roots,
-               lambda: engine.load_layer(slots, pages, layer))
+               lambda: engine.load(slots, pages, layers=[layer]))
 
 
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
@@ -151,7 +150,7 @@ def test_mixed_backup_splits_pages_between_copy_engines_and_kernel(fraction, lay
 
 
 @pytest.mark.parametrize("split", [None, LoadSplit(kernel_blocks=4), LoadSplit(kernel_blocks=3, ramp=True),
-                                   LoadSplit(kernel_blocks=2, ramp=True, ramp_step=2, kernel_tile=1024, kernel_ctas=3)])
+                                   LoadSplit(kernel_blocks=2, ramp=True, ramp_step=2)])
 def test_kernel_loads_in_blocks_of_layers_copy_every_layer(split):
     """The kernel path launches blocks of layers (default ``KERNEL_LOADS``); every layer of a
     load of 9 layers, or of some layers in another order, lands whatever the blocks."""
@@ -290,21 +289,22 @@ def test_head_layers_go_through_the_kernel_before_the_rest(monkeypatch, head, ex
     assert calls == [("staged", [3], 0)]
 
 
-def test_kernel_knobs_of_a_split_and_the_options_precedence():
-    """A split's ``kernel_ctas`` is the kernel half's budget unless the options set ``num_ctas`` (a
-    user's override wins); ``kernel_tile`` picks the launch's tile and its warps."""
-    from tiered_kv.transfers.engine import _Load, _tile_args
+@pytest.mark.parametrize("num_ctas", [None, 3])
+def test_the_options_cta_budget_reaches_every_kernel_launch_of_a_load(monkeypatch, num_ctas):
+    """``TransferOptions.num_ctas`` is the budget of a load's UVA launches, its head's and its
+    kernel half's alike (None: each launch's measured default)."""
+    from tiered_kv.kernels import uva_copy
 
+    budgets = []
+    launch = uva_copy.launch_uva
+    monkeypatch.setattr(uva_copy, "launch_uva", lambda *a, **k: budgets.append(k["num_ctas"]) or launch(*a, **k))
     device, host = _pools("nsa", "page_first")
-    engine = TransferEngine(device.pool, host)
-    copy = PageCopy(torch.arange(1, 3), torch.arange(2))
-    split = LoadSplit(kernel_ctas=6, kernel_tile=16384)
-    assert _Load(engine, [0], copy, split, TransferOptions()).kernel_ctas == 6
-    assert _Load(engine, [0], copy, split, TransferOptions(num_ctas=3)).kernel_ctas == 3
-    assert _Load(engine, [0], copy, LoadSplit(), TransferOptions()).kernel_ctas is None
-    assert _tile_args(None) == {}
-    assert _tile_args(16384) == {"block": 16384, "num_warps": 16}
-    assert _tile_args(4096) == {"block": 4096, "num_warps": 8}
+    split = LoadSplit(by="components", head_layers=1)
+    engine = TransferEngine(device.pool, host, path="mixed", options=TransferOptions(load_split=split, num_ctas=num_ctas))
+    slots, pages = random_ids(9, 0, 16), random_ids(9, 1, 20)
+    pairs = [pair for layer in range(host.spec.num_layers) for pair in load_pairs(host, device.pool, layer)]
+    check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages))
+    assert len(budgets) == host.spec.num_layers and set(budgets) == {num_ctas}
 
 
 def test_component_split_sends_the_largest_component_to_the_copy_engines():
@@ -321,10 +321,9 @@ def test_component_split_sends_the_largest_component_to_the_copy_engines():
     assert len(k_slots) == 4 and len(s_slots) == 6 and not set(k_slots.tolist()) & set(s_slots.tolist())
 
 
-@pytest.mark.parametrize("bad", [{"by": "layers"}, {"ce_fraction": 1.5}, {"copy_streams": 0}, {"copy_streams": 99},
-                                 {"unit_rows": 0}, {"layers_per_copy": 0}, {"kernel_blocks": 0}, {"ce_path": "dma"},
-                                 {"head_layers": -1}, {"ramp_step": 0}, {"ramp_step": 2}, {"kernel_ctas": 0}, {"kernel_tile": 1000},
-                                 {"kernel_tile": 128}])
+@pytest.mark.parametrize("bad", [{"by": "layers"}, {"ce_fraction": 1.5}, {"staging_ctas": 0}, {"layers_per_copy": 0},
+                                 {"kernel_blocks": 0}, {"ce_path": "dma"}, {"head_layers": -1}, {"ramp_step": 0},
+                                 {"ramp_step": 2}, {"lead_blocks": 0}, {"plan_wave": 0}, {"minor_lead_groups": 1}])
 def test_load_split_rejects_nonsense(bad):
     with pytest.raises(ConfigError, match="LoadSplit"):
         LoadSplit(**bad)
@@ -332,17 +331,15 @@ def test_load_split_rejects_nonsense(bad):
 
 def test_component_blocks_make_one_wide_row_per_page_first_slot():
     """Latent chunks of adjacent layers sit side by side in a page_first slot: one span, one copy."""
-    from tiered_kv.kernels.staged_copy import _spans
-
     device, host = _pools("nsa", "page_first")
     latent = [load_pairs(host, device.pool, layer)[0][0] for layer in (0, 1)]
-    assert _spans(latent) == [(latent[0].data_ptr(), 2 * latent[0].shape[1])]
+    assert spans(latent) == [(latent[0].data_ptr(), 2 * latent[0].shape[1])]
     # Both components of a block of layers: one latent and one indexer piece per slot.
     assert host.spec.num_layers > 2
     block = [pair[0] for layer in (0, 1) for pair in load_pairs(host, device.pool, layer)]
-    assert [width for _, width in _spans(block)] == [2 * block[0].shape[1], 2 * block[1].shape[1]]
+    assert [width for _, width in spans(block)] == [2 * block[0].shape[1], 2 * block[1].shape[1]]
     device, host = _pools("nsa", "layer_first")  # dense rows already; no span across layers
-    assert _spans([load_pairs(host, device.pool, layer)[0][0] for layer in (0, 1)]) is None
+    assert spans([load_pairs(host, device.pool, layer)[0][0] for layer in (0, 1)]) is None
 
 
 def test_empty_transfers_complete():
@@ -398,8 +395,6 @@ def test_layer_indices_are_ints_only():
     for bad in (True, 1.5, "1", None):
         with pytest.raises(IndexValidationError, match="layer"):
             engine.load([1], [5], layers=[bad])
-        with pytest.raises(IndexValidationError, match="layer"):
-            engine.load_layer([1], [5], bad)
     with pytest.raises(IndexValidationError, match="layers"):
         engine.load([1], [5], layers="01")
     with pytest.raises(IndexValidationError, match="layers"):
@@ -433,22 +428,24 @@ def test_unknown_path_is_rejected():
 
 
 def test_auto_rule_follows_runs():
-    scattered = torch.tensor([9, 2, 7, 4, 0, 12], dtype=torch.int64)
+    """Host slots and device pages in one run skip the staging hop; host runs with scattered pages
+    go through the copy engines (staged backups, mixed loads), in both layouts."""
     run = torch.arange(100, 164)
-    for to_host in (True, False):
-        assert choose_path(scattered, torch.arange(1, 7), to_host=to_host) == "kernel"
-        assert choose_path(run, torch.arange(1, 65), to_host=to_host) == "direct"
-    assert choose_path(run, torch.randperm(64) + 1, to_host=True) == "staged"
-    assert choose_path(run, torch.randperm(64) + 1, to_host=False) == "mixed"
-    # One layer from scattered slots: one batch call costs the same for any slots.
-    assert choose_path(scattered, torch.arange(1, 7), to_host=False, single_layer_batch=True) == "mixed"
-    assert choose_path(scattered, torch.arange(1, 7), to_host=True, single_layer_batch=True) == "kernel"
+    for dense in (False, True):
+        def auto(pages, *, to_host, single=False):
+            return choose_path(run, pages, to_host=to_host, dense_host_rows=dense, single_layer=single, has_batch=True)
+
+        for to_host in (True, False):
+            assert auto(torch.arange(1, 65), to_host=to_host) == "direct"
+        assert auto(torch.randperm(64) + 1, to_host=True) == "staged"
+        assert auto(torch.randperm(64) + 1, to_host=False) == "mixed"
+        assert auto(torch.randperm(64) + 1, to_host=False, single=True) == "mixed"
 
 
 def test_auto_rule_for_scattered_slots_follows_the_host_layout():
     """Scattered slots: page_first through the staging ring (whole-slot or layer-block rows),
     layer_first backups and loads mixed (kernel + batched copies, the kernel alone without
-    batched copies); runs as before."""
+    batched copies); runs through the copy engines."""
     scattered, pages = torch.randperm(64)[:32] * 2, torch.randperm(32) + 1
     run = torch.arange(100, 132)
 
@@ -489,7 +486,7 @@ def test_scattered_splits_follow_the_policy():
     assert split(num_layers=1) == LoadSplit(by="components", ce_path="batch")  # one layer: as with runs
     assert split(scattered=False, backup_in_flight=True) == MIXED_LOADS_BESIDE_BACKUP[False]
     assert split(options=TransferOptions(ce_fraction=0.3)).ce_fraction == 0.3
-    mine = LoadSplit(0.5, copy_streams=2)
+    mine = LoadSplit(0.5, layers_per_copy=2)
     assert split(options=TransferOptions(load_split=mine)) == mine
     # Batch loads of several layers get library issue threads unless the options say otherwise.
     assert issue_threads("batch", 61, TransferOptions()) > 0
@@ -500,9 +497,8 @@ def test_scattered_splits_follow_the_policy():
     assert issue_threads("kernel", 61, TransferOptions(issue_threads=2)) == 2
 
 
-@pytest.mark.parametrize("bad", [{"ce_fraction": -0.1}, {"backup_ce_fraction": 1.5}, {"num_ctas": 0}, {"issue_threads": -1}, {"issue_threads": 99},
-                                 {"pitched_batch": "yes"}, {"pitched_batch": 1}, {"backup_plan_wave": -1},
-                                 {"backup_plan_wave": 1.5}, {"backup_plan_wave": True}])
+@pytest.mark.parametrize("bad", [{"ce_fraction": -0.1}, {"backup_ce_fraction": 1.5}, {"num_ctas": 0}, {"issue_threads": -1},
+                                 {"issue_threads": 99}, {"batch_flags": -1}, {"beside_compute": 1}])
 def test_options_reject_nonsense(bad):
     with pytest.raises(ConfigError, match="TransferOptions"):
         TransferOptions(**bad)
@@ -539,22 +535,6 @@ def test_scattered_auto_splits_copy_every_byte(layout):
     slots, pages = torch.randperm(16)[:9], random_ids(9, 1, 20)
     pairs = [pair for layer in range(host.spec.num_layers) for pair in load_pairs(host, device.pool, layer)]
     check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages))
-
-
-@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
-@pytest.mark.parametrize("path", ["staged", "mixed"])
-def test_pitched_batch_option_copies_every_byte(path, layout):
-    """``TransferOptions(pitched_batch=True)``: staged loads in blocks of layers and staged
-    backups with scattered slots, the copy-engine copies folded across layers (CPU: torch views
-    run the folded copies)."""
-    device, host = _pools("nsa", layout)
-    options = TransferOptions(load_split=LoadSplit(1.0, layers_per_copy=2, ramp=True), pitched_batch=True)
-    engine = TransferEngine(device.pool, host, path=path, options=options)
-    slots, pages = torch.randperm(16)[:9], random_ids(9, 1, 20)
-    pairs = [pair for layer in range(host.spec.num_layers) for pair in load_pairs(host, device.pool, layer)]
-    check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages))
-    if path == "staged":
-        check_copy(backup_pairs(device.pool, host), pages, slots, [host.buffer], lambda: engine.backup(pages, slots))
 
 
 # --- GPU ------------------------------------------------------------------------------------------
@@ -616,8 +596,7 @@ def test_gpu_split_loads_wait_layer(split, layout):
     spec = nsa_spec(num_layers=6, page_size=64)
     device = make_device_pool(spec, 300, "cuda")
     host = make_host_pool(spec, 260, layout)
-    split = SPLITS[split] if SPLITS[split].unit_rows is None else replace(SPLITS[split], unit_rows=64)
-    engine = TransferEngine(device.pool, host, path="mixed", options=TransferOptions(load_split=split))
+    engine = TransferEngine(device.pool, host, path="mixed", options=TransferOptions(load_split=SPLITS[split]))
     slots, pages = torch.arange(3, 259), random_ids(256, 1, 300)
     load_and_check_each_layer(engine, host, device.pool, slots, pages, spec.num_layers)
     host.close()
@@ -693,16 +672,16 @@ def test_mixed_loads_leave_the_link_to_copy_engines_while_a_backup_runs():
     assert engine._load_split(3).by == "components" and 0 < engine._load_split(3).ce_fraction < 1
     assert engine._load_split(3).ce_path == "staged"
     assert engine._load_split(1) == LoadSplit(by="components", ce_path="batch")
-    engine._has_batch = False  # a CUDA runtime before 12.8: the staged split of before
-    assert engine._load_split(1) == SINGLE_LAYER_WITHOUT_BATCH[False] and 0 < engine._ce_fraction(1) < 1
+    engine._has_batch = False  # a CUDA runtime before 12.8: a staged page share
+    assert engine._load_split(1) == SINGLE_LAYER_WITHOUT_BATCH[False] and 0 < engine._load_split(1).ce_fraction < 1
     engine._last_backup = BackupHandle(_Running(), None, "mixed")  # a backup still copying
     # Beside a backup: copy engines only, page_first rows in blocks of layers.
     assert engine._load_split(3) == MIXED_LOADS_BESIDE_BACKUP[False]
     assert engine._load_split(3).ce_fraction == 1.0 and engine._load_split(3).layers_per_copy > 1
     share = TransferOptions(ce_fraction=0.3)
-    assert engine._ce_fraction(3, share) == 0.3 and engine._load_split(3, share).by == "pages"
-    split = TransferOptions(load_split=LoadSplit(by="components", copy_streams=2))
-    assert engine._load_split(3, split) == LoadSplit(by="components", copy_streams=2)
+    assert engine._load_split(3, share).ce_fraction == 0.3 and engine._load_split(3, share).by == "pages"
+    split = TransferOptions(load_split=LoadSplit(by="components", layers_per_copy=2))
+    assert engine._load_split(3, split) == LoadSplit(by="components", layers_per_copy=2)
 
 
 @gpu
@@ -754,35 +733,6 @@ def test_gpu_auto_with_scattered_slots(layout, op):
     host.close()
 
 
-@gpu
-@pytest.mark.gpu
-@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
-def test_gpu_pitched_batch_loads_and_backups(layout, monkeypatch):
-    """Pitched ops in ``cudaMemcpy3DBatchAsync`` on the H200: scattered slots, blocks of layers,
-    every layer right after ``wait_layer``, and a staged backup byte for byte."""
-    from tiered_kv.kernels import cudart
-
-    if not cudart.has_memcpy_3d_batch():
-        pytest.skip("cudaMemcpy3DBatchAsync needs CUDA 12.8+ (pitched_batch would fall back unseen)")
-    calls = []
-    real = cudart.memcpy_3d_batch_async
-    monkeypatch.setattr(cudart, "memcpy_3d_batch_async", lambda ops, stream: (calls.append(len(ops)), real(ops, stream)))
-    spec = nsa_spec(num_layers=12, page_size=64)
-    device = make_device_pool(spec, 1100, "cuda")
-    host = make_host_pool(spec, 1024, layout)
-    options = TransferOptions(load_split=LoadSplit(1.0, layers_per_copy=4, ramp=True), pitched_batch=True)
-    engine = TransferEngine(device.pool, host, path="staged", options=options)
-    slots, pages = torch.randperm(1024)[:512], random_ids(512, 1, 1100)
-    load_and_check_each_layer(engine, host, device.pool, slots, pages, spec.num_layers)
-    back = torch.randperm(1024)[:512]
-    engine.backup(pages, back).synchronize()
-    for layer in range(spec.num_layers):
-        for ci in range(2):
-            assert torch.equal(host.chunk_view(ci, layer)[back], device.pool.chunk_view(ci, layer)[pages.cuda()].cpu())
-    assert calls, "no cudaMemcpy3DBatchAsync ran: the pitched path was not taken"
-    host.close()
-
-
 def test_handle_event_refuses_layers_not_loaded():
     """``LoadHandle.event`` checks its layer as ``wait_layer`` and ``layer_done`` do (on a GPU it
     raised KeyError for a layer not loaded; on CPU it answered None for anything); the message of
@@ -822,19 +772,17 @@ def test_options_that_are_not_transfer_options_are_refused(options):
 
 @pytest.mark.parametrize(("field", "value"), [
     ("ce_fraction", "0.5"), ("ce_fraction", None), ("ce_fraction", True),
-    ("copy_streams", 1.5), ("copy_streams", "2"), ("copy_streams", True),
-    ("unit_rows", 2.5), ("unit_rows", "4"), ("staging_ctas", 0), ("staging_ctas", "x"),
+    ("staging_ctas", 0), ("staging_ctas", "x"), ("staging_ctas", 1.5), ("staging_ctas", True),
     ("layers_per_copy", 1.5), ("kernel_blocks", 2.0), ("ramp", "yes"), ("ramp", None),
-    ("ramp_step", 1.5), ("head_layers", 1.5), ("head_layers", "1"), ("kernel_ctas", 1.5), ("kernel_ctas", "2"),
-    ("kernel_tile", 512.0), ("kernel_tile", "512"), ("issue_halves", 2.0),
-    ("lead_blocks", 0), ("lead_blocks", 1.5), ("lead_blocks", "2"), ("body_ramp", "no"), ("body_ramp", 0),
-    ("head_ramp_step", "8"), ("head_ramp_step", 1.5), ("head_ctas", 1.5), ("head_ctas", "4"),
-    ("body_after_head", None), ("body_after_head", 1),
+    ("ramp_step", 1.5), ("head_layers", 1.5), ("head_layers", "1"),
+    ("lead_blocks", 0), ("lead_blocks", 1.5), ("lead_blocks", "2"),
+    ("head_ramp_step", "8"), ("head_ramp_step", 1.5),
     ("plan_wave", 0), ("plan_wave", 1.5), ("plan_wave", "2"), ("plan_wave", True),
+    ("minor_layers_per_copy", 0), ("minor_layers_per_copy", "8"), ("minor_lead_groups", 1.5),
 ])
 def test_load_split_fields_of_wrong_types_are_config_errors(field, value):
-    """A ``LoadSplit`` field of the wrong type is a ConfigError naming the field (it was a bare
-    TypeError, or taken and failing deep inside a load: a float count, a bool fraction)."""
+    """A ``LoadSplit`` field of the wrong type is a ConfigError naming the field, not a bare
+    TypeError, nor taken and failing deep inside a load (a float count, a bool fraction)."""
     with pytest.raises(ConfigError, match=f"LoadSplit.{field}"):
         LoadSplit(**{field: value})
 
@@ -843,7 +791,7 @@ def test_load_split_fields_of_wrong_types_are_config_errors(field, value):
     ("load_split", "x"), ("load_split", {}), ("ce_fraction", "0.5"), ("ce_fraction", True),
     ("backup_ce_fraction", "1"), ("batch_flags", "0"), ("batch_flags", -1), ("batch_flags", 1.5),
     ("batch_flags", None), ("batch_flags", True), ("num_ctas", 1.5), ("num_ctas", "2"), ("num_ctas", True),
-    ("device_tables", 1), ("device_tables", "yes"),
+    ("issue_threads", 2.0), ("issue_threads", "2"), ("beside_compute", 1), ("beside_compute", "yes"),
 ])
 def test_transfer_options_fields_of_wrong_types_are_config_errors(field, value):
     """The same for ``TransferOptions`` (and the engine's ``num_ctas``, which goes through it)."""
@@ -859,12 +807,14 @@ def test_load_split_and_options_keep_valid_values():
     """Ints stay ints (numpy ints and 0-d tensors become Python ints), fractions floats."""
     import numpy as np
 
-    split = LoadSplit(ce_fraction=1, copy_streams=np.int64(2), head_layers=torch.tensor(1), ramp=True, ramp_step=2,
-                      kernel_tile=512, staging_ctas=4)
-    assert (split.ce_fraction, split.copy_streams, split.head_layers) == (1.0, 2, 1)
-    assert type(split.copy_streams) is int and type(split.head_layers) is int
-    options = TransferOptions(load_split=split, ce_fraction=0, num_ctas=np.int32(3), batch_flags=0)
+    split = LoadSplit(ce_fraction=1, layers_per_copy=np.int64(2), head_layers=torch.tensor(1), ramp=True, ramp_step=2,
+                      staging_ctas=4)
+    assert (split.ce_fraction, split.layers_per_copy, split.head_layers) == (1.0, 2, 1)
+    assert type(split.layers_per_copy) is int and type(split.head_layers) is int
+    options = TransferOptions(load_split=split, ce_fraction=0, num_ctas=np.int32(3), batch_flags=0,
+                              issue_threads=np.int64(2))
     assert options.num_ctas == 3 and type(options.num_ctas) is int and options.ce_fraction == 0.0
+    assert options.issue_threads == 2 and type(options.issue_threads) is int
 
 
 def test_uint64_ids_beyond_int64_are_named_as_such():
@@ -923,45 +873,14 @@ def test_gpu_engine_after_its_host_pool_closed_raises_pool_error():
 
 
 
-# --- kernel tables kept on the device, ids through a pinned ring (``TransferOptions.device_tables``) --
-
-DEVICE_TABLE_CASES = [
-    ("kernel", None),
-    ("mixed", LoadSplit(0.8, layers_per_copy=4, kernel_blocks=4, ramp=True, ramp_step=2, head_layers=3, body_ramp=False)),
-    ("mixed", LoadSplit(0.6, by="components", head_layers=2, ramp=True)),
-]
-
+# --- a head's kernel tables kept on the device, ids through a pinned ring -----------------------
 
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
-@pytest.mark.parametrize(("path", "split"), DEVICE_TABLE_CASES, ids=["kernel", "mixed pages", "mixed components"])
-def test_device_tables_load_every_byte_and_upload_each_table_once(layout, path, split):
-    """With ``device_tables`` each block's table is uploaded on first use and kept: a second load
-    of other ids adds no table, reuses the same tensors, and both land every byte."""
-    from tiered_kv.transfers.torch_path import load_pairs
-
-    spec = nsa_spec(num_layers=9, page_size=4)
-    device, host = make_device_pool(spec, 20, "cpu"), make_host_pool(spec, 16, layout)
-    options = TransferOptions(load_split=split, device_tables=True)
-    engine = TransferEngine(device.pool, host, path=path, options=options)
-    pairs = [pair for layer in range(9) for pair in load_pairs(host, device.pool, layer)]
-    slots, pages = torch.randperm(16)[:7], random_ids(7, 1, 20)
-    check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages))
-    tables = dict(engine._device_tables)
-    assert tables  # the kernel half's blocks (and the head's)
-    slots, pages = torch.randperm(16)[:5], random_ids(5, 1, 20)
-    check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages))
-    assert engine._device_tables.keys() == tables.keys()
-    assert all(engine._device_tables[k] is t for k, t in tables.items())
-    # A table is the plan's, word for word.
-    for (layers, components), table in tables.items():
-        assert torch.equal(table.cpu(), engine._load_plan(layers, components).table.reshape(-1))
-
-
-@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
-def test_a_heads_tables_stay_on_the_device_without_the_option(layout):
-    """Without ``device_tables`` a load's head still keeps its blocks' tables (its upload is on
-    the caller's path to layer 0): after a load exactly the head's blocks are kept, a second load
-    of other ids reuses them, the body's tables travel with each call, and both land every byte."""
+def test_a_heads_tables_stay_on_the_device(layout):
+    """A load's head keeps its blocks' tables on the device (its upload is on the caller's path to
+    layer 0): after a load exactly the head's blocks are kept, a second load of other ids reuses
+    them, the body's tables travel with each call, and both land every byte; a kept table is the
+    plan's, word for word."""
     from tiered_kv.transfers.torch_path import load_pairs
     from tiered_kv.transfers.engine import _blocks, _head_split
 
@@ -979,6 +898,8 @@ def test_a_heads_tables_stay_on_the_device_without_the_option(layout):
     check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages))
     assert engine._device_tables.keys() == kept.keys()
     assert all(engine._device_tables[k] is t for k, t in kept.items())
+    for (layers, components), table in kept.items():
+        assert torch.equal(table.cpu(), engine._load_plan(layers, components).table.reshape(-1))
 
 
 def test_derived_splits_are_made_once_per_split():
@@ -986,28 +907,14 @@ def test_derived_splits_are_made_once_per_split():
     and each says what it should (the body without the head; the head ramped through the kernel)."""
     from tiered_kv.transfers.engine import _body_split, _head_split
 
-    split = LoadSplit(0.5, head_layers=8, ramp=True, ramp_step=5, head_ctas=24, kernel_tile=8192)
-    assert _body_split(split) is _body_split(LoadSplit(0.5, head_layers=8, ramp=True, ramp_step=5, head_ctas=24,
-                                                       kernel_tile=8192))
+    split = LoadSplit(0.5, head_layers=8, ramp=True, ramp_step=5, head_ramp_step=8)
+    assert _body_split(split) is _body_split(LoadSplit(0.5, head_layers=8, ramp=True, ramp_step=5, head_ramp_step=8))
     assert _body_split(split).head_layers == 0 and _body_split(split).ce_fraction == 0.5
     head = _head_split(split)
     assert head is _head_split(split)
-    assert (head.ramp, head.ramp_step, head.kernel_ctas, head.kernel_tile) == (True, 5, 24, 8192)
+    assert (head.ramp, head.ramp_step, head.kernel_blocks) == (True, 8, KERNEL_LOADS.kernel_blocks)
+    assert _head_split(LoadSplit(head_layers=2, ramp=True, ramp_step=3)).ramp_step == 3
     assert _head_split(LoadSplit(head_layers=2)) is not head
-
-
-@gpu
-@pytest.mark.gpu
-@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
-@pytest.mark.parametrize("path", ["kernel", "mixed", "auto"])
-def test_gpu_device_tables_load_every_byte(layout, path):
-    spec = nsa_spec(num_layers=12, page_size=64)
-    device = make_device_pool(spec, 300, "cuda")
-    host = make_host_pool(spec, 260, layout)
-    engine = TransferEngine(device.pool, host, path=path, options=TransferOptions(device_tables=True))
-    for slots in (torch.arange(3, 259), torch.randperm(260)[:256]):
-        load_and_check_each_layer(engine, host, device.pool, slots, random_ids(256, 1, 300), spec.num_layers)
-    host.close()
 
 
 @gpu
@@ -1034,26 +941,3 @@ def test_gpu_ids_ring_wraps_and_falls_back_without_blocking():
     assert all(torch.equal(o[0].cpu(), torch.full((8,), i)) for i, o in enumerate(outs))
     long = torch.arange(100)
     assert torch.equal(ring.upload([long])[0].cpu(), long) and ring.fallbacks >= 3
-
-
-@pytest.mark.parametrize(("wave", "expected"), [(None, "policy"), (0, None), (1, 1), (3, 3)])
-@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
-def test_staged_backups_hand_the_rings_unit_wave_from_the_options(monkeypatch, layout, wave, expected):
-    """A staged backup asks the ring for waves of ``backup_plan_wave`` units (None: the policy's
-    ``BACKUP_PLAN_WAVE``; 0: one wave) and still writes every byte of its slots."""
-    from tiered_kv.kernels import staged_copy
-    from tiered_kv.transfers.policy import BACKUP_PLAN_WAVE
-
-    device, host = _pools("nsa", layout)
-    engine = TransferEngine(device.pool, host, path="staged")
-    seen, to_host = [], staged_copy.StagedCopier.to_host
-
-    def recorded(self, *args, unit_wave="missing", **kwargs):
-        seen.append(unit_wave)
-        return to_host(self, *args, unit_wave=unit_wave, **kwargs)
-    monkeypatch.setattr(staged_copy.StagedCopier, "to_host", recorded)
-    pages, slots = random_ids(7, 1, 20), random_ids(7, 0, 16)
-    engine.backup(pages, slots, options=TransferOptions(backup_plan_wave=wave)).synchronize()
-    assert seen == [(BACKUP_PLAN_WAVE or None) if expected == "policy" else expected]
-    for d, h in backup_pairs(device.pool, host):
-        assert torch.equal(h[slots], d[pages])

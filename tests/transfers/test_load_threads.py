@@ -1,14 +1,11 @@
-"""What a load hands to library threads: the rest of its head, and the second half of a staged copy.
+"""What a load hands to library threads: the rest of its head, and how its body's blocks are cut.
 
 The head (``KernelPath.start_load``): when the body of a load goes to a library thread, the caller
 launches only the head's first ``CALLER_HEAD_BLOCKS`` blocks and returns; the launches of the rest
 of the head are handed to a second library thread. On CPU the kernel copies at once, so the split
 is visible in the bytes: after ``start_load`` only the first blocks' layers have landed, after the
-returned ``rest`` the whole head, and never a layer outside it.
-
-The halves (``LoadSplit.issue_halves``): the second half of a staged copy's pages goes through its
-own staging ring, issued by a third library thread and joined per block. On CPU both halves run in
-turn (the bytes); with stand-in streams and events the join order and a failed half.
+returned ``rest`` the whole head, and never a layer outside it. The thread and event logic runs
+with stand-in streams and events.
 """
 
 from __future__ import annotations
@@ -69,19 +66,12 @@ def test_start_load_launches_the_first_blocks_and_rest_the_others(blocks, split)
                          ids=["HEAD", "scattered page_first", "scattered layer_first"])
 def test_the_caller_launches_the_first_two_layers_of_auto_s_head(split):
     """With ``HEAD`` (blocks 1, 1, 1, 1, 1, 2, 1), the scattered ``page_first`` split's head
-    (1, 1, 1, 1, 2, 2) and the scattered ``layer_first`` one (8 single layers) the caller's share is layers 0 and 1: the layers a model waits on first,
-    launched before the call returns; the rest of the head is left to a library thread."""
+    (1, 1, 1, 1, 2, 2) and the scattered ``layer_first`` one (8 single layers) the caller's share
+    is layers 0 and 1: the layers a model waits on first, launched before the call returns; the
+    rest of the head is left to a library thread."""
     blocks = _blocks(split.head_layers, _head_split(split), kernel=True)
     assert [layer for b in blocks[:CALLER_HEAD_BLOCKS] for layer in b] == [0, 1]
     assert len(blocks) > CALLER_HEAD_BLOCKS
-
-
-@pytest.mark.parametrize("bad", [0, -1, True, 1.5])
-def test_caller_head_blocks_is_a_positive_int(bad):
-    from tiered_kv import ConfigError
-
-    with pytest.raises(ConfigError, match="caller_head_blocks"):
-        TransferOptions(caller_head_blocks=bad)
 
 
 def _threads_without_cuda(monkeypatch):
@@ -166,152 +156,7 @@ def test_loads_take_the_head_streams_in_turn_and_record_ready_on_their_own(monke
     assert bodies == jobs
 
 
-def test_a_body_not_after_its_head_runs_while_the_head_is_still_launching(monkeypatch):
-    """``body_after_head`` False: ``ready`` is recorded once, on the caller's stream, before the
-    hand-over; the head's thread records nothing, and the body's thread neither waits for the
-    head's launches (here the head blocks until the body has run) nor orders its streams after
-    the head."""
-    import threading
-    import types
-
-    from tiered_kv.transfers.engine import _Issued
-
-    engine, load_streams, bodies = _threads_without_cuda(monkeypatch)
-    job = types.SimpleNamespace(issued=_Issued(), split=LoadSplit(body_after_head=False))
-    caller, ready = FakeStream(), FakeEvent()
-    body_ran, head = threading.Event(), []
-    monkeypatch.setitem(COPY_PATHS, "mixed", types.SimpleNamespace(load=lambda j: (bodies.append(j), body_ran.set())))
-
-    def slow_head() -> None:
-        head.append(body_ran.wait(timeout=10))  # True only if the body ran first
-    try:
-        engine._load_on_threads(job, "mixed", 1, ready, slow_head, FakeStream(), caller)
-        job.issued.wait()
-    finally:
-        engine.close()
-    assert head == [True] and bodies == [job]
-    assert ready.records == [caller]
-    assert all(s.waited == [(ready, 1)] for s in load_streams)
-
-
-def test_body_after_head_is_a_flag():
-    from tiered_kv import ConfigError
-
-    with pytest.raises(ConfigError, match="body_after_head"):
-        LoadSplit(body_after_head=0)
-
-
-# --- the second half of a staged load on its own thread (``LoadSplit.issue_halves``) ----------------
-
-@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
-@pytest.mark.parametrize("path,split", [
-    ("staged", LoadSplit(1.0, layers_per_copy=2, issue_halves=2)),
-    ("mixed", LoadSplit(0.6, layers_per_copy=4, ramp=True, kernel_blocks=4, issue_halves=2)),
-    ("mixed", LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, head_layers=4, issue_halves=2)),
-    ("staged", LoadSplit(1.0, layers_per_copy=2, ramp=True, issue_halves=2, lead_blocks=3)),
-    ("mixed", LoadSplit(0.8, layers_per_copy=4, kernel_blocks=4, ramp=True, head_layers=2, body_ramp=False,
-                        issue_halves=2, lead_blocks=2)),
-    ("staged", LoadSplit(1.0, layers_per_copy=2, ramp=True, issue_halves=2, plan_wave=1)),
-])
-@pytest.mark.parametrize("pages", [1, 2, 7])
-def test_a_load_in_two_halves_lands_every_layer_and_nothing_else(layout, path, split, pages):
-    from ..kernels.pools import check_copy
-    from tiered_kv.transfers.torch_path import load_pairs
-
-    spec = nsa_spec(num_layers=9, page_size=4)
-    device, host = make_device_pool(spec, 20, "cpu"), make_host_pool(spec, 16, layout)
-    engine = TransferEngine(device.pool, host, path=path, options=TransferOptions(load_split=split))
-    slots, pages_ = torch.randperm(16)[:pages], random_ids(pages, 1, 20)
-    pairs = [pair for layer in range(9) for pair in load_pairs(host, device.pool, layer)]
-    check_copy(pairs, slots, pages_, device.roots, lambda: engine.load(slots, pages_))
-    layers = [7, 1, 4]
-    pairs = [pair for layer in layers for pair in load_pairs(host, device.pool, layer)]
-    check_copy(pairs, slots, pages_, device.roots, lambda: engine.load(slots, pages_, layers=layers))
-
-
-@pytest.mark.parametrize("bad", [0, 3, True])
-def test_issue_halves_is_one_or_two(bad):
-    from tiered_kv import ConfigError
-
-    with pytest.raises(ConfigError, match="issue_halves"):
-        LoadSplit(issue_halves=bad)
-
-
-def _half_without_cuda(monkeypatch, fail: bool = False):
-    """A load job whose second half runs on a library thread with stand-in streams and events, its
-    ring's copies replaced by a recorder that reports each group done (or fails)."""
-    import threading
-
-    patch_cuda(monkeypatch)
-    spec = nsa_spec(num_layers=9, page_size=4)
-    device, host = make_device_pool(spec, 20, "cpu"), make_host_pool(spec, 16, "page_first")
-    engine = TransferEngine(device.pool, host)
-    monkeypatch.setattr(engine, "on_gpu", True)
-    engine._half_streams = (FakeStream(), FakeStream())
-    engine._issue_threads(3)
-    calls = []
-
-    def groups_done(groups, host_ids, device_ids, *, copy_stream=None, kernel_stream=None, on_group_done=None, **_):
-        calls.append((threading.current_thread(), len(groups), kernel_stream, copy_stream, len(host_ids)))
-        if fail:
-            raise RuntimeError("cudaMemcpyBatchAsync failed")
-        for g in range(len(groups)):
-            on_group_done(g)
-    monkeypatch.setattr(engine.staging_copier("load_half"), "to_device_groups", groups_done)
-    copy = validate(device.pool, host, random_ids(6, 1, 20), random_ids(6, 0, 16), to_host=False)
-    job = _Load(engine, list(range(9)), copy, LoadSplit(issue_halves=2), TransferOptions(), load_stream=FakeStream())
-    groups = [[pair] for pair in [engine._load_pairs[layer][0] for layer in range(5)]]
-    return engine, job, groups, calls, (copy.host_slots[3:], copy.device_pages[3:])
-
-
-def test_the_other_half_runs_on_its_thread_and_joins_each_group_after_it_landed(monkeypatch):
-    import threading
-
-    engine, job, groups, calls, ids = _half_without_cuda(monkeypatch)
-    try:
-        join = job._other_half(groups, [(0, 1), (1, 5)], ids)
-        for g in range(5):
-            join(g)
-    finally:
-        engine.close()
-    # Two calls into the second ring (the first block, then the rest), from a library thread, on
-    # the half's own streams, with the half's 3 pages.
-    assert [(n, k, c, m) for _, n, k, c, m in calls] == [(1, engine._half_streams[0], [engine._half_streams[1]], 3),
-                                                         (4, engine._half_streams[0], [engine._half_streams[1]], 3)]
-    assert all(thread is not threading.current_thread() for thread, *_ in calls)
-    # The load's stream waits on each group's landing once it was recorded (never on nothing), in order.
-    assert len(job.load_stream.waited) == 5 and all(count == 1 for _, count in job.load_stream.waited)
-    assert len({id(event) for event, _ in job.load_stream.waited}) == 5
-
-
-def test_a_failed_other_half_fails_the_join(monkeypatch):
-    engine, job, groups, calls, ids = _half_without_cuda(monkeypatch, fail=True)
-    try:
-        join = job._other_half(groups, [(0, 1), (1, 5)], ids)
-        with pytest.raises(RuntimeError, match="cudaMemcpyBatchAsync"):
-            join(0)
-    finally:
-        engine.close()
-    assert job.load_stream.waited == []  # nothing joined that never landed
-
-
-# --- the body's blocks after a head (``LoadSplit.body_ramp``) and its lead calls (``lead_blocks``) --
-
-
-@pytest.mark.parametrize("head", [4, 8, 12])
-def test_an_unramped_body_starts_at_full_blocks_and_covers_every_layer_once(head):
-    """With ``body_ramp`` False the body after a head is cut into full blocks from its first layer
-    (each staged block costs its issuing thread about the same whatever its layers); the head and a
-    load without a head still ramp."""
-    split = LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, head_layers=head, body_ramp=False)
-    ramped = replace(split, body_ramp=True)
-    for kernel in (False, True):
-        body = _blocks(61 - head, split, kernel=kernel, offset=head)
-        assert [i for block in body for i in block] == list(range(61 - head))
-        assert [len(b) for b in body[:-1]] == [8] * (len(body) - 1)
-        assert len(_blocks(61 - head, ramped, kernel=kernel, offset=head)[0]) == 1  # ramps again
-        assert len(_blocks(61, split, kernel=kernel)[0]) == 1  # no head: the load itself ramps
-    assert len(_blocks(head, _head_split(split), kernel=True)[0]) == 1
+# --- the body's lead calls (``lead_blocks``) and waves (``plan_wave``) -------------------------------
 
 
 @pytest.mark.parametrize(("lead", "calls"), [(1, [1, 10]), (3, [1, 1, 1, 8]), (20, [1] * 11)])
@@ -339,31 +184,27 @@ def test_lead_blocks_plans_the_first_blocks_one_call_each(monkeypatch, lead, cal
     assert seen == calls and finished == list(range(20))
 
 
-@pytest.mark.parametrize(("lead", "wave", "halves"), [(1, None, 1), (1, 1, 1), (3, 2, 1), (2, 1, 2)])
-def test_staged_half_hands_its_plan_wave_to_every_call_into_the_ring(monkeypatch, lead, wave, halves):
-    """``LoadSplit.plan_wave`` reaches the staging ring's calls (lead blocks and the rest alike),
-    and with ``issue_halves`` 2 the second half's ring as well (on CPU it runs in turn)."""
+@pytest.mark.parametrize(("lead", "wave", "ctas"), [(1, None, None), (1, 1, 16), (3, 2, 32)])
+def test_staged_half_hands_its_plan_wave_and_scatter_ctas_to_every_call_into_the_ring(monkeypatch, lead, wave, ctas):
+    """``LoadSplit.plan_wave`` and ``staging_ctas`` reach the staging ring's calls (lead blocks and
+    the rest alike)."""
     spec = nsa_spec(num_layers=20, page_size=4)
     device, host = make_device_pool(spec, 20, "cpu"), make_host_pool(spec, 16, "page_first")
     engine = TransferEngine(device.pool, host)
-    seen = {"load": [], "load_half": []}
+    seen = []
 
-    def groups_done(ring):
-        def run(groups, host_ids, device_ids, *, on_group_done=None, first_wave="missing", **_):
-            seen[ring].append(first_wave)
-            for g in range(len(groups)):
-                if on_group_done is not None:
-                    on_group_done(g)
-        return run
-    for ring in seen:
-        monkeypatch.setattr(engine.staging_copier(ring), "to_device_groups", groups_done(ring))
+    def run(groups, host_ids, device_ids, *, on_group_done=None, first_wave="missing", num_ctas="missing", **_):
+        seen.append((first_wave, num_ctas))
+        for g in range(len(groups)):
+            if on_group_done is not None:
+                on_group_done(g)
+    monkeypatch.setattr(engine.staging_copier("load"), "to_device_groups", run)
     copy = validate(device.pool, host, random_ids(6, 1, 20), random_ids(6, 0, 16), to_host=False)
-    split = LoadSplit(1.0, layers_per_copy=2, lead_blocks=lead, plan_wave=wave, issue_halves=halves)
+    split = LoadSplit(1.0, layers_per_copy=2, lead_blocks=lead, plan_wave=wave, staging_ctas=ctas)
     job = _Load(engine, list(range(20)), copy, split, TransferOptions())
     monkeypatch.setattr(job, "finish_layer", lambda index: None)
     job.staged_half((copy.host_slots, copy.device_pages), (0, 1))
-    assert seen["load"] == [wave] * (lead + 1)
-    assert seen["load_half"] == ([wave] * (lead + 1) if halves == 2 else [])
+    assert seen == [(wave, ctas)] * (lead + 1)
 
 
 def test_a_kernel_half_without_pages_plans_and_uploads_nothing(monkeypatch):
@@ -385,22 +226,18 @@ def test_a_kernel_half_without_pages_plans_and_uploads_nothing(monkeypatch):
 
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
 @pytest.mark.parametrize("split", [
-    LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, head_layers=8, body_ramp=False),
-    LoadSplit(0.8, layers_per_copy=4, kernel_blocks=4, ramp=True, head_layers=2, body_ramp=False, lead_blocks=3),
+    LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, head_layers=8),
+    LoadSplit(0.8, layers_per_copy=4, kernel_blocks=4, ramp=True, head_layers=2, lead_blocks=3),
     LoadSplit(1.0, layers_per_copy=2, ramp=True, lead_blocks=4),
-    LoadSplit(0.8, layers_per_copy=4, kernel_blocks=4, ramp=True, ramp_step=2, head_layers=6, head_ramp_step=6,
-              head_ctas=5),
-    replace(tp.SCATTERED_LOADS[False], body_after_head=False),
-    replace(tp.SCATTERED_LOADS[True], body_after_head=False),
-    replace(tp.SCATTERED_LOADS[False], plan_wave=1),
-    replace(tp.MIXED_LOADS[(False, True)], plan_wave=1),
+    LoadSplit(0.8, layers_per_copy=4, kernel_blocks=4, ramp=True, ramp_step=2, head_layers=6, head_ramp_step=6),
+    tp.SCATTERED_LOADS[False],
+    tp.SCATTERED_LOADS[True],
     replace(tp.MIXED_LOADS[(True, True)], plan_wave=2, lead_blocks=2),
-], ids=["head 8 unramped", "head 2 unramped lead 3", "lead 4", "head's own ramp and ctas",
-        "pf scattered, body beside the head", "lf scattered, body beside the head",
-        "pf scattered, waves of 1", "pf runs, waves of 1", "lf runs, lead 2, waves of 2"])
+], ids=["head 8", "head 2 lead 3", "lead 4", "head's own ramp", "pf scattered", "lf scattered",
+        "lf runs, lead 2, waves of 2"])
 def test_loads_of_these_splits_land_every_byte(layout, split):
-    """Loads with an unramped body, lead blocks, the head's own ramp and CTAs, or the body beside
-    the head (on CPU only the bytes: the ordering is tested with stand-in streams above)."""
+    """Loads with a head, lead blocks, the head's own ramp, or waves (on CPU only the bytes: the
+    ordering is tested with stand-in streams above)."""
     from ..kernels.pools import check_copy
     from tiered_kv.transfers.torch_path import load_pairs
 
@@ -412,20 +249,21 @@ def test_loads_of_these_splits_land_every_byte(layout, split):
     check_copy(pairs, slots, pages, device.roots, lambda: engine.load(slots, pages))
 
 
-def test_a_ramp_step_body_continues_the_heads_ramp_whatever_body_ramp_says():
+def test_a_ramp_step_body_continues_the_heads_ramp():
     """With ``ramp_step`` the body's blocks grow with the layer's index in the whole load (one
-    layer more every ``ramp_step`` layers), continuing the head's ramp: ``body_ramp`` changes
-    nothing."""
-    for body_ramp in (True, False):
-        split = LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, ramp_step=4, head_layers=8,
-                          body_ramp=body_ramp)
-        body = _blocks(53, split, offset=8)
-        assert [i for block in body for i in block] == list(range(53))
-        assert [len(b) for b in body] == [min(8, 1 + (8 + b[0]) // 4) for b in body][:-1] + [len(body[-1])]
-        assert len(body[0]) == 3 and len(_blocks(8, _head_split(split), kernel=True)[0]) == 1
+    layer more every ``ramp_step`` layers), continuing the head's ramp; a doubling ramp starts
+    again at one layer after the head."""
+    split = LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, ramp_step=4, head_layers=8)
+    body = _blocks(53, split, offset=8)
+    assert [i for block in body for i in block] == list(range(53))
+    assert [len(b) for b in body] == [min(8, 1 + (8 + b[0]) // 4) for b in body][:-1] + [len(body[-1])]
+    assert len(body[0]) == 3 and len(_blocks(8, _head_split(split), kernel=True)[0]) == 1
+    doubling = LoadSplit(0.8, layers_per_copy=8, kernel_blocks=8, ramp=True, head_layers=8)
+    for kernel in (False, True):
+        assert [len(b) for b in _blocks(53, doubling, kernel=kernel, offset=8)][:5] == [1, 2, 4, 8, 8]
 
 
-# --- the head's own ramp and CTAs (``LoadSplit.head_ramp_step``, ``head_ctas``) ---------------------
+# --- the head's own ramp (``LoadSplit.head_ramp_step``) -------------------------------------------
 def test_auto_s_scattered_layer_first_head_is_single_layers():
     split = tp.SCATTERED_LOADS[True]
     assert [len(b) for b in _blocks(split.head_layers, _head_split(split), kernel=True)] == [1] * 8
@@ -460,24 +298,8 @@ def test_head_ramp_step_changes_the_heads_blocks_and_not_the_bodys():
         assert _blocks(53, single, kernel=kernel, offset=8) == _blocks(53, split, kernel=kernel, offset=8)
 
 
-def test_head_ctas_budget_the_heads_launches_only():
-    split = LoadSplit(0.8, layers_per_copy=4, kernel_blocks=4, ramp=True, head_layers=4, kernel_ctas=6, head_ctas=24)
-    assert _head_split(split).kernel_ctas == 24
-    assert _head_split(replace(split, head_ctas=None)).kernel_ctas == 6
-    spec = nsa_spec(num_layers=8, page_size=4)
-    device, host = make_device_pool(spec, 20, "cpu"), make_host_pool(spec, 16, "page_first")
-    engine = TransferEngine(device.pool, host, path="mixed")
-    copy = validate(device.pool, host, random_ids(3, 1, 20), torch.arange(3), to_host=False)
-    head = _Load(engine, [0, 1, 2, 3], copy, _head_split(split), engine.options)
-    body = _Load(engine, [4, 5, 6, 7], copy, split, engine.options)
-    assert (head.kernel_ctas, body.kernel_ctas) == (24, 6)
-    # A user's ``num_ctas`` still overrides both.
-    forced = replace(engine.options, num_ctas=3)
-    assert _Load(engine, [0], copy, _head_split(split), forced).kernel_ctas == 3
-
-
 @pytest.mark.parametrize("bad", [0, -2, True, 2.5])
-@pytest.mark.parametrize("name", ["head_ramp_step", "head_ctas"])
+@pytest.mark.parametrize("name", ["head_ramp_step"])
 def test_head_counts_are_positive_ints_or_none(name, bad):
     from tiered_kv import ConfigError
 

@@ -185,8 +185,8 @@ def test_fast_id_check_agrees_with_the_torch_check(limit):
 
 @pytest.mark.parametrize("page_size", [0, -1, True, 2.0, "64", None])
 def test_token_indices_with_a_bad_page_size_are_refused_naming_it(page_size):
-    # page_size was used unchecked: 0 leaked ZeroDivisionError, -1 a RuntimeError, 2.0 a TypeError,
-    # and True was taken as a page size of 1.
+    # Unchecked, 0 would leak ZeroDivisionError, -1 a RuntimeError, 2.0 a TypeError, and True
+    # would be taken as a page size of 1.
     with pytest.raises(IndexValidationError, match="page size"):
         pages_from_token_indices([0, 1], page_size)
 

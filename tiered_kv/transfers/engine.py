@@ -11,19 +11,19 @@
 Rules this module keeps:
 - Every CUDA call is issued under the pool's device, on streams this engine owns (loads: kernel,
   copy-engine and UVA streams, and one stream per library issue thread; backups: kernel and
-  copy-engine streams), never on the default stream, from the caller's thread or from a library
-  issue thread (``TransferOptions.issue_threads``: loads whose issue costs more CPU than their
-  copies take; ``backup_issue_threads``: a backup's copy-engine rows, on threads of their own). Each transfer first waits for the work already enqueued on the caller's current
-  stream (the pages it reads or overwrites may still be in use there); an issue thread's stream
-  waits on an event the caller's thread recorded there first. ``wait_layer`` of a layer that a
-  library thread has not issued yet waits on the CPU until it has (never on the device).
+  copy-engine streams), never on the default stream, from the caller's thread or, for loads whose
+  issue costs more CPU than their copies take, from a library issue thread
+  (``TransferOptions.issue_threads``). Each transfer first waits for the work already enqueued on
+  the caller's current stream (the pages it reads or overwrites may still be in use there); an
+  issue thread's stream waits on an event the caller's thread recorded there first. ``wait_layer``
+  of a layer that a library thread has not issued yet waits on the CPU until it has (never on the
+  device).
 - Validation (``tiered_kv.transfers.torch_path.validate``) runs on CPU copies of the ids before anything is
   enqueued, so no call forces a device sync and a rejected call writes nothing.
 - A load of several layers may start with a head (``LoadSplit.head_layers``, ``auto``'s policy):
   its first layers go through the UVA kernel from the caller's thread before anything else of
   the load is planned, so a model waiting on layer 0 starts about one layer's copy after the
-  call; the rest follows on its path, its copies ordered after the head's (or, with
-  ``LoadSplit.body_after_head`` False, beside them).
+  call; the rest follows on its path, its copies ordered after the head's.
 - A load records a CUDA event for each layer after *every* component of that layer (latent and
   indexer) has landed; ``wait_layer(i)`` waits on exactly that event (layers that land together,
   a kernel block, share one).
@@ -41,8 +41,8 @@ part copy engines, part UVA kernel, at once, split by pages or by component: ``L
 ``torch`` (the reference), ``auto`` (chosen per call from the direction, the id runs, the host
 geometry, the number of layers and whether a backup is in flight: ``transfer_policy``, which holds
 the measured rules). The knobs (split, copy-engine share, batch flags, CTA budget, issue threads)
-are one frozen ``TransferOptions`` given to the engine, or to one call. This module must never block on the device: it only queries an event (non-blocking) to
-choose a path.
+are one frozen ``TransferOptions`` given to the engine, or to one call. This module must never
+block on the device: it only queries an event (non-blocking) to choose a path.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ import queue
 import threading
 import weakref
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -69,16 +70,10 @@ from .policy import (
     BackupSplit,
     CALLER_HEAD_BLOCKS,
     LOAD_STREAM_PRIORITY,
-    MAX_COPY_STREAMS,
     MAX_ISSUE_THREADS,
-    MIXED_LOADS,
-    MIXED_LOADS_BESIDE_BACKUP,
     PATHS,
-    SINGLE_LAYER_WITHOUT_BATCH,
     LoadSplit,
     TransferOptions,
-    backup_issue_threads,
-    backup_plan_wave,
     choose_backup_split,
     choose_path,
     choose_split,
@@ -235,48 +230,32 @@ class LoadHandle:
 
 
 class BackupHandle:
-    """A backup in flight: one event after the last byte reached host memory (None on CPU).
+    """A backup in flight: one event after the last byte reached host memory (None on CPU)."""
 
-    A backup whose copy-engine rows library threads issue (``TransferOptions.backup_issue_threads``)
-    gets its event from the last of them; until then ``done()`` is False, and ``event`` /
-    ``synchronize()`` wait on the CPU for the issue (never on the device for it) and re-raise a
-    thread's error.
-    """
-
-    def __init__(self, event: torch.cuda.Event | None, copy: PageCopy, path: str, issued: _Issued | None = None) -> None:
+    def __init__(self, event: torch.cuda.Event | None, copy: PageCopy, path: str) -> None:
         self._event = event
         self.copy = copy
         self.path = path
-        self._issued = issued
 
     def done(self) -> bool:
         """Whether the backup completed (non-blocking); pass the handle as a pool completion."""
-        if self._issued is not None and not self._issued.settled():
-            return False
         return self._event is None or self._event.query()
 
     query = done
 
     def in_flight(self) -> bool:
-        """Whether the backup is still issuing or copying (never raises: what a path choice asks)."""
-        if self._issued is not None and self._issued.busy():
-            return True
-        if self._issued is not None and self._issued.error is not None:
-            return False
+        """Whether the backup is still copying (never raises: what a path choice asks)."""
         return self._event is not None and not self._event.query()
 
     @property
     def event(self) -> torch.cuda.Event | None:
-        """The event recorded after the backup's last copy (waits for library threads' issue)."""
-        if self._issued is not None:
-            self._issued.wait()
+        """The event recorded after the backup's last copy."""
         return self._event
 
     def synchronize(self) -> None:
         """Block the calling thread until the backup completed (tests, benchmarks)."""
-        event = self.event
-        if event is not None:
-            event.synchronize()
+        if self._event is not None:
+            self._event.synchronize()
 
 
 class _IssueThreads:
@@ -345,16 +324,12 @@ class _IssueThreads:
 @dataclass
 class _Backup:
     """One backup call: what a path's ``backup`` needs. ``done_on``: the stream whose work the
-    completion event follows (the path sets it; None on CPU). ``threads``: library threads that
-    issue its copy-engine rows (``copy_rows``), 0 for the caller's thread."""
+    completion event follows (the path sets it; None on CPU)."""
 
     engine: "TransferEngine"
     copy: PageCopy
     options: TransferOptions
     done_on: torch.cuda.Stream | None = None
-    threads: int = 0
-    issued: _Issued | None = None  # set when ``copy_rows`` handed rows to library threads
-    event: torch.cuda.Event | None = None  # recorded by the last library thread
 
     @property
     def pairs(self):
@@ -364,63 +339,13 @@ class _Backup:
         return getattr(self.engine, name) if self.engine.on_gpu else None
 
     def copy_rows(self, device_pages: torch.Tensor, host_slots: torch.Tensor, stream: torch.cuda.Stream | None) -> None:
-        """The copy-engine rows of ``device_pages`` -> ``host_slots`` (every pair): one memcpy
-        batch on ``stream`` from this thread, or with ``threads`` one per library thread, each
-        for a byte-balanced run of the pairs (``byte_shares``), planned and issued there. On CPU
-        the shares run here, one after the other (the same split)."""
+        """The copy-engine rows of ``device_pages`` -> ``host_slots`` (every pair) as one memcpy
+        batch on ``stream`` (memmove on CPU)."""
         from ..kernels.batch_copy import plan_copy_list, run_copy_list
 
-        engine, flags = self.engine, self.options.batch_flags
-        if not len(host_slots):
-            return
-        shares = byte_shares(self.pairs, self.threads) if self.threads else [self.pairs]
-        if not engine.on_gpu or not self.threads:
-            for share in shares:
-                run_copy_list(plan_copy_list(share, device_pages, host_slots), stream=stream, on_gpu=engine.on_gpu,
-                              flags=flags)
-            return
-        issuer = engine._issue_threads(len(shares), backups=True)
-        fork = torch.cuda.Event()
-        fork.record(stream)
-        before = [torch.cuda.Event()]
-        before[0].record(self.done_on)  # whatever the path put on its own stream first (a kernel half)
-        joins = [torch.cuda.Event() for _ in shares]
-        final = self.event = torch.cuda.Event(enable_timing=engine._timing)
-        self.issued = _Issued()
-        left, lock = [len(shares)], threading.Lock()
-
-        def run_share(k: int, share) -> None:
-            own = issuer.streams[k]
-            own.wait_event(fork)
-            run_copy_list(plan_copy_list(share, device_pages, host_slots), stream=own, on_gpu=True, flags=flags)
-            joins[k].record(own)
-            with lock:
-                left[0] -= 1
-                last = left[0] == 0
-            if last:
-                # Every other share recorded its join before it counted down.
-                for joined in joins + before:
-                    own.wait_event(joined)
-                final.record(own)
-
-        for k, share in enumerate(shares):
-            issuer.submit(k, lambda k=k, share=share: run_share(k, share), self.issued)
-
-
-def byte_shares(pairs: Sequence, parts: int) -> list[list]:
-    """``pairs`` (in order) cut into at most ``parts`` runs of about equal bytes per row, none
-    empty: each library thread's share of a backup (adjacent layers stay together)."""
-    widths = [src.shape[1] for src, _ in pairs]
-    total = sum(widths)
-    parts = max(1, min(parts, len(pairs)))
-    shares: list[list] = [[] for _ in range(parts)]
-    done = 0
-    for pair, width in zip(pairs, widths):
-        # The share whose byte range this pair's middle falls in.
-        k = min(parts - 1, (2 * done + width) * parts // (2 * total)) if total else 0
-        shares[k].append(pair)
-        done += width
-    return [share for share in shares if share]
+        if len(host_slots):
+            run_copy_list(plan_copy_list(self.pairs, device_pages, host_slots), stream=stream,
+                          on_gpu=self.engine.on_gpu, flags=self.options.batch_flags)
 
 
 @dataclass
@@ -442,8 +367,7 @@ class _Load:
     load_stream: torch.cuda.Stream | None = None
     uva: _KernelHalf | None = None
     # Index of ``layers[0]`` in the whole load (a body after a head): a ``ramp_step`` ramp continues
-    # from it; a doubling ramp starts again at one layer only with ``split.body_ramp`` (else the
-    # body starts at full blocks).
+    # from it; a doubling ramp starts again at one layer.
     first_index: int = 0
     # A load's head (``LoadSplit.head_layers``): its kernel tables stay on the device (``kernel_half``).
     head: bool = False
@@ -474,8 +398,7 @@ class _Load:
                 return
             indices, half.waiting = half.waiting, []
             with on_stream(stream):
-                launch_uva(half.plans[block], half.tables[block], half.slots, half.pages, num_ctas=self.kernel_ctas,
-                           **_tile_args(self.split.kernel_tile))
+                launch_uva(half.plans[block], half.tables[block], half.slots, half.pages, num_ctas=self.options.num_ctas)
             if stream is not None and stream is not self.load_stream:
                 # The layer is complete only once both halves of it have landed.
                 joined = engine._uva_done[block % len(engine._uva_done)]
@@ -492,11 +415,6 @@ class _Load:
             self.events[layer] = event
             if self.issued is not None:
                 self.issued.layer(layer)
-
-    @property
-    def kernel_ctas(self) -> int | None:
-        """The kernel half's CTA budget: the options' (a user's override), else the split's."""
-        return self.options.num_ctas if self.options.num_ctas is not None else self.split.kernel_ctas
 
     def kernel_half(self, kernel_part: tuple[torch.Tensor, torch.Tensor], components, stream) -> None:
         """Upload the kernel's tables (one per block of ``split.kernel_blocks`` layers, see
@@ -515,12 +433,11 @@ class _Load:
         plans = [engine._load_plan(key, components) for key in keys]
         device = engine.device if engine.on_gpu else torch.device("cpu")
         with on_stream(stream):
-            if self.options.device_tables or self.head:
-                # Tables uploaded once and kept; only the ids travel (``IdsRing``). A head always
-                # keeps them: its upload is on the caller's path to layer 0 (a packed, freshly
-                # pinned upload of tables and ids was 0.37 ms of the caller's 1.3 ms there on the
-                # H200's host, ``benchmarks/caller_profile.py``), and its blocks are the same few
-                # for every load.
+            if self.head:
+                # A head's tables are uploaded once and kept; only the ids travel (``IdsRing``):
+                # its upload is on the caller's path to layer 0, where a packed, freshly pinned
+                # upload of tables and ids was over a quarter of the caller's time on the H200's
+                # host, and its blocks are the same few for every load.
                 tables = [engine._device_table(key, components) for key in keys]
                 if stream is not None:
                     for table in tables:  # read here too: its memory stays until this stream is done
@@ -545,111 +462,28 @@ class _Load:
         groups = [[self.pairs(self.layers[i])[ci] for i, ci in group]
                   for group in staged_groups(blocks, ce_components, sizes, split.minor_layers_per_copy,
                                              split.minor_lead_groups)]
-        if engine.on_gpu:
-            copy_streams = [engine.load_copy_stream, *engine._load_copy_extra[:split.copy_streams - 1]]
-        else:
-            copy_streams = [None] * split.copy_streams
+        copy_stream = engine.load_copy_stream if engine.on_gpu else None
         copier = engine.staging_copier("load")
         lead = max(0, min(split.lead_blocks, len(groups) - 1))
         parts = [(g, g + 1) for g in range(lead)] + [(lead, len(groups))]
-        join_half = None
-        if split.issue_halves > 1 and len(ce_ids[0]) > 1:
-            half = len(ce_ids[0]) // 2
-            join_half = self._other_half(groups, parts, (ce_ids[0][half:], ce_ids[1][half:]))
-            ce_ids = (ce_ids[0][:half], ce_ids[1][:half])
         for first, last in parts:
             def finish_block(b: int, first=first) -> None:
-                if join_half is not None:
-                    join_half(first + b)  # the block's other half, issued by the other thread
                 for index in blocks[first + b]:
                     self.finish_layer(index)
 
             # One call per part: sorting and runs happen once per part, the table upload once per part
             # or, with ``plan_wave``, once per wave of it.
-            copier.to_device_groups(groups[first:last], *ce_ids, copy_stream=copy_streams,
-                                    kernel_stream=self.load_stream, on_group_done=finish_block, **self._ring_options())
-
-    def _ring_options(self) -> dict:
-        """The split's and options' arguments of every call into a staging ring (both halves)."""
-        split = self.split
-        return {"unit_rows": split.unit_rows, "num_ctas": split.staging_ctas, "pitched": self.options.pitched_batch,
-                "first_wave": split.plan_wave}
-
-    def _other_half(self, groups, parts, ids) -> Callable[[int], None]:
-        """The second half of ``staged_half``'s pages (``LoadSplit.issue_halves``): the same groups
-        through the second staging ring, planned and issued by library issue thread 2 on streams
-        of its own, each group's landing recorded on an event. Returns ``join(g)``: the caller's
-        ``load_stream`` waits for group g of this half (after waiting on the CPU until the thread
-        has issued it; re-raises its error). On CPU this half runs here and now."""
-        engine = self.engine
-        copier = engine.staging_copier("load_half")
-        if not engine.on_gpu:
-            for first, last in parts:
-                copier.to_device_groups(groups[first:last], *ids, **self._ring_options())
-            return lambda g: None
-        kernel_stream, copy_stream = engine._half_streams
-        for stream in engine._half_streams:
-            stream.wait_stream(self.load_stream)  # ordered as this half's streams are (the head, the caller)
-        landed = [torch.cuda.Event() for _ in groups]
-        progress = _Issued()
-        progress.add_jobs(1)
-
-        def run() -> None:
-            try:
-                for first, last in parts:
-                    def done(b: int, first=first) -> None:
-                        landed[first + b].record(kernel_stream)
-                        progress.layer(first + b)
-                    copier.to_device_groups(groups[first:last], *ids, copy_stream=[copy_stream], kernel_stream=kernel_stream,
-                                            on_group_done=done, **self._ring_options())
-            except BaseException as exc:
-                progress.job_done(exc)
-                raise
-            progress.job_done()
-
-        # ``load`` sized the threads for this half before the job started (a thread job must not
-        # grow the set it runs on).
-        engine._issuer.submit(HALF_THREAD, run, self.issued if self.issued is not None else _Issued())
-
-        def join(g: int) -> None:
-            progress.wait(g)
-            self.load_stream.wait_event(landed[g])
-        return join
+            copier.to_device_groups(groups[first:last], *ce_ids, copy_stream=copy_stream, kernel_stream=self.load_stream,
+                                    on_group_done=finish_block, num_ctas=split.staging_ctas, first_wave=split.plan_wave)
 
     def batched_half(self, ce_ids, ce_components) -> None:
-        """Per layer, one memcpy batch straight into the pages on ``load_stream`` (split over
-        ``copy_streams`` streams that fork from and join back into it)."""
-        from ..kernels.batch_copy import plan_copy_list, run_copy_list, split_copy_list
+        """Per layer, one memcpy batch straight into the pages on ``load_stream``."""
+        from ..kernels.batch_copy import plan_copy_list, run_copy_list
 
-        engine = self.engine
-        extra = engine._load_copy_extra[:self.split.copy_streams - 1] if engine.on_gpu else []
-        parts_count = self.split.copy_streams if not engine.on_gpu else 1 + len(extra)
         for index, layer in enumerate(self.layers):
             copies = plan_copy_list([self.pairs(layer)[ci] for ci in ce_components], *ce_ids)
-            parts = split_copy_list(copies, parts_count)
-            if extra:
-                engine._batch_fork.record(self.load_stream)
-            for stream, part in zip(extra, parts[1:]):
-                stream.wait_event(engine._batch_fork)
-                run_copy_list(part, stream=stream, on_gpu=True, flags=self.options.batch_flags)
-            if not engine.on_gpu:
-                for part in parts[1:]:
-                    run_copy_list(part, on_gpu=False)
-            run_copy_list(parts[0], stream=self.load_stream, on_gpu=engine.on_gpu, flags=self.options.batch_flags)
-            for stream, joined in zip(extra, engine._batch_join if extra else ()):
-                joined.record(stream)
-                self.load_stream.wait_event(joined)
+            run_copy_list(copies, stream=self.load_stream, on_gpu=self.engine.on_gpu, flags=self.options.batch_flags)
             self.finish_layer(index)
-
-
-class _nothing:
-    """A context that does nothing (CPU pools: no stream to make current)."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 class CopyPath:
@@ -692,12 +526,12 @@ class TorchPath(CopyPath):
 
     def backup(self, job: _Backup) -> None:
         job.done_on = job.stream("backup_stream")
-        with torch.cuda.stream(job.done_on) if job.done_on is not None else _nothing():
+        with torch.cuda.stream(job.done_on) if job.done_on is not None else nullcontext():
             copy_pages_reference(job.pairs, job.copy.device_pages, job.copy.host_slots)
 
     def load(self, job: _Load) -> None:
         def copy_layer(pairs, stream):
-            with torch.cuda.stream(stream) if stream is not None else _nothing():
+            with torch.cuda.stream(stream) if stream is not None else nullcontext():
                 copy_pages_reference(pairs, job.copy.host_slots, job.copy.device_pages)
         self.per_layer(job, copy_layer)
 
@@ -712,7 +546,7 @@ class KernelPath(CopyPath):
 
     def backup(self, job: _Backup) -> None:
         job.done_on = job.stream("backup_stream")
-        with torch.cuda.stream(job.done_on) if job.done_on is not None else _nothing():
+        with torch.cuda.stream(job.done_on) if job.done_on is not None else nullcontext():
             job.engine._uva(job.engine._plan("backup", job.pairs), job.copy.device_pages, job.copy.host_slots,
                             job.options.num_ctas)
 
@@ -788,9 +622,7 @@ class StagedPath(CopyPath):
     def backup(self, job: _Backup) -> None:
         job.done_on = job.stream("backup_copy_stream")
         job.engine.staging_copier("backup").to_host(job.pairs, job.copy.device_pages, job.copy.host_slots,
-                                                    copy_stream=job.done_on, kernel_stream=job.stream("backup_stream"),
-                                                    pitched=job.options.pitched_batch,
-                                                    unit_wave=backup_plan_wave(job.options))
+                                                    copy_stream=job.done_on, kernel_stream=job.stream("backup_stream"))
 
     def load(self, job: _Load) -> None:
         job.staged_half((job.copy.host_slots, job.copy.device_pages), job.engine._components(job.split)[1])
@@ -823,11 +655,11 @@ class MixedPath(StagedPath):
         (kernel_slots, kernel_pages), (ce_slots, ce_pages) = engine._split(job.copy, "mixed", fraction)
         kernel_stream, copy_stream = job.stream("backup_stream"), job.stream("backup_copy_stream")
         if len(kernel_slots):
-            with torch.cuda.stream(kernel_stream) if kernel_stream is not None else _nothing():
+            with torch.cuda.stream(kernel_stream) if kernel_stream is not None else nullcontext():
                 engine._uva(engine._plan("backup", job.pairs), kernel_pages, kernel_slots, ctas)
         job.done_on = kernel_stream
         job.copy_rows(ce_pages, ce_slots, copy_stream)
-        if kernel_stream is not None and job.issued is None:
+        if kernel_stream is not None:
             # The completion follows both halves: the kernel's stream waits for the batch.
             kernel_stream.wait_stream(copy_stream)
 
@@ -863,7 +695,7 @@ class TransferEngine:
         high_priority_loads: load streams (and the issue threads' streams) get the device's
             highest stream priority, so the CTAs of a load's kernels (UVA half, staging scatter)
             are scheduled before the model's queued CTAs as SMs free up: a load waited on layer by
-            layer is on the model's critical path (docs/benchmarks.md, "Serving conditions").
+            layer is on the model's critical path (docs/benchmarks.md, "Transfers on the H200").
             Backups keep the default priority.
     """
 
@@ -902,16 +734,15 @@ class TransferEngine:
         # Host rows are dense when every per-layer host chunk view has pitch == chunk.
         self._dense_host_rows = all(h.stride(0) == h.shape[1] for pairs in self._load_pairs for h, _ in pairs)
         self._plans: dict[object, object] = {}
-        # ``TransferOptions.device_tables``: kernel tables kept on the device, ids through a pinned
-        # ring; made on first use, under a lock of their own (the engine's is held by a body's
-        # whole issue, which the caller's head must not wait for).
+        # Heads' kernel tables kept on the device, ids through a pinned ring; made on first use, under
+        # a lock of their own (the engine's is held by a body's whole issue, which the caller's head
+        # must not wait for).
         self._device_tables: dict[object, torch.Tensor] = {}
         self._ids_ring = None
         self._table_stream = None
         self._tables_lock = threading.Lock()
         self._issuer: _IssueThreads | None = None
-        self._backup_issuer: _IssueThreads | None = None
-        self._issuer_stops: dict[str, weakref.finalize] = {}
+        self._issuer_stop: weakref.finalize | None = None
         # Loads issued by library threads and by the caller share plans and the staging ring.
         self._lock = threading.RLock()
         # Every stream of the engine is its own, never one of torch's pool that other code in the
@@ -940,17 +771,9 @@ class TransferEngine:
                 self._head_streams = [take(high) for _ in range(HEAD_STREAMS)]
                 self._head_turn = 0
                 self.load_head_stream = self._head_streams[0]
-                # More copy streams for staged loads split over several copy engines.
-                self._load_copy_extra = [take(high) for _ in range(MAX_COPY_STREAMS - 1)]
-                # The second half of a staged load issued by its own thread (``LoadSplit.issue_halves``):
-                # its scatter kernel's stream and its copy stream.
-                self._half_streams = (take(high), take(high))
                 # Join events of ``mixed`` loads, re-recorded per layer (a wait binds to the record
                 # before it, so reuse across layers is safe).
                 self._uva_done = [torch.cuda.Event() for _ in range(4)]
-                # Fork / join of batched copies split over several copy streams (re-recorded per layer).
-                self._batch_fork = torch.cuda.Event()
-                self._batch_join = [torch.cuda.Event() for _ in range(MAX_COPY_STREAMS - 1)]
 
     # --- public ----------------------------------------------------------------------------------
     def backup(self, device_pages: IdsLike, host_slots: IdsLike, *, path: str | None = None,
@@ -967,7 +790,7 @@ class TransferEngine:
         self._check_host_pinned()
         copy = validate(self.device_pool, self.host_pool, device_pages, host_slots, to_host=True, token_indices=token_indices)
         name = self._choose(path, copy, to_host=True)
-        job = _Backup(self, copy, options, threads=backup_issue_threads(name, options))
+        job = _Backup(self, copy, options)
         if not self.on_gpu:
             if len(copy):
                 COPY_PATHS[name].backup(job)
@@ -979,12 +802,9 @@ class TransferEngine:
             job.done_on = self.backup_stream
             if len(copy):
                 COPY_PATHS[name].backup(job)
-            if job.issued is not None:
-                handle = BackupHandle(job.event, copy, name, job.issued)
-            else:
-                event = torch.cuda.Event(enable_timing=self._timing)
-                event.record(job.done_on)
-                handle = BackupHandle(event, copy, name)
+            event = torch.cuda.Event(enable_timing=self._timing)
+            event.record(job.done_on)
+            handle = BackupHandle(event, copy, name)
             self._last_backup = handle
         return handle
 
@@ -996,9 +816,9 @@ class TransferEngine:
         ``TransferOptions.issue_threads``) and returns; each layer gets its own event, recorded
         once all of its components have landed, so the engine can compute layer i while i+1 is
         in flight. A head (``LoadSplit.head_layers``, ``auto``'s policy for loads of several
-        layers) is issued on the caller's thread even when the rest goes to a library thread:
-        about 2 ms of the caller for 8 layers on the H200's host, so that layer 0 lands about one
-        layer's copy after this call returns (docs/benchmarks.md, "Serving conditions, third round").
+        layers) is issued on the caller's thread even when the rest goes to a library thread, so
+        that layer 0 lands about one layer's copy after this call returns (docs/benchmarks.md,
+        "Transfers on the H200").
         """
         num_layers = self.device_pool.spec.num_layers
         layers = list(range(num_layers)) if layers is None else _layer_indices(layers)
@@ -1026,8 +846,6 @@ class TransferEngine:
                 COPY_PATHS[name].load(job)
             return LoadHandle(self.device, layers, None, copy, name)
         threads = min(issue_threads(name, len(job.layers), options), len(job.layers)) if len(copy) else 0
-        if len(copy) and job.split.issue_halves > 1 and name in ("staged", "mixed"):
-            self._issue_threads(HALF_THREAD + 1)  # here, never from inside a thread job (see ``_other_half``)
         # Every layer's event lands here as it is issued (``finish_layer``), from the head and the rest.
         events: dict[int, torch.cuda.Event] = {}
         issued = _Issued() if threads else None
@@ -1046,14 +864,12 @@ class TransferEngine:
                 if threads and name != "batch":
                     # The caller launches the head's first blocks and returns; a library thread
                     # launches the rest of the head, and another plans the body once they are
-                    # launched (or at once, with ``body_after_head`` False).
-                    blocks = options.caller_head_blocks or CALLER_HEAD_BLOCKS
-                    rest_of_head = head_path.start_load(head_job, blocks)
+                    # launched.
+                    rest_of_head = head_path.start_load(head_job, CALLER_HEAD_BLOCKS)
                 else:
                     head_path.load(head_job)
-                # The rest starts copying once the head has landed: layers reach PCIe in order
-                # (unless the split lets the body's copies run beside the head's).
-                ready_on = head_stream if split.body_after_head else caller
+                # The rest starts copying once the head has landed: layers reach PCIe in order.
+                ready_on = head_stream
             if threads:
                 self._load_on_threads(job, name, threads, torch.cuda.Event(), rest_of_head, head_stream, ready_on)
                 self._last_load = LoadHandle(self.device, layers, events, copy, name, issued)
@@ -1079,9 +895,8 @@ class TransferEngine:
 
     def close(self) -> None:
         """Stop the library issue threads (if any were started); the engine stays usable."""
-        for name in ("_issuer", "_backup_issuer"):
-            if getattr(self, name) is not None:
-                self._close_issuer(name)
+        if self._issuer is not None:
+            self._close_issuer()
 
     def _load_on_threads(self, job: _Load, name: str, threads: int, ready: torch.cuda.Event,
                          rest_of_head: Callable[[], None] | None = None,
@@ -1092,21 +907,18 @@ class TransferEngine:
 
         ``batch`` loads deal their layers round-robin over the threads (each thread's stream is
         that layer's ``load_stream``); any other path runs whole on the first thread, on the
-        engine's streams. ``rest_of_head`` (the head's launches after the caller's first block)
+        engine's streams. ``rest_of_head`` (the head's launches after the caller's first blocks)
         runs on the second thread, which records ``ready`` on the head's stream once it
         launched them: the body's thread waits for that on the CPU before its streams wait on
         ``ready`` (a wait on an event not yet recorded would wait on nothing), so the body's
-        copies still reach PCIe after the head's. Without a handed-over head, or with
-        ``job.split.body_after_head`` False, ``ready`` is recorded here on ``ready_on`` (the
-        caller's stream, or the head's when the caller launched all of it), before anything is
-        handed over, and the body's thread starts at once (beside the head's copies for False).
+        copies still reach PCIe after the head's. Without a handed-over head, ``ready`` is
+        recorded here on ``ready_on`` (the caller's stream, or the head's when the caller launched
+        all of it), before anything is handed over, and the body's thread starts at once.
         """
-        head_first = job.split.body_after_head
-        if rest_of_head is None or not head_first:
+        if rest_of_head is None:
             ready.record(ready_on)
         if name != "batch":
-            # The body runs on thread 0 alone: the head's rest on thread 1 stays within the limit
-            # (``load`` already started the halves' thread, ``HALF_THREAD``, where a split asks).
+            # The body runs on thread 0 alone, the head's rest on thread 1.
             issuer = self._issue_threads(max(threads, 2) if rest_of_head is not None else threads)
             head_issued = None
             if rest_of_head is not None:
@@ -1116,8 +928,7 @@ class TransferEngine:
                 def run_head() -> None:
                     try:
                         rest_of_head()
-                        if head_first:
-                            ready.record(head_stream if head_stream is not None else self.load_head_stream)
+                        ready.record(head_stream if head_stream is not None else self.load_head_stream)
                     except BaseException as exc:
                         head_error.append(exc)
                         raise
@@ -1126,7 +937,7 @@ class TransferEngine:
                 issuer.submit(1, run_head, job.issued)
 
             def run_whole() -> None:
-                if head_issued is not None and head_first:
+                if head_issued is not None:
                     head_issued.wait()
                     if head_error:  # ``ready`` unrecorded: a wait on it would order nothing
                         raise head_error[0]  # the body is not issued; the handle re-raises the head's error
@@ -1152,29 +963,25 @@ class TransferEngine:
         self._head_turn = (self._head_turn + 1) % len(self._head_streams)
         return stream
 
-    def _issue_threads(self, count: int, backups: bool = False) -> _IssueThreads:
-        """The library threads of loads (or of ``backups``: their own, so a load never queues
-        behind a backup's issue), at least ``count`` of them."""
+    def _issue_threads(self, count: int) -> _IssueThreads:
+        """The library threads of loads, at least ``count`` of them."""
         if count > MAX_ISSUE_THREADS:
             raise ConfigError(f"at most {MAX_ISSUE_THREADS} issue threads, asked for {count}")
-        name = "_backup_issuer" if backups else "_issuer"
-        issuer = getattr(self, name)
+        issuer = self._issuer
         if issuer is None or len(issuer) < count:
             if issuer is not None:
-                self._close_issuer(name)
-            # Backups keep the default stream priority; loads get the engine's.
-            issuer = _IssueThreads(self.device, count, 0 if backups else self._load_priority, self._streams)
-            setattr(self, name, issuer)
+                self._close_issuer()
+            issuer = self._issuer = _IssueThreads(self.device, count, self._load_priority, self._streams)
             # An engine dropped without ``close`` still ends its threads (and so gives their streams back).
-            self._issuer_stops[name] = weakref.finalize(self, issuer.stop)
+            self._issuer_stop = weakref.finalize(self, issuer.stop)
         return issuer
 
-    def _close_issuer(self, name: str) -> None:
-        getattr(self, name).close()
-        setattr(self, name, None)
-        stop = self._issuer_stops.pop(name, None)
-        if stop is not None:
-            stop.detach()
+    def _close_issuer(self) -> None:
+        self._issuer.close()
+        self._issuer = None
+        if self._issuer_stop is not None:
+            self._issuer_stop.detach()
+            self._issuer_stop = None
 
     def _load_running(self) -> bool:
         """Whether this engine's last load is still issuing or copying (``choose_backup_split``).
@@ -1209,10 +1016,6 @@ class TransferEngine:
         largest = max(everything, key=lambda ci: sizes[ci])
         return tuple(ci for ci in everything if ci != largest), (largest,)
 
-    def _ce_fraction(self, num_layers: int, options: TransferOptions | None = None) -> float:
-        """Share of a ``mixed`` load's pages that goes through the copy engines (``choose_split``)."""
-        return self._load_split(num_layers, options).ce_fraction
-
     def _split(self, copy: PageCopy, path: str,
                fraction: float) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
         """(kernel part, copy-engine part) of a load as (host slots, device pages) each.
@@ -1227,10 +1030,6 @@ class TransferEngine:
         slots, pages = copy.host_slots[order], copy.device_pages[order]
         k = int(round(fraction * len(copy)))
         return (slots[k:], pages[k:]), (slots[:k], pages[:k])
-
-    def load_layer(self, host_slots: IdsLike, device_pages: IdsLike, layer: int, **options) -> LoadHandle:
-        """``load`` of one layer."""
-        return self.load(host_slots, device_pages, layers=[layer], **options)
 
     # --- path choice -----------------------------------------------------------------------------
     @staticmethod
@@ -1338,10 +1137,6 @@ class TransferEngine:
         return copier
 
 
-#: The library issue thread that issues the second half of a staged load (``LoadSplit.issue_halves``):
-#: thread 0 issues the body, thread 1 the rest of a handed-over head.
-HALF_THREAD = 2
-
 #: Head streams a GPU engine takes in turn (``_next_head_stream``): two, so that the next load's
 #: stream wait never lands before the previous load's handed-over launches (a head's rest is
 #: launched within about a millisecond of its call).
@@ -1372,8 +1167,8 @@ def _layer_indices(layers) -> list[int]:
 
 
 # Both splits below are derived from the load's split on the caller's path before its first
-# launch, where a ``replace`` (the new split's checks in ``LoadSplit.__post_init__``) cost about
-# 0.1 ms each on the H200's host (``benchmarks/caller_profile.py``); splits are frozen and few.
+# launch, where a ``replace`` (the new split's checks in ``LoadSplit.__post_init__``) costs about
+# 0.1 ms on the H200's host; splits are frozen and few, so each is made once.
 @functools.lru_cache(maxsize=256)
 def _body_split(split: LoadSplit) -> LoadSplit:
     """The rest of a load after its head: ``split`` without the head."""
@@ -1383,16 +1178,9 @@ def _body_split(split: LoadSplit) -> LoadSplit:
 @functools.lru_cache(maxsize=256)
 def _head_split(split: LoadSplit) -> LoadSplit:
     """The kernel blocks of a load's head: ramped like the load (a model waits on its layers one
-    by one) or by ``head_ramp_step``, the whole head's pages through the kernel, with
-    ``head_ctas`` CTAs where set."""
+    by one) or by ``head_ramp_step``, the whole head's pages through the kernel."""
     step = split.head_ramp_step if split.head_ramp_step is not None else split.ramp_step
-    ctas = split.head_ctas if split.head_ctas is not None else split.kernel_ctas
-    return replace(KERNEL_LOADS, ramp=True, ramp_step=step, kernel_ctas=ctas, kernel_tile=split.kernel_tile)
-
-
-def _tile_args(tile: int | None) -> dict:
-    """``launch_uva``'s tile and warps for ``LoadSplit.kernel_tile`` (None: its defaults)."""
-    return {} if tile is None else {"block": tile, "num_warps": 16 if tile > 8192 else 8}
+    return replace(KERNEL_LOADS, ramp=True, ramp_step=step)
 
 
 def staged_groups(blocks: Sequence[Sequence[int]], components: Sequence[int], sizes: Sequence[int],
@@ -1425,11 +1213,10 @@ def _blocks(num_layers: int, split: LoadSplit, *, kernel: bool = False, offset: 
     ``kernel``: ``split.kernel_blocks``, the UVA launches); with ``split.ramp`` the blocks grow
     1, 2, 4, ... up to that size, or with ``split.ramp_step`` by one layer every ``ramp_step``
     layers of the whole load (``offset``: the index of this part's first layer in it). A body
-    after a head (``offset`` > 0) restarts a doubling ramp only with ``split.body_ramp``; a
-    ``ramp_step`` ramp continues from ``offset`` either way. The same holds for kernel blocks."""
+    after a head (``offset`` > 0) restarts a doubling ramp at one layer; a ``ramp_step`` ramp
+    continues from ``offset``. The same holds for kernel blocks."""
     per = max(1, split.kernel_blocks if kernel else split.layers_per_copy)
-    ramped = split.ramp and (offset == 0 or split.body_ramp or split.ramp_step)
-    blocks, start, size = [], 0, 1 if ramped else per
+    blocks, start, size = [], 0, 1 if split.ramp else per
     while start < num_layers:
         if split.ramp and split.ramp_step:
             size = min(per, 1 + (offset + start) // split.ramp_step)
@@ -1440,5 +1227,5 @@ def _blocks(num_layers: int, split: LoadSplit, *, kernel: bool = False, offset: 
     return blocks
 
 
-__all__ = ["COPY_PATHS", "byte_shares", "MIXED_LOADS", "MIXED_LOADS_BESIDE_BACKUP", "PATHS", "SINGLE_LAYER_WITHOUT_BATCH", "BackupHandle",
-           "CopyPath", "LoadHandle", "LoadSplit", "TransferEngine", "TransferOptions", "choose_path"]
+__all__ = ["COPY_PATHS", "PATHS", "BackupHandle", "CopyPath", "LoadHandle", "LoadSplit", "TransferEngine",
+           "TransferOptions", "choose_path"]

@@ -134,6 +134,15 @@ class _Prefetch:
 
 
 @dataclass
+class _Decision:
+    """What a request's lookup decided: the L1 hit it looked beyond, and the keys of its L2 / L3
+    hit after the minimum and the ranks' agreement. The request's prefetch and load cover no more."""
+
+    l1_pages: int
+    keys: list[str]
+
+
+@dataclass
 class ManagerStats:
     lookups: int = 0
     lookups_pending: int = 0  # "not yet" answers
@@ -205,6 +214,7 @@ class CacheManager:
         self.stats = ManagerStats()
         self._lookups: dict[Any, tuple[tuple[str, ...], concurrent.futures.Future]] = {}
         self._prefetches: dict[Any, _Prefetch] = {}
+        self._decided: dict[Any, _Decision] = {}  # until the request loads (prepare_load) or aborts
         self._orphans: list[tuple[list[int], concurrent.futures.Future]] = []  # cancelled, reads running
         self._puts: list[tuple[list[str], concurrent.futures.Future]] = []
         self._prefetch_slots = 0
@@ -228,7 +238,10 @@ class CacheManager:
     def lookup(self, request_id: Any, keys: Sequence[str], l1_pages: int = 0) -> Match | None:
         """Hit lengths beyond the engine's ``l1_pages``; None while L3's answer is pending.
 
-        ``keys``: the whole prompt's page keys (the first ``l1_pages`` are the engine's L1 hit)."""
+        ``keys``: the whole prompt's page keys (the first ``l1_pages`` are the engine's L1 hit).
+        The answer is the request's decided hit: its prefetch and its load cover no more, so ranks
+        that agreed on a length, and a hit below ``min_hit_tokens`` (none), load exactly that. It
+        is kept until the request loads (``prepare_load``) or goes away (``abort``)."""
         self._check_open()
         _check_request_id(request_id)
         keys = check_keys(keys)
@@ -237,6 +250,7 @@ class CacheManager:
         if count is None or not 0 <= count <= len(keys):
             raise ConfigError(f"l1_pages must be an int in 0..{len(keys)}, got {l1_pages!r}")
         l1_pages = count
+        self._decided.pop(request_id, None)  # an earlier answer is not this one's
         self.poll()
         l2 = self.index.l2_run(keys, l1_pages)
         rest = tuple(keys[l1_pages + l2:])
@@ -264,7 +278,9 @@ class CacheManager:
             l3 += self.index.l2_run(rest, l3)
         self._lookups.pop(request_id, None)
         self.stats.lookups += 1
-        return self._decide(l1_pages, l2, l3, rest)
+        match = self._decide(l1_pages, l2, l3, rest)
+        self._decided[request_id] = _Decision(l1_pages, keys[l1_pages:match.pages])
+        return match
 
     def _decide(self, l1: int, l2: int, l3: int, rest: Sequence[str] = ()) -> Match:
         if (l2 + l3) * self.page_size < self.policies.min_hit_tokens:
@@ -307,6 +323,12 @@ class CacheManager:
         if match.pages > len(keys):
             raise ConfigError(f"start_prefetch: the match covers {match.pages} pages but {len(keys)} keys were given")
         start = match.l1_pages
+        decision = self._decided.get(request_id)
+        if decision is not None:
+            # A match larger than the lookup decided (another request's, or built by the caller)
+            # would lock and read pages the load may not use.
+            hit = min(match.l2_pages + match.l3_pages, _common_run(keys[start:], decision.keys))
+            match = Match(start, min(match.l2_pages, hit), max(0, hit - match.l2_pages), self.page_size)
         l2_keys = keys[start:start + match.l2_pages]
         # Pages may have left L2 since the lookup (another request's allocation): keep the run.
         run = self.index.l2_run(l2_keys)
@@ -466,6 +488,7 @@ class CacheManager:
         """The request went away: drop its lookup and prefetch, free what they held."""
         _check_request_id(request_id)
         self._lookups.pop(request_id, None)
+        self._decided.pop(request_id, None)
         self._finish_prefetch(request_id)
 
     # --- loads L2 -> L1 ----------------------------------------------------------------------
@@ -475,26 +498,46 @@ class CacheManager:
 
         ``keys``: the pages to load, i.e. the prompt's keys beyond the engine's L1 hit; or the whole
         prompt's keys (as ``lookup`` and ``start_prefetch`` take them) with ``l1_pages`` the L1 hit.
-        For a request whose prefetch started from an L1 hit, whole keys given without ``l1_pages``
-        are recognised (keys are chained, so the prefetch's first key sits at one place only) and
-        read with its L1 offset: they would otherwise load nothing.
+        For a request whose lookup decided a hit beyond an L1 hit, whole keys given without
+        ``l1_pages`` are recognised (keys are chained, so the hit's first key sits at one place
+        only) and read with its L1 offset: they would otherwise load nothing.
+
+        The load never exceeds what the request's lookup decided, whatever keys are passed: at
+        most the decided hit's pages (the minimum hit and the ranks' agreement applied), none
+        when the lookup never decided (it answered None and was not asked again). Keys passed
+        without a decided lookup (no ``request_id``, or one never looked up) load their resident
+        run under the same ``min_hit_tokens``; with an ``agree`` hook that is a PoolError, since
+        the ranks never agreed on it.
         """
         self._check_open()
         keys = check_keys(keys)
         count = as_int(l1_pages)
         if count is None or not 0 <= count <= len(keys):
             raise ConfigError(f"prepare_load: l1_pages must be an int in 0..{len(keys)}, got {l1_pages!r}")
+        decision: _Decision | None = None
+        undecided = False  # looked up, never decided
         if request_id is not None:
             _check_request_id(request_id)
-            count = count or self._l1_offset_of(keys, request_id)
-        keys = keys[count:]
-        read: set[str] = set()
+            decision = self._decided.get(request_id)
+            undecided = decision is None and request_id in self._lookups
+        if decision is None and not undecided and self._agree is not None:
+            raise PoolError("prepare_load: the ranks agree on hits (an agree hook is set), and these keys have no "
+                            "decided lookup: look the request up first and pass its request_id")
         if request_id is not None:
+            count = count or self._l1_offset_of(keys, request_id, decision)
+            self._decided.pop(request_id, None)
             self._lookups.pop(request_id, None)  # scheduled: an L3 answer still out is not waited for
-            read = set(self._finish_prefetch(request_id))
+        keys = keys[count:]
+        read: set[str] = set(self._finish_prefetch(request_id)) if request_id is not None else set()
+        if decision is not None:
+            keys = keys[:_common_run(keys, decision.keys)]
+        elif undecided:
+            keys = []
         # One resident run: the L2 hit, the pages the prefetch read and those of the L3 part that
         # were on L2 already, in prompt order.
         run = keys[:self.index.l2_run(keys)]
+        if decision is None and len(run) * self.page_size < self.policies.min_hit_tokens:
+            run = []  # the lookup's own minimum, for keys no lookup decided
         self.index.lock(run)
         self.index.touch(run)
         self.index.record_hits(run)
@@ -505,13 +548,17 @@ class CacheManager:
         self._admit_to_l3(run)
         return plan
 
-    def _l1_offset_of(self, keys: list[str], request_id: Any) -> int:
-        """The L1 hit to skip when ``keys`` are the whole prompt of a prefetched request (0 when
-        they start where its prefetch did, or nothing says otherwise)."""
-        p = self._prefetches.get(request_id)
-        if p is None or p.start_key is None or not p.l1_pages or not keys or keys[0] == p.start_key:
+    def _l1_offset_of(self, keys: list[str], request_id: Any, decision: _Decision | None) -> int:
+        """The L1 hit to skip when ``keys`` are the whole prompt of a looked-up (or prefetched)
+        request (0 when they start where its hit does, or nothing says otherwise)."""
+        if decision is not None:
+            l1, start_key = decision.l1_pages, decision.keys[0] if decision.keys else None
+        else:
+            p = self._prefetches.get(request_id)
+            l1, start_key = (0, None) if p is None else (p.l1_pages, p.start_key)
+        if start_key is None or not l1 or not keys or keys[0] == start_key:
             return 0
-        return p.l1_pages if len(keys) > p.l1_pages and keys[p.l1_pages] == p.start_key else 0
+        return l1 if len(keys) > l1 and keys[l1] == start_key else 0
 
     def complete_load(self, plan: LoadPlan, completion: object = None) -> None:
         """The worker's load was issued: unlock; the slots are reused only once ``completion``."""
@@ -727,6 +774,7 @@ class CacheManager:
         for request_id in list(self._prefetches):
             self._finish_prefetch(request_id)
         self._lookups.clear()
+        self._decided.clear()
         if drain and self.l3 is not None and not self.l3.degraded:
             if self.policies.write is WritePolicy.WRITE_BACK:
                 # Closing frees every L2 copy: under write_back that is the last copy of each page
@@ -749,6 +797,16 @@ def _check_request_id(request_id: Any) -> None:
         hash(request_id)
     except TypeError:
         raise ConfigError(f"request_id must be hashable (a str or an int), got {type(request_id).__name__}") from None
+
+
+def _common_run(keys: Sequence[str], decided: Sequence[str]) -> int:
+    """Length of the leading run of ``keys`` that are the decided keys, in order."""
+    run = 0
+    for k, d in zip(keys, decided):
+        if k != d:
+            break
+        run += 1
+    return run
 
 
 def _success_flags(success: object, count: int) -> list[bool]:

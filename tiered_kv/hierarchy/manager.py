@@ -768,9 +768,15 @@ class CacheManager:
 
     def close(self, *, drain: bool = True) -> None:
         """Drop every prefetch, finish (``drain``) or refuse L3 work, close the controller, and
-        free every slot this manager holds (each once the copies that may touch it returned)."""
+        free every slot this manager holds (each once the copies that may touch it returned).
+
+        Bounded by the controller's ``limits.drain_timeout_s`` as a whole: the wait for L3 work
+        here and the controller's own drain and close share one deadline (a backend still
+        closing then gets ``controller.CLOSE_GRACE_S`` more); L3 work not done by then is
+        cancelled, as with ``drain=False``."""
         if self._closed:
             return
+        deadline = time.monotonic() + (self.l3.limits.drain_timeout_s if self.l3 is not None else 0.0)
         for request_id in list(self._prefetches):
             self._finish_prefetch(request_id)
         self._lookups.clear()
@@ -780,9 +786,9 @@ class CacheManager:
                 # Closing frees every L2 copy: under write_back that is the last copy of each page
                 # not yet on L3, which goes down first, as an eviction would send it.
                 self._put_l3([k for k in self.index.lru_keys() if self._wants_l3(self.index.entry(k))])
-            self.wait_idle()
+            self.wait_idle(max(0.0, deadline - time.monotonic()))
         if self.l3 is not None:
-            self.l3.close(drain=drain)  # every future of it is answered after this
+            self.l3.close(drain=drain, deadline=deadline)  # every future of it is answered after this
         if self._agree is not None:
             self._agree.close()
         self.poll()

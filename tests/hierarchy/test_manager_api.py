@@ -130,7 +130,7 @@ def test_touch_makes_l2_pages_the_most_recently_used():
         c.store(KEYS[2:4])
         c.mgr.touch(KEYS[:2] + ["f" * 32])  # a key not on L2 is ignored
         assert c.mgr.index.lru_keys() == KEYS[2:4] + KEYS[:2]
-        c.mgr.prepare_store(KEYS[4:6])  # room for two: the pages not touched go
+        c.store(KEYS[4:6])  # room for two: the pages not touched go (a store prepared is completed)
         assert c.mgr.index.l2_run(KEYS[:2]) == 2 and c.mgr.index.l2_run(KEYS[2:4]) == 0
         with pytest.raises(PageKeyError):
             c.mgr.touch(["bad\nkey"])

@@ -568,6 +568,11 @@ class CacheManager:
             raise PoolError("complete_load: this load plan was already completed")
         self.index.unlock(plan.keys, completion)
         plan.completed = True
+        if self._closed:  # the load outlived the manager: its slots go once no load reads them
+            for k in dict.fromkeys(plan.keys):
+                entry = self.index.entry(k)
+                if entry is not None and not entry.locks:
+                    self.index.drop_l2(k)
 
     # --- stores L1 -> L2 ---------------------------------------------------------------------
     def prepare_store(self, keys: Sequence[str], protect: Sequence[str] = ()) -> StorePlan:
@@ -604,11 +609,14 @@ class CacheManager:
         if plan.completed:  # its keys may be another plan's store by now
             raise PoolError("complete_store: this store plan was already completed")
         plan.completed = True
+        if self._closed:  # the store outlived the manager: nothing becomes resident, slots go
+            flags = [False] * len(plan)
         to_l3 = []
         for k, ok in zip(plan.keys, flags):
             slot = self.index.finish_store(k, bool(ok), completion)
             if slot is not None:
-                self.stats.stores_failed += 1
+                if not self._closed:
+                    self.stats.stores_failed += 1
                 self.allocator.free([slot], completion=completion)
                 continue
             self.stats.stores += 1
@@ -773,7 +781,13 @@ class CacheManager:
         Bounded by the controller's ``limits.drain_timeout_s`` as a whole: the wait for L3 work
         here and the controller's own drain and close share one deadline (a backend still
         closing then gets ``controller.CLOSE_GRACE_S`` more); L3 work not done by then is
-        cancelled, as with ``drain=False``."""
+        cancelled, as with ``drain=False``.
+
+        Closing in any order: stores and loads the worker still runs (prepared, not completed)
+        keep their slots, and their ``complete_store`` / ``complete_load`` after the close free
+        them (once their completion is done) without an error; a store completed then becomes
+        resident nowhere. So the worker may be drained (``finished_stores`` / ``drain`` seal
+        those slots, still the store's) before or after this call."""
         if self._closed:
             return
         deadline = time.monotonic() + (self.l3.limits.drain_timeout_s if self.l3 is not None else 0.0)

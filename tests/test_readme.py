@@ -64,6 +64,31 @@ def test_python_examples_run_as_written(capsys):
     assert "[True, True, True]" in out  # the L3 example read back every page it stored
 
 
+@pytest.mark.parametrize("write", ["write_through", "write_back"])
+def test_the_engine_example_runs_under_each_write_policy(write, capsys):
+    """The SGLang-style example as written, and with ``write_back``, whose ``on_l1_inserted``
+    answers None (the pages are stored when the engine evicts them): both run, hit the same
+    pages and leave every host slot free."""
+    policy = 'write="write_through"'
+    blocks = python_blocks()
+    assert sum(policy in code for _, code in blocks) == 1, "the engine example names its write policy once"
+    namespace: dict = {"__name__": "readme_examples"}
+    try:
+        for line, block in blocks:
+            if block.startswith(GPU_MARKER) and not torch.cuda.is_available():
+                continue
+            block = block.replace(policy, f'write="{write}"')
+            exec(compile("\n" * (line - 1) + block, str(REPO / "README.md"), "exec"), namespace)
+        for pool in (v for v in namespace.values() if isinstance(v, HostPool)):
+            pool.reap()
+            assert pool.free_slots == pool.num_slots, "a README example leaves host slots allocated"
+    finally:
+        for value in namespace.values():
+            if isinstance(value, HostPool):
+                value.close()
+    assert "hit 384 of 394 tokens" in capsys.readouterr().out
+
+
 def test_keys_in_the_examples_are_str():
     namespace: dict = {}
     blocks = python_blocks()

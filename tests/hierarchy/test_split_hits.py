@@ -157,7 +157,7 @@ def test_a_tail_l3_lost_but_l2_holds_completes_the_hit(tmp_path):
         m, plan = c.load("a", A, [7, 8, 9, 10, 11, 12])
         assert (m.l2_pages, m.l3_pages) == (0, 6)
         assert plan.keys == A and plan.from_l3 == [True, True, False, False, False, False]
-        assert (plan.l2_pages, plan.l3_pages) == (4, 2)
+        assert (plan.pages_from_l2, plan.pages_from_l3) == (4, 2)
         assert c.l3.stats.pages_read == 2
         assert all(c.mgr.index.entry(k).locks == 0 for k in A)
     finally:

@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from ..completion import AllOf, as_completion
 from ..errors import ConfigError, PoolError
 from ..integers import as_int
 from ..keys import check_keys
@@ -81,41 +82,55 @@ class Match:
         return getattr(self, f"{tier}_pages") * self.page_size
 
 
+class _CarriesHandle:
+    """A plan's ``handle``: the worker's copy of it in this process (``TransferHalf`` sets it),
+    which ``complete_load`` / ``complete_store`` wait on when no completion is passed, so the
+    plain call never frees a slot under a running copy. Plans pickle without it: a handle (a
+    CUDA event) is of the process that made it."""
+
+    handle: object
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "handle": None}
+
+
 @dataclass
-class LoadPlan:
+class LoadPlan(_CarriesHandle):
     """L2 -> L1: ``keys[i]`` is read from ``slots[i]``; the pages stay locked until completed.
 
     ``from_l3[i]``: whether the request's own prefetch read page ``i`` from L3 (False, or no entry:
     it was on L2 already), so engines and the replay count each loaded page on the tier it came
-    from."""
+    from (``pages_from_l3`` / ``pages_from_l2``)."""
 
     keys: list[str]
     slots: list[int]
     from_l3: list[bool] = field(default_factory=list)
     completed: bool = field(default=False, repr=False, compare=False)  # complete_load ran
+    handle: object = field(default=None, repr=False, compare=False)  # the worker's load (see _CarriesHandle)
 
     def __len__(self) -> int:
         return len(self.keys)
 
     @property
-    def l3_pages(self) -> int:
+    def pages_from_l3(self) -> int:
         """Pages of this load the request's prefetch read from L3."""
         return sum(self.from_l3[:len(self.keys)])
 
     @property
-    def l2_pages(self) -> int:
+    def pages_from_l2(self) -> int:
         """Pages of this load that were on L2 before the request's prefetch."""
-        return len(self.keys) - self.l3_pages
+        return len(self.keys) - self.pages_from_l3
 
 
 @dataclass
-class StorePlan:
+class StorePlan(_CarriesHandle):
     """L1 -> L2: the page at ``positions[i]`` of the keys the engine passed goes to ``slots[i]``."""
 
     keys: list[str]
     slots: list[int]
     positions: list[int]
     completed: bool = field(default=False, repr=False, compare=False)  # complete_store ran
+    handle: object = field(default=None, repr=False, compare=False)  # the worker's backup (see _CarriesHandle)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -561,11 +576,15 @@ class CacheManager:
         return l1 if len(keys) > l1 and keys[l1] == start_key else 0
 
     def complete_load(self, plan: LoadPlan, completion: object = None) -> None:
-        """The worker's load was issued: unlock; the slots are reused only once ``completion``."""
+        """The worker's load was issued: unlock; the slots are reused only once ``completion``
+        and the load the plan carries (``plan.handle``, set by ``TransferHalf.load``) are done.
+        Where the worker runs in another process, pass its completion, or call this once its
+        result is in. After ``close`` this frees the plan's slots (see ``close``)."""
         if not isinstance(plan, LoadPlan):
             raise ConfigError(f"complete_load: plan must be the LoadPlan prepare_load returned, got {type(plan).__name__}")
         if plan.completed:  # a second unlock would take another request's lock
             raise PoolError("complete_load: this load plan was already completed")
+        completion = _copies_of(plan, completion)
         self.index.unlock(plan.keys, completion)
         plan.completed = True
         if self._closed:  # the load outlived the manager: its slots go once no load reads them
@@ -600,7 +619,9 @@ class CacheManager:
 
     def complete_store(self, plan: StorePlan, success: bool | Sequence[bool] = True, completion: object = None) -> None:
         """End a store: successful pages become resident (and go on to L3 per policy); the slots
-        of failed ones are freed once ``completion`` (the copy that may still write) is done."""
+        of failed ones are freed once ``completion`` and the backup the plan carries
+        (``plan.handle``, set by ``TransferHalf.store``: the copy that may still write) are done.
+        After ``close`` this frees the plan's slots (see ``close``)."""
         if not isinstance(plan, StorePlan):
             raise ConfigError(f"complete_store: plan must be the StorePlan prepare_store returned, got {type(plan).__name__}")
         flags = _success_flags(success, len(plan))
@@ -608,6 +629,7 @@ class CacheManager:
             raise ConfigError(f"complete_store: {len(flags)} success flags for {len(plan)} pages")
         if plan.completed:  # its keys may be another plan's store by now
             raise PoolError("complete_store: this store plan was already completed")
+        completion = _copies_of(plan, completion)
         plan.completed = True
         if self._closed:  # the store outlived the manager: nothing becomes resident, slots go
             flags = [False] * len(plan)
@@ -817,6 +839,17 @@ def _check_request_id(request_id: Any) -> None:
         hash(request_id)
     except TypeError:
         raise ConfigError(f"request_id must be hashable (a str or an int), got {type(request_id).__name__}") from None
+
+
+def _copies_of(plan: LoadPlan | StorePlan, completion: object) -> object:
+    """What a plan's slots wait on: the completion passed and the handle the plan carries (each
+    checked here, before anything changes state)."""
+    carried = plan.handle
+    if carried is None or carried is completion:
+        return completion
+    if completion is None:
+        return as_completion(carried)
+    return AllOf([as_completion(carried), as_completion(completion)])
 
 
 def _common_run(keys: Sequence[str], decided: Sequence[str]) -> int:

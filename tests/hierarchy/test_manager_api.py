@@ -270,3 +270,25 @@ def test_wait_idle_does_not_wait_for_a_lookup_whose_answer_is_back():
         assert c.lookup("asked-once", KEYS).l3_pages == len(KEYS)  # its answer still counts
     finally:
         c.close()
+
+
+# --- the cache's parts agree, and protect takes keys -------------------------------------------
+def test_a_page_size_other_than_the_host_pools_is_refused_naming_both():
+    with HostPool(SPEC, 4) as host:
+        with pytest.raises(ConfigError, match=rf"page_size {2 * PAGE}.*{PAGE}"):
+            CacheManager(host, page_size=2 * PAGE)
+        CacheManager(host, page_size=PAGE).close()  # the pool's own page size is taken
+        assert host.free_slots == host.num_slots
+
+
+@pytest.mark.parametrize("protect", [[None], "abc", [KEYS[0], 7]])
+def test_prepare_store_refuses_a_protect_that_is_not_keys(protect):
+    c = Cache(slots=2)
+    try:
+        c.store(KEYS[:2])
+        with pytest.raises(PageKeyError, match="protect"):
+            c.mgr.prepare_store(KEYS[2:4], protect=protect)
+        assert c.mgr.index.l2_run(KEYS[:2]) == 2  # nothing evicted, nothing reserved
+        assert c.host.free_slots == 0
+    finally:
+        c.close()

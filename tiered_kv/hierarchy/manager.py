@@ -186,7 +186,8 @@ class CacheManager:
 
     Args:
         slots: the L2 slot allocator (``HostPool`` or ``SlotAllocator``) with ``num_slots``.
-        page_size: tokens per page (for ``min_hit_tokens`` and the timeout policy).
+        page_size: tokens per page (for ``min_hit_tokens`` and the timeout policy); over a
+            ``HostPool`` its ``spec.page_size`` (another is a ConfigError naming both).
         policies: write / prefetch / admission policies and their numbers.
         l3: the controller over the L3 backend; None for a two-tier cache.
         agree: ``agree(hit_pages) -> int``, settling ranks on one hit length (the minimum); it runs
@@ -203,6 +204,10 @@ class CacheManager:
             raise ConfigError(f"page_size must be an int > 0, got {page_size!r}")
         if not all(hasattr(slots, name) for name in ("num_slots", "allocate", "free", "reap")):
             raise ConfigError(f"slots must be a HostPool or a SlotAllocator, got {type(slots).__name__}")
+        pool_page_size = getattr(getattr(slots, "spec", None), "page_size", page_size)
+        if pool_page_size != page_size:  # hit lengths would count tokens of another page size
+            raise ConfigError(f"page_size {page_size} differs from the host pool's page size {pool_page_size}: "
+                              "pass the pool's spec.page_size")
         if not isinstance(policies, Policies):
             raise ConfigError(f"policies must be a Policies, got {type(policies).__name__}")
         if l3 is not None and not isinstance(l3, L3Controller):
@@ -595,9 +600,10 @@ class CacheManager:
 
     # --- stores L1 -> L2 ---------------------------------------------------------------------
     def prepare_store(self, keys: Sequence[str], protect: Sequence[str] = ()) -> StorePlan:
-        """Reserve slots for those ``keys`` not yet on L2 (as many as L2 can make room for)."""
+        """Reserve slots for those ``keys`` not yet on L2 (as many as L2 can make room for);
+        the pages of ``protect`` (keys) on L2 are not evicted to make room."""
         self._check_open()
-        return self._prepare_store(check_keys(keys), protect)
+        return self._prepare_store(check_keys(keys), check_keys(protect, "protect"))
 
     def _prepare_store(self, keys: list[str], protect: Sequence[str] = ()) -> StorePlan:
         """``prepare_store`` of keys already checked (the L1 events check theirs once, first)."""

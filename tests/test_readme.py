@@ -41,7 +41,7 @@ def shell_commands() -> list[str]:
 def test_python_examples_run_as_written(capsys):
     blocks = python_blocks()
     code = "".join(c for _, c in blocks)
-    # What the examples must show a new user (issue 9): the helpers exist and are used.
+    # What the examples must show a new user: the helpers exist and are used.
     for needed in ("allocate_engine_like(", "page_keys(", "Namespace", "DevicePool(", "TransferEngine(", "open_backend("):
         assert needed in code, f"no README example uses {needed}"
     namespace: dict = {"__name__": "readme_examples"}

@@ -35,8 +35,8 @@ def close_clean(mgr: CacheManager) -> None:
 
 def test_ranks_that_agreed_on_two_pages_each_load_two_whatever_their_l2_holds():
     """The README's flow on two ranks: rank 0 holds 5 pages, rank 1 holds 2; they agree on 2.
-    Each rank's load is 2 pages (rank 0's used to lock and load its 5), so the ranks run the
-    same prefill."""
+    Each rank's load is 2 pages (not the 5 rank 0's L2 holds), so the ranks run the same
+    prefill."""
     agree0 = TcpAgreement(0, 2, ("127.0.0.1", 0), deadline_s=5.0)
     agree1 = TcpAgreement(1, 2, ("127.0.0.1", agree0.port), deadline_s=5.0)
     ranks = [holding(5, agree=agree0), holding(2, agree=agree1)]

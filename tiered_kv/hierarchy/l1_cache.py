@@ -31,7 +31,9 @@ from .manager import CacheManager, LoadPlan, Match
 
 @dataclass(frozen=True)
 class Served:
-    """What one request got: pages from each tier, pages computed, and loaded pages that were wrong."""
+    """What one request got: pages served from each tier (``l3_pages``: read from L3 by its
+    prefetch, ``LoadPlan.pages_from_l3``; not the lookup's ``Match.l3_pages``), pages computed, and
+    loaded pages that were wrong."""
 
     l1_pages: int
     l2_pages: int

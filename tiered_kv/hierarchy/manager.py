@@ -5,9 +5,9 @@ A two-phase protocol over page keys, as vLLM's offloading manager has it:
     match = manager.lookup(request_id, keys, l1_pages)   # None: L3's answer is not back, ask again
     manager.start_prefetch(request_id, keys, match)      # locks the L2 hit, L3 -> L2 for the rest
     manager.prefetch_ready(request_id)                   # may the request be scheduled (policy)?
-    plan = manager.prepare_load(keys, request_id, l1_pages=l1_pages)  # lock the resident run: slots out
-    ... the worker loads plan.slots into L1 pages ...
-    manager.complete_load(plan, completion)              # unlocked; slots busy until the copy is done
+    plan = manager.prepare_load(keys, request_id, l1_pages=l1_pages)  # lock the decided hit: slots out
+    ... the worker loads plan.slots into L1 pages (TransferHalf.load: plan.handle is the load) ...
+    manager.complete_load(plan)                          # unlocked; slots busy until the copy is done
 
     plan = manager.on_l1_inserted(keys)                  # write policy: a StorePlan or None
     ... the worker backs the pages up into plan.slots and seals them ...
@@ -16,7 +16,8 @@ A two-phase protocol over page keys, as vLLM's offloading manager has it:
 Rules it keeps (DESIGN.md, "What users of the anchors hit"):
 - lookups are O(pages) and never wait on I/O: an L3 ``exists`` runs on the controller and the
   lookup says "not yet" (None) until it is back;
-- only pages beyond the engine's own L1 hit are asked for and fetched;
+- only pages beyond the engine's own L1 hit are asked for and fetched, and a request's prefetch
+  and load cover no more than its lookup decided (the minimum hit and the ranks' agreement);
 - no prefetch starts before its hit length is decided, above ``min_hit_tokens`` and agreed by the
   ranks (``agree`` under ``policies.agree_deadline_s``: a rank that does not answer by then means
   no hit, never a hang);
@@ -25,7 +26,9 @@ Rules it keeps (DESIGN.md, "What users of the anchors hit"):
   own answers say is gone (a lookup's ``exists``, a prefetch's misses) reads as gone from then on,
   so later stores put it again;
 - slots are counted exactly: every slot a prefetch, store or resident holds is freed through the
-  allocator, with the completion of the last copy that may touch it.
+  allocator, with the completion of the last copy that may touch it (a plan carries its worker's
+  copy handle, so completing it without one is safe too; a store or load still in flight at
+  ``close`` keeps its slots until it is completed).
 
 Needs no CUDA and no host memory: ``slots`` is a ``HostPool`` in one process or a bare
 ``SlotAllocator`` where the scheduler lives elsewhere; the L3 side is an ``L3Controller`` (or None).
@@ -58,10 +61,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Match:
-    """Pages of a prompt held by each tier, in order: the first ``l1_pages`` on L1 (the engine's),
+    """What a lookup found per tier, in prompt order: the first ``l1_pages`` on L1 (the engine's),
     then ``l2_pages`` on L2, then ``l3_pages`` that L3 holds. Pages of that last part may be on L2
     too (the head of a prefix left L2 before its tail did; under write_back a tail still on L2 is
-    not on L3 yet): the prefetch reads only the pages L2 lacks and uses the others from L2."""
+    not on L3 yet): the prefetch reads only the pages L2 lacks and uses the others from L2. How
+    many pages a load actually read from L3 is ``LoadPlan.pages_from_l3``."""
 
     l1_pages: int
     l2_pages: int

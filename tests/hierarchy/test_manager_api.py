@@ -50,7 +50,7 @@ class Cache:
         self.host.close()
 
 
-# --- finding 2: Policies.agree_deadline_s bounds the agree hook ------------------------------
+# --- Policies.agree_deadline_s bounds the agree hook -----------------------------------------
 def test_an_agree_hook_that_does_not_answer_in_time_means_no_hit_by_the_deadline():
     release = threading.Event()
 
@@ -68,7 +68,7 @@ def test_an_agree_hook_that_does_not_answer_in_time_means_no_hit_by_the_deadline
         assert waited < 1.5, f"lookup blocked {waited:.2f}s past a 0.2s deadline"
         assert c.mgr.stats.agree_timeouts == 1
         release.set()
-        c.mgr.agree = lambda pages: pages  # settable, as before: an answering hook gives the hit
+        c.mgr.agree = lambda pages: pages  # settable: an answering hook gives the hit
         assert c.lookup("b", KEYS[:4]).l2_pages == 4
     finally:
         release.set()
@@ -130,7 +130,7 @@ def test_touch_makes_l2_pages_the_most_recently_used():
         c.store(KEYS[2:4])
         c.mgr.touch(KEYS[:2] + ["f" * 32])  # a key not on L2 is ignored
         assert c.mgr.index.lru_keys() == KEYS[2:4] + KEYS[:2]
-        c.mgr.prepare_store(KEYS[4:6])  # room for two: the pages not touched go
+        c.store(KEYS[4:6])  # room for two: the pages not touched go (a store prepared is completed)
         assert c.mgr.index.l2_run(KEYS[:2]) == 2 and c.mgr.index.l2_run(KEYS[2:4]) == 0
         with pytest.raises(PageKeyError):
             c.mgr.touch(["bad\nkey"])
@@ -155,7 +155,7 @@ def test_wrong_parts_are_named_when_the_cache_is_made_not_later():
             worker.store(None, [])
 
 
-# --- finding 3: prepare_load with the prompt's keys and an L1 hit ----------------------------
+# --- prepare_load with the prompt's keys and an L1 hit ---------------------------------------
 def test_prepare_load_takes_the_l1_offset_as_lookup_does():
     c = Cache(Policies(prefetch="wait_complete"))
     try:
@@ -165,7 +165,7 @@ def test_prepare_load_takes_the_l1_offset_as_lookup_does():
         assert c.mgr.start_prefetch("r", KEYS, m) == 4
         while not c.mgr.prefetch_ready("r"):
             time.sleep(0.001)
-        # The whole prompt's keys, as lookup / start_prefetch take them: before, 0 pages.
+        # The whole prompt's keys, as lookup / start_prefetch take them: the L1 hit is skipped.
         plan = c.mgr.prepare_load(KEYS, "r")
         assert plan.keys == KEYS[2:] and len(plan) == 4
         c.mgr.complete_load(plan)
@@ -179,7 +179,7 @@ def test_prepare_load_takes_the_l1_offset_as_lookup_does():
         c.close()
 
 
-# --- finding 5: bad input is a typed error under every policy, and nothing stored is lost ----
+# --- bad input is a typed error under every policy, and nothing stored is lost ---------------
 @pytest.mark.parametrize("write", ["write_through", "write_through_selective", "write_back"])
 @pytest.mark.parametrize("event", ["on_l1_inserted", "on_l1_hit", "on_l1_evicting"])
 @pytest.mark.parametrize("bad", [["bad\nkey"], "abc", [1], None])
@@ -240,7 +240,7 @@ def test_every_bad_input_error_is_the_librarys_own():
         c.close()
 
 
-# --- finding 8: the timeout policy counts the tokens the request waits for --------------------
+# --- the timeout policy counts the tokens the request waits for -------------------------------
 def test_the_timeout_policy_counts_the_tokens_read_from_l3():
     t = PrefetchTimeout(base_s=0.0, per_1k_tokens_s=1.0, max_s=10.0)
     c = Cache(Policies(prefetch="timeout", prefetch_timeout=t))
@@ -258,7 +258,7 @@ def test_the_timeout_policy_counts_the_tokens_read_from_l3():
         c.close()
 
 
-# --- finding 11: a lookup nobody asks again does not keep the manager busy --------------------
+# --- a lookup nobody asks again does not keep the manager busy -------------------------------
 def test_wait_idle_does_not_wait_for_a_lookup_whose_answer_is_back():
     c = Cache()
     try:
@@ -268,5 +268,27 @@ def test_wait_idle_does_not_wait_for_a_lookup_whose_answer_is_back():
         assert c.mgr.wait_idle(5)
         assert time.monotonic() - t0 < 2
         assert c.lookup("asked-once", KEYS).l3_pages == len(KEYS)  # its answer still counts
+    finally:
+        c.close()
+
+
+# --- the cache's parts agree, and protect takes keys -------------------------------------------
+def test_a_page_size_other_than_the_host_pools_is_refused_naming_both():
+    with HostPool(SPEC, 4) as host:
+        with pytest.raises(ConfigError, match=rf"page_size {2 * PAGE}.*{PAGE}"):
+            CacheManager(host, page_size=2 * PAGE)
+        CacheManager(host, page_size=PAGE).close()  # the pool's own page size is taken
+        assert host.free_slots == host.num_slots
+
+
+@pytest.mark.parametrize("protect", [[None], "abc", [KEYS[0], 7]])
+def test_prepare_store_refuses_a_protect_that_is_not_keys(protect):
+    c = Cache(slots=2)
+    try:
+        c.store(KEYS[:2])
+        with pytest.raises(PageKeyError, match="protect"):
+            c.mgr.prepare_store(KEYS[2:4], protect=protect)
+        assert c.mgr.index.l2_run(KEYS[:2]) == 2  # nothing evicted, nothing reserved
+        assert c.host.free_slots == 0
     finally:
         c.close()

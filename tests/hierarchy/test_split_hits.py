@@ -3,9 +3,9 @@ while its tail is still on L2. The whole hit is served as one resident run: the 
 L3 into fresh slots, the tail is locked where it is (so making room for the head cannot evict
 it), each page counts on the tier it came from, and every slot comes back.
 
-Before the fix the prefetch ended at the first page of the L3 part that had an L2 slot and the
-slots for the head evicted the tail, so a prompt seen again hit only its head (the replay of a
-prompt, three fillers and the prompt again hit 1,280 of its 4,096 tokens)."""
+The failure this guards against: a prefetch that ends at the first page of the L3 part with an L2
+slot, or slots for the head that evict the tail, make a prompt seen again hit only its head (a
+replay of a prompt, three fillers and the prompt again would hit 1,280 of its 4,096 tokens)."""
 
 from __future__ import annotations
 
@@ -146,8 +146,8 @@ class Cache:
 
 def test_a_tail_l3_lost_but_l2_holds_completes_the_hit(tmp_path):
     """L3 holds the head only (it evicted the tail, or write_back never copied the tail down while
-    L2 held it), L2 the tail only: the hit is the whole prompt, one read per head page. Before:
-    L3's exists ended the hit at the head (2 pages)."""
+    L2 held it), L2 the tail only: the hit is the whole prompt, one read per head page, not the
+    head alone that L3's exists answers (2 pages)."""
     c = Cache(tmp_path / "l3", slots=8)
     try:
         c.store(A, [1, 2, 3, 4, 5, 6])
@@ -157,7 +157,7 @@ def test_a_tail_l3_lost_but_l2_holds_completes_the_hit(tmp_path):
         m, plan = c.load("a", A, [7, 8, 9, 10, 11, 12])
         assert (m.l2_pages, m.l3_pages) == (0, 6)
         assert plan.keys == A and plan.from_l3 == [True, True, False, False, False, False]
-        assert (plan.l2_pages, plan.l3_pages) == (4, 2)
+        assert (plan.pages_from_l2, plan.pages_from_l3) == (4, 2)
         assert c.l3.stats.pages_read == 2
         assert all(c.mgr.index.entry(k).locks == 0 for k in A)
     finally:

@@ -70,8 +70,9 @@ class AsyncCacheManager:
         return pages
 
     async def aclose(self, *, drain: bool = True) -> None:
-        """``CacheManager.close`` on a worker thread: draining waits for L3 work, which must not
-        hold up the loop (call nothing else on the manager meanwhile)."""
+        """``CacheManager.close`` on a worker thread: draining waits for L3 work (at most the
+        controller's ``drain_timeout_s``), which must not hold up the loop (call nothing else on
+        the manager meanwhile)."""
         await asyncio.to_thread(self.manager.close, drain=drain)
 
 

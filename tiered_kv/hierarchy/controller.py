@@ -16,7 +16,9 @@ once; nothing here blocks them. On the loop:
   the tier to return, a health probe with exponential backoff brings it back. Workers never die of
   it and never hang a request: every future gets an answer. Errors that are not the library's (bugs)
   are handed to the job's future, not swallowed;
-- ``close()`` drains (or cancels) every job and task, then closes the backend on the loop.
+- ``close()`` drains (or cancels) every job and task, then closes the backend on the loop, all
+  within ``drain_timeout_s`` (a backend whose own close is still out then gets ``CLOSE_GRACE_S``
+  more): a hung backend never holds a close up.
 
 Answers that did not come from the backend (refused, degraded) say nothing about what L3 holds:
 ``heard_from_l3(future)`` tells them apart, so the index only learns from real answers.
@@ -47,6 +49,9 @@ log = logging.getLogger(__name__)
 READ = "read"
 WRITE = "write"
 
+#: How long a close waits, past its deadline, for the backend's own close (and the loop to stop).
+CLOSE_GRACE_S = 0.5
+
 
 @dataclass(frozen=True)
 class ControllerLimits:
@@ -64,6 +69,8 @@ class ControllerLimits:
     retry_base_s: float = 0.05
     retry_max_s: float = 2.0
     write_retries: int = 3  # a write that failed this often while the tier was up is dropped
+    # The bound of a whole close (the manager's and the controller's): waiting for L3 work, then
+    # cancelling what is left and closing the backend (see L3Controller.close).
     drain_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
@@ -221,27 +228,42 @@ class L3Controller:
             return fn()
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result()
 
-    def close(self, *, drain: bool = True) -> None:
-        """Finish (``drain``) or cancel every queued job, stop the workers, close the backend."""
+    def close(self, *, drain: bool = True, deadline: float | None = None) -> None:
+        """Finish (``drain``) or cancel every queued job, stop the workers, close the backend.
+
+        Returns by ``deadline`` (a ``time.monotonic()`` value; default: ``drain_timeout_s`` from
+        now), and at most ``CLOSE_GRACE_S`` later when the backend's own close is still out: work
+        not finished by then is cancelled (its future answered as refused or missed), and a
+        backend call that hangs is left to its executor thread, whose slots it holds until it
+        returned. The manager's close passes the deadline it started from, so one bound governs
+        both."""
         if self._closed:
             return
-        future = asyncio.run_coroutine_threadsafe(self._close(drain), self._loop)
+        if deadline is None:
+            deadline = time.monotonic() + self.limits.drain_timeout_s
+        future = asyncio.run_coroutine_threadsafe(self._close(drain, deadline), self._loop)
+        finished = False
         try:
-            future.result(timeout=self.limits.drain_timeout_s + 10)
+            future.result(timeout=max(0.0, deadline - time.monotonic()) + CLOSE_GRACE_S)
+            finished = True
+        except concurrent.futures.TimeoutError:
+            log.warning("%s: the close did not finish within drain_timeout_s=%ss; the loop is stopped anyway",
+                        self.name, self.limits.drain_timeout_s)
         finally:
-            self._stop_loop()
+            self._stop_loop(CLOSE_GRACE_S, count_left_over=not finished)
             self._closed = True
 
-    def _stop_loop(self) -> None:
+    def _stop_loop(self, wait_s: float = 10.0, *, count_left_over: bool = False) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=wait_s)
+        if count_left_over:  # the close was cut short: what it left on the loop is still there
+            self._left_over = sum(1 for t in asyncio.all_tasks(self._loop) if not t.done())
         if not self._thread.is_alive():
             self._loop.close()
 
-    async def _close(self, drain: bool) -> None:
+    async def _close(self, drain: bool, deadline: float) -> None:
         self._closing = True
         if drain and not self._degraded:
-            deadline = time.monotonic() + self.limits.drain_timeout_s
             while (self._reads or self._writes or any(self._running.values())) and time.monotonic() < deadline:
                 self._wake_workers()
                 await asyncio.sleep(0.005)
@@ -258,7 +280,10 @@ class L3Controller:
         close = getattr(self.backend, "aclose", None)
         if close is not None:
             try:
-                await close()
+                await asyncio.wait_for(close(), max(0.0, deadline - time.monotonic()) + CLOSE_GRACE_S)
+            except TimeoutError:
+                log.warning("%s: the backend did not close within drain_timeout_s=%ss", self.name,
+                            self.limits.drain_timeout_s)
             except TieredKVError as exc:  # the tier is going away anyway; say so once
                 log.warning("%s: closing the backend failed: %s", self.name, exc)
         me = asyncio.current_task()
@@ -527,4 +552,4 @@ class L3Controller:
             return
 
 
-__all__ = ["ControllerLimits", "ControllerStats", "L3Controller", "heard_from_l3"]
+__all__ = ["CLOSE_GRACE_S", "ControllerLimits", "ControllerStats", "L3Controller", "heard_from_l3"]

@@ -287,20 +287,20 @@ class PageIndex:
                 self._forget_if_unused(k, e)
 
     def clear(self) -> None:
-        """Free every slot the index holds (close). Callers completed their stores and loads
-        first (the worker half's ``drain``), so no copy still touches these slots."""
+        """Free every slot the index holds that no store or load still uses (close), each once
+        the copies that touched it completed. A page whose store is in flight (``storing``) or
+        that a load still reads (locked) keeps its entry and its slot: ``finish_store`` /
+        ``unlock`` and ``drop_l2`` release them when the caller completes that work."""
+        kept: dict[str, Entry] = {}
         for key, e in list(self.entries.items()):
-            if e.state is None:
-                continue
-            e.locks = 0
             e.l3_put_in_flight = False
-            if e.state == RESIDENT:
+            e.on_l3 = False  # nothing is known of L3 any more
+            if e.state == STORING or (e.state == RESIDENT and e.locks):
+                kept[key] = e
+            elif e.state == RESIDENT:
                 self.drop_l2(key)
-            else:
-                slot = e.slot
-                e.slot, e.state = None, None
-                self.allocator.free([slot], completion=None if e.busy.done() else e.busy)
-        self.entries.clear()
+        self.entries = kept
+        self._lru = OrderedDict((k, None) for k in self._lru if k in kept)
         self._l3_only.clear()
 
 

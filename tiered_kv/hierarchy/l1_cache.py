@@ -31,7 +31,9 @@ from .manager import CacheManager, LoadPlan, Match
 
 @dataclass(frozen=True)
 class Served:
-    """What one request got: pages from each tier, pages computed, and loaded pages that were wrong."""
+    """What one request got: pages served from each tier (``l3_pages``: read from L3 by its
+    prefetch, ``LoadPlan.pages_from_l3``; not the lookup's ``Match.l3_pages``), pages computed, and
+    loaded pages that were wrong."""
 
     l1_pages: int
     l2_pages: int
@@ -174,7 +176,7 @@ class L1PrefixCache:
         self.poll()
         # Each loaded page counts on the tier it came from: read from L3 by this request's
         # prefetch, or on L2 already (the L2 hit, and pages of the L3 part that L2 still held).
-        served = Served(l1, plan.l2_pages, plan.l3_pages, len(rest), len(rest) - len(computed_keys), verified, wrong)
+        served = Served(l1, plan.pages_from_l2, plan.pages_from_l3, len(rest), len(rest) - len(computed_keys), verified, wrong)
         st = self.stats
         st.requests += 1
         st.pages += len(keys)

@@ -5,9 +5,9 @@ A two-phase protocol over page keys, as vLLM's offloading manager has it:
     match = manager.lookup(request_id, keys, l1_pages)   # None: L3's answer is not back, ask again
     manager.start_prefetch(request_id, keys, match)      # locks the L2 hit, L3 -> L2 for the rest
     manager.prefetch_ready(request_id)                   # may the request be scheduled (policy)?
-    plan = manager.prepare_load(keys, request_id, l1_pages=l1_pages)  # lock the resident run: slots out
-    ... the worker loads plan.slots into L1 pages ...
-    manager.complete_load(plan, completion)              # unlocked; slots busy until the copy is done
+    plan = manager.prepare_load(keys, request_id, l1_pages=l1_pages)  # lock the decided hit: slots out
+    ... the worker loads plan.slots into L1 pages (TransferHalf.load: plan.handle is the load) ...
+    manager.complete_load(plan)                          # unlocked; slots busy until the copy is done
 
     plan = manager.on_l1_inserted(keys)                  # write policy: a StorePlan or None
     ... the worker backs the pages up into plan.slots and seals them ...
@@ -16,7 +16,8 @@ A two-phase protocol over page keys, as vLLM's offloading manager has it:
 Rules it keeps (DESIGN.md, "What users of the anchors hit"):
 - lookups are O(pages) and never wait on I/O: an L3 ``exists`` runs on the controller and the
   lookup says "not yet" (None) until it is back;
-- only pages beyond the engine's own L1 hit are asked for and fetched;
+- only pages beyond the engine's own L1 hit are asked for and fetched, and a request's prefetch
+  and load cover no more than its lookup decided (the minimum hit and the ranks' agreement);
 - no prefetch starts before its hit length is decided, above ``min_hit_tokens`` and agreed by the
   ranks (``agree`` under ``policies.agree_deadline_s``: a rank that does not answer by then means
   no hit, never a hang);
@@ -25,7 +26,9 @@ Rules it keeps (DESIGN.md, "What users of the anchors hit"):
   own answers say is gone (a lookup's ``exists``, a prefetch's misses) reads as gone from then on,
   so later stores put it again;
 - slots are counted exactly: every slot a prefetch, store or resident holds is freed through the
-  allocator, with the completion of the last copy that may touch it.
+  allocator, with the completion of the last copy that may touch it (a plan carries its worker's
+  copy handle, so completing it without one is safe too; a store or load still in flight at
+  ``close`` keeps its slots until it is completed).
 
 Needs no CUDA and no host memory: ``slots`` is a ``HostPool`` in one process or a bare
 ``SlotAllocator`` where the scheduler lives elsewhere; the L3 side is an ``L3Controller`` (or None).
@@ -44,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from ..model.completion import AllOf, as_completion
 from ..errors import ConfigError, PoolError
 from ..model.integers import as_int
 from ..model.keys import check_keys
@@ -57,10 +61,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Match:
-    """Pages of a prompt held by each tier, in order: the first ``l1_pages`` on L1 (the engine's),
+    """What a lookup found per tier, in prompt order: the first ``l1_pages`` on L1 (the engine's),
     then ``l2_pages`` on L2, then ``l3_pages`` that L3 holds. Pages of that last part may be on L2
     too (the head of a prefix left L2 before its tail did; under write_back a tail still on L2 is
-    not on L3 yet): the prefetch reads only the pages L2 lacks and uses the others from L2."""
+    not on L3 yet): the prefetch reads only the pages L2 lacks and uses the others from L2. How
+    many pages a load actually read from L3 is ``LoadPlan.pages_from_l3``."""
 
     l1_pages: int
     l2_pages: int
@@ -81,41 +86,55 @@ class Match:
         return getattr(self, f"{tier}_pages") * self.page_size
 
 
+class _CarriesHandle:
+    """A plan's ``handle``: the worker's copy of it in this process (``TransferHalf`` sets it),
+    which ``complete_load`` / ``complete_store`` wait on when no completion is passed, so the
+    plain call never frees a slot under a running copy. Plans pickle without it: a handle (a
+    CUDA event) is of the process that made it."""
+
+    handle: object
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "handle": None}
+
+
 @dataclass
-class LoadPlan:
+class LoadPlan(_CarriesHandle):
     """L2 -> L1: ``keys[i]`` is read from ``slots[i]``; the pages stay locked until completed.
 
     ``from_l3[i]``: whether the request's own prefetch read page ``i`` from L3 (False, or no entry:
     it was on L2 already), so engines and the replay count each loaded page on the tier it came
-    from."""
+    from (``pages_from_l3`` / ``pages_from_l2``)."""
 
     keys: list[str]
     slots: list[int]
     from_l3: list[bool] = field(default_factory=list)
     completed: bool = field(default=False, repr=False, compare=False)  # complete_load ran
+    handle: object = field(default=None, repr=False, compare=False)  # the worker's load (see _CarriesHandle)
 
     def __len__(self) -> int:
         return len(self.keys)
 
     @property
-    def l3_pages(self) -> int:
+    def pages_from_l3(self) -> int:
         """Pages of this load the request's prefetch read from L3."""
         return sum(self.from_l3[:len(self.keys)])
 
     @property
-    def l2_pages(self) -> int:
+    def pages_from_l2(self) -> int:
         """Pages of this load that were on L2 before the request's prefetch."""
-        return len(self.keys) - self.l3_pages
+        return len(self.keys) - self.pages_from_l3
 
 
 @dataclass
-class StorePlan:
+class StorePlan(_CarriesHandle):
     """L1 -> L2: the page at ``positions[i]`` of the keys the engine passed goes to ``slots[i]``."""
 
     keys: list[str]
     slots: list[int]
     positions: list[int]
     completed: bool = field(default=False, repr=False, compare=False)  # complete_store ran
+    handle: object = field(default=None, repr=False, compare=False)  # the worker's backup (see _CarriesHandle)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -131,6 +150,15 @@ class _Prefetch:
     wait_s: float
     l1_pages: int = 0  # the match's L1 hit: the prompt's keys from here on were asked for
     start_key: str | None = None  # the prompt's key at l1_pages (None: the whole prompt is on L1)
+
+
+@dataclass
+class _Decision:
+    """What a request's lookup decided: the L1 hit it looked beyond, and the keys of its L2 / L3
+    hit after the minimum and the ranks' agreement. The request's prefetch and load cover no more."""
+
+    l1_pages: int
+    keys: list[str]
 
 
 @dataclass
@@ -162,7 +190,8 @@ class CacheManager:
 
     Args:
         slots: the L2 slot allocator (``HostPool`` or ``SlotAllocator``) with ``num_slots``.
-        page_size: tokens per page (for ``min_hit_tokens`` and the timeout policy).
+        page_size: tokens per page (for ``min_hit_tokens`` and the timeout policy); over a
+            ``HostPool`` its ``spec.page_size`` (another is a ConfigError naming both).
         policies: write / prefetch / admission policies and their numbers.
         l3: the controller over the L3 backend; None for a two-tier cache.
         agree: ``agree(hit_pages) -> int``, settling ranks on one hit length (the minimum); it runs
@@ -179,6 +208,10 @@ class CacheManager:
             raise ConfigError(f"page_size must be an int > 0, got {page_size!r}")
         if not all(hasattr(slots, name) for name in ("num_slots", "allocate", "free", "reap")):
             raise ConfigError(f"slots must be a HostPool or a SlotAllocator, got {type(slots).__name__}")
+        pool_page_size = getattr(getattr(slots, "spec", None), "page_size", page_size)
+        if pool_page_size != page_size:  # hit lengths would count tokens of another page size
+            raise ConfigError(f"page_size {page_size} differs from the host pool's page size {pool_page_size}: "
+                              "pass the pool's spec.page_size")
         if not isinstance(policies, Policies):
             raise ConfigError(f"policies must be a Policies, got {type(policies).__name__}")
         if l3 is not None and not isinstance(l3, L3Controller):
@@ -205,6 +238,7 @@ class CacheManager:
         self.stats = ManagerStats()
         self._lookups: dict[Any, tuple[tuple[str, ...], concurrent.futures.Future]] = {}
         self._prefetches: dict[Any, _Prefetch] = {}
+        self._decided: dict[Any, _Decision] = {}  # until the request loads (prepare_load) or aborts
         self._orphans: list[tuple[list[int], concurrent.futures.Future]] = []  # cancelled, reads running
         self._puts: list[tuple[list[str], concurrent.futures.Future]] = []
         self._prefetch_slots = 0
@@ -228,7 +262,10 @@ class CacheManager:
     def lookup(self, request_id: Any, keys: Sequence[str], l1_pages: int = 0) -> Match | None:
         """Hit lengths beyond the engine's ``l1_pages``; None while L3's answer is pending.
 
-        ``keys``: the whole prompt's page keys (the first ``l1_pages`` are the engine's L1 hit)."""
+        ``keys``: the whole prompt's page keys (the first ``l1_pages`` are the engine's L1 hit).
+        The answer is the request's decided hit: its prefetch and its load cover no more, so ranks
+        that agreed on a length, and a hit below ``min_hit_tokens`` (none), load exactly that. It
+        is kept until the request loads (``prepare_load``) or goes away (``abort``)."""
         self._check_open()
         _check_request_id(request_id)
         keys = check_keys(keys)
@@ -237,6 +274,7 @@ class CacheManager:
         if count is None or not 0 <= count <= len(keys):
             raise ConfigError(f"l1_pages must be an int in 0..{len(keys)}, got {l1_pages!r}")
         l1_pages = count
+        self._decided.pop(request_id, None)  # an earlier answer is not this one's
         self.poll()
         l2 = self.index.l2_run(keys, l1_pages)
         rest = tuple(keys[l1_pages + l2:])
@@ -264,7 +302,9 @@ class CacheManager:
             l3 += self.index.l2_run(rest, l3)
         self._lookups.pop(request_id, None)
         self.stats.lookups += 1
-        return self._decide(l1_pages, l2, l3, rest)
+        match = self._decide(l1_pages, l2, l3, rest)
+        self._decided[request_id] = _Decision(l1_pages, keys[l1_pages:match.pages])
+        return match
 
     def _decide(self, l1: int, l2: int, l3: int, rest: Sequence[str] = ()) -> Match:
         if (l2 + l3) * self.page_size < self.policies.min_hit_tokens:
@@ -307,6 +347,12 @@ class CacheManager:
         if match.pages > len(keys):
             raise ConfigError(f"start_prefetch: the match covers {match.pages} pages but {len(keys)} keys were given")
         start = match.l1_pages
+        decision = self._decided.get(request_id)
+        if decision is not None:
+            # A match larger than the lookup decided (another request's, or built by the caller)
+            # would lock and read pages the load may not use.
+            hit = min(match.l2_pages + match.l3_pages, _common_run(keys[start:], decision.keys))
+            match = Match(start, min(match.l2_pages, hit), max(0, hit - match.l2_pages), self.page_size)
         l2_keys = keys[start:start + match.l2_pages]
         # Pages may have left L2 since the lookup (another request's allocation): keep the run.
         run = self.index.l2_run(l2_keys)
@@ -466,6 +512,7 @@ class CacheManager:
         """The request went away: drop its lookup and prefetch, free what they held."""
         _check_request_id(request_id)
         self._lookups.pop(request_id, None)
+        self._decided.pop(request_id, None)
         self._finish_prefetch(request_id)
 
     # --- loads L2 -> L1 ----------------------------------------------------------------------
@@ -475,26 +522,46 @@ class CacheManager:
 
         ``keys``: the pages to load, i.e. the prompt's keys beyond the engine's L1 hit; or the whole
         prompt's keys (as ``lookup`` and ``start_prefetch`` take them) with ``l1_pages`` the L1 hit.
-        For a request whose prefetch started from an L1 hit, whole keys given without ``l1_pages``
-        are recognised (keys are chained, so the prefetch's first key sits at one place only) and
-        read with its L1 offset: they would otherwise load nothing.
+        For a request whose lookup decided a hit beyond an L1 hit, whole keys given without
+        ``l1_pages`` are recognised (keys are chained, so the hit's first key sits at one place
+        only) and read with its L1 offset: they would otherwise load nothing.
+
+        The load never exceeds what the request's lookup decided, whatever keys are passed: at
+        most the decided hit's pages (the minimum hit and the ranks' agreement applied), none
+        when the lookup never decided (it answered None and was not asked again). Keys passed
+        without a decided lookup (no ``request_id``, or one never looked up) load their resident
+        run under the same ``min_hit_tokens``; with an ``agree`` hook that is a PoolError, since
+        the ranks never agreed on it.
         """
         self._check_open()
         keys = check_keys(keys)
         count = as_int(l1_pages)
         if count is None or not 0 <= count <= len(keys):
             raise ConfigError(f"prepare_load: l1_pages must be an int in 0..{len(keys)}, got {l1_pages!r}")
+        decision: _Decision | None = None
+        undecided = False  # looked up, never decided
         if request_id is not None:
             _check_request_id(request_id)
-            count = count or self._l1_offset_of(keys, request_id)
-        keys = keys[count:]
-        read: set[str] = set()
+            decision = self._decided.get(request_id)
+            undecided = decision is None and request_id in self._lookups
+        if decision is None and not undecided and self._agree is not None:
+            raise PoolError("prepare_load: the ranks agree on hits (an agree hook is set), and these keys have no "
+                            "decided lookup: look the request up first and pass its request_id")
         if request_id is not None:
+            count = count or self._l1_offset_of(keys, request_id, decision)
+            self._decided.pop(request_id, None)
             self._lookups.pop(request_id, None)  # scheduled: an L3 answer still out is not waited for
-            read = set(self._finish_prefetch(request_id))
+        keys = keys[count:]
+        read: set[str] = set(self._finish_prefetch(request_id)) if request_id is not None else set()
+        if decision is not None:
+            keys = keys[:_common_run(keys, decision.keys)]
+        elif undecided:
+            keys = []
         # One resident run: the L2 hit, the pages the prefetch read and those of the L3 part that
         # were on L2 already, in prompt order.
         run = keys[:self.index.l2_run(keys)]
+        if decision is None and len(run) * self.page_size < self.policies.min_hit_tokens:
+            run = []  # the lookup's own minimum, for keys no lookup decided
         self.index.lock(run)
         self.index.touch(run)
         self.index.record_hits(run)
@@ -505,28 +572,42 @@ class CacheManager:
         self._admit_to_l3(run)
         return plan
 
-    def _l1_offset_of(self, keys: list[str], request_id: Any) -> int:
-        """The L1 hit to skip when ``keys`` are the whole prompt of a prefetched request (0 when
-        they start where its prefetch did, or nothing says otherwise)."""
-        p = self._prefetches.get(request_id)
-        if p is None or p.start_key is None or not p.l1_pages or not keys or keys[0] == p.start_key:
+    def _l1_offset_of(self, keys: list[str], request_id: Any, decision: _Decision | None) -> int:
+        """The L1 hit to skip when ``keys`` are the whole prompt of a looked-up (or prefetched)
+        request (0 when they start where its hit does, or nothing says otherwise)."""
+        if decision is not None:
+            l1, start_key = decision.l1_pages, decision.keys[0] if decision.keys else None
+        else:
+            p = self._prefetches.get(request_id)
+            l1, start_key = (0, None) if p is None else (p.l1_pages, p.start_key)
+        if start_key is None or not l1 or not keys or keys[0] == start_key:
             return 0
-        return p.l1_pages if len(keys) > p.l1_pages and keys[p.l1_pages] == p.start_key else 0
+        return l1 if len(keys) > l1 and keys[l1] == start_key else 0
 
     def complete_load(self, plan: LoadPlan, completion: object = None) -> None:
-        """The worker's load was issued: unlock; the slots are reused only once ``completion``."""
+        """The worker's load was issued: unlock; the slots are reused only once ``completion``
+        and the load the plan carries (``plan.handle``, set by ``TransferHalf.load``) are done.
+        Where the worker runs in another process, pass its completion, or call this once its
+        result is in. After ``close`` this frees the plan's slots (see ``close``)."""
         if not isinstance(plan, LoadPlan):
             raise ConfigError(f"complete_load: plan must be the LoadPlan prepare_load returned, got {type(plan).__name__}")
         if plan.completed:  # a second unlock would take another request's lock
             raise PoolError("complete_load: this load plan was already completed")
+        completion = _copies_of(plan, completion)
         self.index.unlock(plan.keys, completion)
         plan.completed = True
+        if self._closed:  # the load outlived the manager: its slots go once no load reads them
+            for k in dict.fromkeys(plan.keys):
+                entry = self.index.entry(k)
+                if entry is not None and not entry.locks:
+                    self.index.drop_l2(k)
 
     # --- stores L1 -> L2 ---------------------------------------------------------------------
     def prepare_store(self, keys: Sequence[str], protect: Sequence[str] = ()) -> StorePlan:
-        """Reserve slots for those ``keys`` not yet on L2 (as many as L2 can make room for)."""
+        """Reserve slots for those ``keys`` not yet on L2 (as many as L2 can make room for);
+        the pages of ``protect`` (keys) on L2 are not evicted to make room."""
         self._check_open()
-        return self._prepare_store(check_keys(keys), protect)
+        return self._prepare_store(check_keys(keys), check_keys(protect, "protect"))
 
     def _prepare_store(self, keys: list[str], protect: Sequence[str] = ()) -> StorePlan:
         """``prepare_store`` of keys already checked (the L1 events check theirs once, first)."""
@@ -548,7 +629,9 @@ class CacheManager:
 
     def complete_store(self, plan: StorePlan, success: bool | Sequence[bool] = True, completion: object = None) -> None:
         """End a store: successful pages become resident (and go on to L3 per policy); the slots
-        of failed ones are freed once ``completion`` (the copy that may still write) is done."""
+        of failed ones are freed once ``completion`` and the backup the plan carries
+        (``plan.handle``, set by ``TransferHalf.store``: the copy that may still write) are done.
+        After ``close`` this frees the plan's slots (see ``close``)."""
         if not isinstance(plan, StorePlan):
             raise ConfigError(f"complete_store: plan must be the StorePlan prepare_store returned, got {type(plan).__name__}")
         flags = _success_flags(success, len(plan))
@@ -556,12 +639,16 @@ class CacheManager:
             raise ConfigError(f"complete_store: {len(flags)} success flags for {len(plan)} pages")
         if plan.completed:  # its keys may be another plan's store by now
             raise PoolError("complete_store: this store plan was already completed")
+        completion = _copies_of(plan, completion)
         plan.completed = True
+        if self._closed:  # the store outlived the manager: nothing becomes resident, slots go
+            flags = [False] * len(plan)
         to_l3 = []
         for k, ok in zip(plan.keys, flags):
             slot = self.index.finish_store(k, bool(ok), completion)
             if slot is not None:
-                self.stats.stores_failed += 1
+                if not self._closed:
+                    self.stats.stores_failed += 1
                 self.allocator.free([slot], completion=completion)
                 continue
             self.stats.stores += 1
@@ -721,20 +808,33 @@ class CacheManager:
 
     def close(self, *, drain: bool = True) -> None:
         """Drop every prefetch, finish (``drain``) or refuse L3 work, close the controller, and
-        free every slot this manager holds (each once the copies that may touch it returned)."""
+        free every slot this manager holds (each once the copies that may touch it returned).
+
+        Bounded by the controller's ``limits.drain_timeout_s`` as a whole: the wait for L3 work
+        here and the controller's own drain and close share one deadline (a backend still
+        closing then gets ``controller.CLOSE_GRACE_S`` more); L3 work not done by then is
+        cancelled, as with ``drain=False``.
+
+        Closing in any order: stores and loads the worker still runs (prepared, not completed)
+        keep their slots, and their ``complete_store`` / ``complete_load`` after the close free
+        them (once their completion is done) without an error; a store completed then becomes
+        resident nowhere. So the worker may be drained (``finished_stores`` / ``drain`` seal
+        those slots, still the store's) before or after this call."""
         if self._closed:
             return
+        deadline = time.monotonic() + (self.l3.limits.drain_timeout_s if self.l3 is not None else 0.0)
         for request_id in list(self._prefetches):
             self._finish_prefetch(request_id)
         self._lookups.clear()
+        self._decided.clear()
         if drain and self.l3 is not None and not self.l3.degraded:
             if self.policies.write is WritePolicy.WRITE_BACK:
                 # Closing frees every L2 copy: under write_back that is the last copy of each page
                 # not yet on L3, which goes down first, as an eviction would send it.
                 self._put_l3([k for k in self.index.lru_keys() if self._wants_l3(self.index.entry(k))])
-            self.wait_idle()
+            self.wait_idle(max(0.0, deadline - time.monotonic()))
         if self.l3 is not None:
-            self.l3.close(drain=drain)  # every future of it is answered after this
+            self.l3.close(drain=drain, deadline=deadline)  # every future of it is answered after this
         if self._agree is not None:
             self._agree.close()
         self.poll()
@@ -749,6 +849,27 @@ def _check_request_id(request_id: Any) -> None:
         hash(request_id)
     except TypeError:
         raise ConfigError(f"request_id must be hashable (a str or an int), got {type(request_id).__name__}") from None
+
+
+def _copies_of(plan: LoadPlan | StorePlan, completion: object) -> object:
+    """What a plan's slots wait on: the completion passed and the handle the plan carries (each
+    checked here, before anything changes state)."""
+    carried = plan.handle
+    if carried is None or carried is completion:
+        return completion
+    if completion is None:
+        return as_completion(carried)
+    return AllOf([as_completion(carried), as_completion(completion)])
+
+
+def _common_run(keys: Sequence[str], decided: Sequence[str]) -> int:
+    """Length of the leading run of ``keys`` that are the decided keys, in order."""
+    run = 0
+    for k, d in zip(keys, decided):
+        if k != d:
+            break
+        run += 1
+    return run
 
 
 def _success_flags(success: object, count: int) -> list[bool]:

@@ -68,7 +68,8 @@ class TransferHalf:
         if not len(plan):
             return NOTHING_LOADED
         self.bytes_loaded += len(plan) * self.host_pool.spec.page_bytes
-        return self.engine.load(plan.slots, list(device_pages))
+        plan.handle = self.engine.load(plan.slots, list(device_pages))
+        return plan.handle
 
     def store(self, plan: StorePlan, device_pages: Sequence[int]) -> Completion:
         """Back ``device_pages`` (one per plan key) up into the plan's slots; returns the completion
@@ -79,16 +80,20 @@ class TransferHalf:
         if not len(plan):
             return DONE
         handle = self.engine.backup(list(device_pages), plan.slots)
+        plan.handle = handle
         self.bytes_stored += len(plan) * self.host_pool.spec.page_bytes
         self._stores.append((plan, handle))
         return handle
 
     def finished_stores(self) -> list[StorePlan]:
-        """Plans whose backups completed, sealed now (non-blocking)."""
+        """Plans whose backups completed, sealed now (non-blocking). A plan the manager ended
+        already (``complete_store`` while its backup ran: its slots may be free by now) is
+        neither sealed nor returned."""
         done, still = [], []
         for plan, handle in self._stores:
             (done if handle.done() else still).append((plan, handle))
         self._stores = still
+        done = [(plan, handle) for plan, handle in done if not plan.completed]
         if self.host_pool.holds_records:
             for plan, _ in done:
                 for key, slot in zip(plan.keys, plan.slots):
@@ -129,7 +134,7 @@ class NullTransferHalf:
 
     def finished_stores(self) -> list[StorePlan]:
         done, self._stores = self._stores, []
-        return done
+        return [plan for plan in done if not plan.completed]
 
     drain = finished_stores
 

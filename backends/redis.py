@@ -19,7 +19,7 @@ How it talks to the server:
   ``SET key <value> NX`` is sent from the slot's memoryview without joining it into a bytes object.
   redis-py copies every value two or three times and reached only 0.3-0.4 of ``redis-benchmark``
   on a 2-core machine; this path reaches 0.8-0.9 of its GET and matches its SET while the server
-  evicts (docs/benchmarks.md, "L3: redis"). With TLS (asyncio's socket calls
+  evicts (docs/benchmarks.md, "L3 backends"). With TLS (asyncio's socket calls
   do not take SSL sockets) or ``zero_copy=false`` values go through redis-py and are copied.
 - Each value is one request on a connection of its own (up to ``max_in_flight`` at once), not a
   pipeline on one connection: at ~3 MB a value the round trip is noise, and separate connections

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .host_layouts import round_up
 from .record import HEADER_BYTES
+from .sizes import round_up
 from .spec import KVSpec
 
 

@@ -209,7 +209,7 @@ def test_cli_trace_json_and_table(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--limit", "3"], "give --trace too"),
-    (["--clients", "0"], "positive integer"),
+    (["--clients", "0"], "--clients must be > 0, got 0"),
     (["--page-size", "32"], "give --model too"),
     (["--gpu-mem", "12XB"], "unknown unit"),
     (["--simulate", "--l3", "memory://"], "drop the L3 URL"),

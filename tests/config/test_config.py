@@ -54,7 +54,7 @@ def test_examples_use_the_dev_stack_ports() -> None:
     assert mooncake.master == "127.0.0.1:50051"
     assert mooncake.setup_config()["metadata_server"] == "http://127.0.0.1:8080/metadata"
     ssd = load_config(EXAMPLES / "local-ssd.yaml", env={}).l3.backend_options()
-    assert isinstance(ssd, FileOptions) and ssd.capacity_bytes == parse_size("2TiB")
+    assert isinstance(ssd, FileOptions) and ssd.capacity_bytes == parse_size("64GiB")
 
 
 def test_two_instances_share_one_l3_and_one_key_space() -> None:

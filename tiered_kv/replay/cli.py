@@ -213,13 +213,14 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args, config)
     requests = workload_from_args(args)
     address = metrics_address(args, config)
-    bar, step = _progress_bar(len(requests), args.quiet, settings.spec.page_size)
     h = build(settings)
-    server = None
+    server = bar = None
     try:
         try:
             if address is not None:
                 server = _serve(h, address)
+            # After the build: the progress clock counts the requests' time, not the tiers' allocation.
+            bar, step = _progress_bar(len(requests), args.quiet, settings.spec.page_size)
             result = replay(h, requests, inflight=args.inflight, progress=step)
         finally:
             if bar is not None:

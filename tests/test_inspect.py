@@ -116,7 +116,7 @@ def test_file_damaged_header_fails_without_verify_and_table_lists_it(file_store,
 
 
 def test_json_counts_records_per_spec_as_count_and_names_the_unparsed_ones(file_store, capsys):
-    """Issue 11: "count, bytes, records per spec fingerprint": ``count`` beside ``records`` at the
+    """Count, bytes and records per spec fingerprint: ``count`` beside ``records`` at the
     top and per spec; a header-corrupt record is counted at the top only, and ``without_spec`` says
     how many such records make the difference."""
     root, written = file_store

@@ -22,9 +22,10 @@ Exit codes: 0 success; 2 bad usage (argparse's convention) and bad argument valu
 ``ConfigError`` / ``SpecError``: malformed sizes, impossible plans, bad URLs); 1 a failure while
 running (backend unreachable, store too small: any other library error), and also an unexpected
 exception, which is a bug; 130 interrupted (SIGINT), 143 terminated (SIGTERM). Both signals unwind
-the command as an exception, so its cleanup runs (a replay's temporary L3 directory is removed). ``tiered-kv`` with no command prints the help on
-stderr and exits 2, as any other incomplete command line does. Errors are one line on stderr,
-``tiered-kv: error: ...``; ``--debug`` (before or after the subcommand) adds the traceback.
+the command as an exception, so its cleanup runs (a replay's temporary L3 directory is removed),
+and leave one line. ``tiered-kv`` with no command prints the help on stderr and exits 2, as any
+other incomplete command line does. Errors are one line on stderr, ``tiered-kv: error: ...``;
+``--debug`` (before or after the subcommand) adds the traceback.
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ class Inspection:
         return self.records - sum(c.records for c in self.specs.values())
 
     def as_json(self) -> dict:
-        # ``count`` is the name for the number of records (the same as ``records``, kept).
+        # ``count`` and ``records`` are the same number under both names readers of this JSON use.
         return {
             "backend": self.backend,
             "prefix": self.prefix,

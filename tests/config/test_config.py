@@ -496,7 +496,7 @@ def test_config_show_without_a_file_is_what_replay_runs_without_one(capsys: pyte
 
 def test_model_beside_a_config_keeps_the_sizes_the_file_gives(tmp_path: Path, capsys: pytest.CaptureFixture,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 11: sizing flags beside a config file, the flags winning: only the flags given.
+    """Sizing flags beside a config file, the flags winning: only the flags given.
     --model switches the spec; the file's (and the environment's) sizes stay, in pages of it."""
     monkeypatch.delenv("TIERED_KV_CONFIG", raising=False)
     path = write(tmp_path, "spec: {kind: nsa, layers: 4, name: mine}\nl1: {size: 16MiB}\nl2: {size: 48MiB}\n"

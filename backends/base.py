@@ -62,13 +62,15 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from ..model import record
 from ..errors import (BackendError, BackendTimeoutError, ConfigError, ForeignRecordError, IndexValidationError, NoHostPoolError,
                       PoolError, RecordError, UnsealedSlotError)
-from ..model.host_pool import HostPool
 from ..model.keys import check_keys
+
+if TYPE_CHECKING:  # the host pool needs torch; listing or key-only use of a backend does not
+    from ..model.host_pool import HostPool
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -168,10 +170,13 @@ class Backend(ABC):
     capabilities: ClassVar[Capabilities]
 
     def __init__(self, pool: HostPool | None, *, max_workers: int = 4, timeout_s: float | None = 30.0) -> None:
-        if pool is not None and not isinstance(pool, HostPool):
-            raise PoolError(f"an L3 backend serves a page_first HostPool or None (key-only), got {type(pool).__name__}")
-        if pool is not None and not pool.holds_records:
-            raise PoolError(f"L3 backends move whole page records and need a page_first host pool; got {pool.layout}")
+        if pool is not None:
+            from ..model.host_pool import HostPool  # only with a pool: a key-only backend needs no torch
+
+            if not isinstance(pool, HostPool):
+                raise PoolError(f"an L3 backend serves a page_first HostPool or None (key-only), got {type(pool).__name__}")
+            if not pool.holds_records:
+                raise PoolError(f"L3 backends move whole page records and need a page_first host pool; got {pool.layout}")
         self._pool = pool
         self.timeout_s = timeout_s
         self.stats = BackendStats()

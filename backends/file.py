@@ -43,16 +43,18 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import unquote
 
 from pydantic import Field
 
 from ..errors import BackendError, BackendUnavailableError, ConfigError, PoolError
-from ..model.host_pool import HostPool
-from ..model.host_layouts import round_up
+from ..model.sizes import round_up
 from .base import Backend, Capabilities, NotARecord, OtherLength, matches_read, read_length
 from .url_options import MAX_TTL_S, ByteSize, TimeoutSeconds, Workers, check_fields, options_from_url, split_url
+
+if TYPE_CHECKING:  # annotations only: the host pool needs torch, listing a store does not
+    from ..model.host_pool import HostPool
 
 SUFFIX = ".page"
 TEMP_PREFIX = ".tmp-"

@@ -12,15 +12,17 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
 from ..errors import ConfigError
-from ..model.host_pool import HostPool
 from ..model.sizes import MAX_SIZE
 from .base import Backend, Capabilities, OtherLength, matches_read, read_length
 from .url_options import check_fields, options_from_url, split_url
+
+if TYPE_CHECKING:  # annotations only: the host pool needs torch, listing a store does not
+    from ..model.host_pool import HostPool
 
 
 @dataclass(frozen=True)

@@ -54,17 +54,19 @@ import logging
 import socket
 import threading
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
 from ..errors import BackendError, BackendUnavailableError, ConfigError
-from ..model.host_pool import HostPool
 from ..model.sizes import MAX_SIZE
 from ..model.record import HEADER_BYTES
 from .base import Backend, Capabilities, NotARecord, OtherLength
 from .url_options import (MAX_WORKERS, ByteSize, HostName, TimeoutSeconds, Workers, check_host, check_fields,
                           options_from_url, split_url, url_port)
+
+if TYPE_CHECKING:  # annotations only: the host pool needs torch, listing a store does not
+    from ..model.host_pool import HostPool
 
 log = logging.getLogger(__name__)
 

@@ -71,13 +71,15 @@ import hashlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import BackendError, BackendTimeoutError, BackendUnavailableError, ConfigError
-from ..model.host_pool import HostPool
 from .base import Backend, Capabilities, NotARecord, OtherLength, all_or_nothing, read_length
 from .redis_options import RedisOptions, parse_redis_url
 from .resp import RespConnection, RespError, encode_command
+
+if TYPE_CHECKING:  # annotations only: the host pool needs torch, listing a store does not
+    from ..model.host_pool import HostPool
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import importlib
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from ..model.host_pool import HostPool
 from .base import Backend
 from .url_options import split_url
+
+if TYPE_CHECKING:  # annotations only: the host pool needs torch, listing a store does not
+    from ..model.host_pool import HostPool
 
 ENTRY_POINT_GROUP = "tiered_kv.backends"
 

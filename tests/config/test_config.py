@@ -54,7 +54,7 @@ def test_examples_use_the_dev_stack_ports() -> None:
     assert mooncake.master == "127.0.0.1:50051"
     assert mooncake.setup_config()["metadata_server"] == "http://127.0.0.1:8080/metadata"
     ssd = load_config(EXAMPLES / "local-ssd.yaml", env={}).l3.backend_options()
-    assert isinstance(ssd, FileOptions) and ssd.capacity_bytes == parse_size("2TiB")
+    assert isinstance(ssd, FileOptions) and ssd.capacity_bytes == parse_size("64GiB")
 
 
 def test_two_instances_share_one_l3_and_one_key_space() -> None:
@@ -496,7 +496,7 @@ def test_config_show_without_a_file_is_what_replay_runs_without_one(capsys: pyte
 
 def test_model_beside_a_config_keeps_the_sizes_the_file_gives(tmp_path: Path, capsys: pytest.CaptureFixture,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 11: sizing flags beside a config file, the flags winning: only the flags given.
+    """Sizing flags beside a config file, the flags winning: only the flags given.
     --model switches the spec; the file's (and the environment's) sizes stay, in pages of it."""
     monkeypatch.delenv("TIERED_KV_CONFIG", raising=False)
     path = write(tmp_path, "spec: {kind: nsa, layers: 4, name: mine}\nl1: {size: 16MiB}\nl2: {size: 48MiB}\n"

@@ -107,3 +107,23 @@ def test_options_the_docs_call_url_only_are_refused_as_options_and_only_those() 
         except ConfigError as exc:
             refused = "comes from the URL itself" in str(exc)
         assert refused == (key in url_only), f"{key}: docs say {meanings[key]!r}"
+
+
+def test_dev_stack_docs_point_the_mooncake_config_at_other_ports() -> None:
+    """docs/dev-stack.md's override for a dev stack on other ports moves both the master and the
+    metadata server: the URL alone leaves ``l3.options.metadata_server`` on the file's port 8080."""
+    from tiered_kv.config import load_config
+
+    repo = DOCS.parents[1]
+    text = (repo / "docs" / "dev-stack.md").read_text()
+    ports = {"REDIS_PORT": "16379", "MOONCAKE_RPC_PORT": "15051", "MOONCAKE_HTTP_PORT": "18080"}
+    assigned = {name: re.sub(r"\$(\w+)", lambda m: ports[m.group(1)], value)
+                for name, value in re.findall(r'^\s*(TIERED_KV_L3__\w+)="([^"]+)"', text, re.M)}
+    env = {k: v for k, v in assigned.items() if k in {"TIERED_KV_L3__URL", "TIERED_KV_L3__OPTIONS__METADATA_SERVER"}}
+    assert "TIERED_KV_L3__OPTIONS__METADATA_SERVER" in env, "the docs do not say how to move the metadata server"
+    mooncake = load_config(repo / "examples/configs/devstack-mooncake.yaml", env=env).l3.backend_options()
+    assert mooncake.master == "127.0.0.1:15051"
+    assert mooncake.metadata_server == "http://127.0.0.1:18080/metadata"
+    url_only = {"TIERED_KV_L3__URL": env["TIERED_KV_L3__URL"]}
+    stale = load_config(repo / "examples/configs/devstack-mooncake.yaml", env=url_only).l3.backend_options()
+    assert stale.metadata_server == "http://127.0.0.1:8080/metadata"  # why the docs must say it

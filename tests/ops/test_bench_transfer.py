@@ -58,7 +58,7 @@ def test_pages_wrong_counts_a_page_that_differs():
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--layers", "62"], "deepseek-v3.2 has 61 layers"),
-    (["--pages", "0"], "expected a positive integer"),
+    (["--pages", "0"], "--pages must be > 0, got 0"),
     (["--path", "warp"], "invalid choice"),
 ])
 def test_bad_arguments_exit_2(argv, message, capsys):

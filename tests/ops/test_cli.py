@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import tiered_kv
-from tiered_kv.ops import cli
+from tiered_kv.ops import cli as cli
 from tiered_kv.model.host_pool import HostPool
 from tiered_kv.model.spec import model_spec, nsa_spec
 
@@ -110,7 +110,7 @@ def test_debug_prints_the_traceback(where):
 
 
 def test_a_reader_that_goes_away_is_no_internal_error():
-    # `tiered-kv config show | head -1` printed "internal error: BrokenPipeError ... (a bug)".
+    # `tiered-kv config show | head -1`: a closed pipe is the reader's choice, not "internal error: BrokenPipeError".
     process = subprocess.Popen([sys.executable, "-m", "tiered_kv.ops.cli", "config", "show"], cwd=REPO,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with process:
@@ -120,16 +120,16 @@ def test_a_reader_that_goes_away_is_no_internal_error():
     assert err == ""
 
 
-def _register_boom(sub, common):
+def _boom_arguments(p, common):
     # A command with a bug in it: what the CLI does with an exception that is not the library's.
     def boom(args):
         return {}["missing key"]
 
-    sub.add_parser("boom", parents=[common]).set_defaults(func=boom)
+    p.set_defaults(func=boom)
 
 
 def test_a_bug_is_one_line_with_a_hint(monkeypatch, capsys):
-    monkeypatch.setitem(cli.COMMANDS, "boom", _register_boom)
+    monkeypatch.setitem(cli.COMMANDS, "boom", cli.Command("a command with a bug", _boom_arguments))
     code, out, err = call(["boom"], capsys)
     assert code == 1
     assert_one_line_error(err, "internal error", "KeyError", "missing key", "--debug")
@@ -182,6 +182,33 @@ def test_bad_argument_values_exit_2_with_one_line(argv, named, capsys):
     assert code == 2
     assert_one_line_error(err, named)
     assert out == ""
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["plan", "--gpu-mem", "-3GiB"], "--gpu-mem must be > 0, got -3GiB"),
+    (["plan", "--host-mem=-1MiB"], "--host-mem must be > 0, got -1MiB"),
+    (["plan", "--disk", "0"], "--disk must be > 0, got 0"),
+    (["plan", "--page-size", "-64"], "--page-size must be > 0, got -64"),
+    (["plan", "--layers", "0"], "--layers must be > 0, got 0"),
+    (["replay", "--clients", "-3"], "--clients must be > 0, got -3"),
+    (["replay", "--rate", "-0.5"], "--rate must be > 0 and finite, got -0.5"),
+    (["replay", "--seed", "-1"], "--seed must be >= 0, got -1"),
+    (["replay", "--host-mem", "-48MiB"], "--host-mem must be > 0, got -48MiB"),
+    (["bench", "storage", "--backend", "memory://", "--pages", "-2"], "--pages must be > 0, got -2"),
+])
+def test_sizes_and_counts_out_of_range_say_so_naming_the_flag(argv, message, capsys):
+    """Not "malformed size" for ``-3GiB``, nor "expected one argument" where argparse took the
+    value for an option."""
+    code, out, err = call(argv, capsys)
+    assert code == 2
+    assert_one_line_error(err, message)
+    assert "malformed" not in err and "expected one argument" not in err and "argument --" not in err
+
+
+def test_text_that_is_no_number_still_says_what_was_expected(capsys):
+    code, _, err = call(["replay", "--clients", "many"], capsys)
+    assert code == 2
+    assert_one_line_error(err, "--clients", "expected an integer, got 'many'")
 
 
 # --- plan: valid combinations and the page-size words --------------------------------------------

@@ -116,7 +116,7 @@ def test_file_damaged_header_fails_without_verify_and_table_lists_it(file_store,
 
 
 def test_json_counts_records_per_spec_as_count_and_names_the_unparsed_ones(file_store, capsys):
-    """Issue 11: "count, bytes, records per spec fingerprint": ``count`` beside ``records`` at the
+    """Count, bytes and records per spec fingerprint: ``count`` beside ``records`` at the
     top and per spec; a header-corrupt record is counted at the top only, and ``without_spec`` says
     how many such records make the difference."""
     root, written = file_store
@@ -194,6 +194,28 @@ def test_redis_store_scan_over_the_prefix_finds_setrange_damage(server, capsys):
     assert {k: client.dump(k) for k in client.scan_iter(match=f"{prefix}*")} == values_before  # nothing deleted
     code, found = _inspect(capsys, url)  # headers only: the damage is in the payload
     assert code == 0 and found["records"] == 5
+
+
+def test_redis_output_names_the_key_prefix_it_listed(server, capsys):
+    """The URL shown drops its query, and a URL without ``prefix`` lists the default ``tkv:``: the
+    output says which keys it looked at, in the table and in ``--json``."""
+    prefix = f"p{secrets.token_hex(4)}:"
+    asyncio.run(_write(f"{server.url}?prefix={prefix}", {SPEC: 1}))
+    code, found = _inspect(capsys, f"{server.url}?prefix={prefix}")
+    assert code == 0 and found["prefix"] == prefix and found["records"] == 1
+    assert main(["inspect", f"{server.url}?prefix={prefix}"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(f"store {server.url} (keys under prefix '{prefix}'): 1 records"), first
+    code, found = _inspect(capsys, server.url)
+    assert code == 0 and found["prefix"] == "tkv:"
+
+
+def test_a_file_store_names_no_prefix(file_store, capsys):
+    root, _ = file_store
+    code, found = _inspect(capsys, f"file://{root}")
+    assert code == 0 and found["prefix"] is None
+    assert main(["inspect", f"file://{root}"]) == 0
+    assert "prefix" not in capsys.readouterr().out
 
 
 def test_redis_glob_characters_in_the_prefix_are_literal(server, capsys):

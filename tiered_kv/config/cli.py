@@ -4,7 +4,7 @@
 a one-line summary; a bad config is the loader's one-line ConfigError, which ``tiered_kv.ops.cli.main``
 prints and turns into exit code 2. ``show`` prints every effective value and its source (default,
 file, env, argument); with no FILE, ``$TIERED_KV_CONFIG``, else the embedded default that
-``tiered-kv replay`` runs without a file (``replay.setup.embedded_config``), under the environment.
+``tiered-kv replay`` runs without a file (``tiered_kv.compose.embedded_config``), under the environment.
 """
 
 from __future__ import annotations
@@ -30,9 +30,8 @@ def run_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    """The ``tiered-kv`` command table's entry."""
-    config = sub.add_parser("config", parents=[common], help="check a config file, or show the effective values")
+def add_arguments(config: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    """The ``tiered-kv config`` parser's subcommands; ``common`` is every parser's parent (``--debug``)."""
     commands = config.add_subparsers(dest="config_command", required=True, metavar="{check,show}")
     check = commands.add_parser("check", parents=[common], help="validate a config file (exit 0 ok, 2 bad)")
     check.add_argument("file", metavar="FILE", help="a YAML (.yaml, .yml) or TOML (.toml) config file")
@@ -45,4 +44,4 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     show_.set_defaults(func=run_show)
 
 
-__all__ = ["register", "run_check", "run_show"]
+__all__ = ["add_arguments", "run_check", "run_show"]

@@ -16,13 +16,8 @@ import numpy as np
 import torch
 
 from .record import HEADER_BYTES
+from .sizes import round_up
 from .spec import KVSpec
-
-ALIGN = 4096
-
-
-def round_up(value: int, multiple: int = ALIGN) -> int:
-    return -(-value // multiple) * multiple
 
 
 class PageFirstLayout:

@@ -7,6 +7,15 @@ from decimal import Decimal, localcontext
 
 from ..errors import ConfigError
 
+#: Direct I/O and page_first host slots work in whole blocks of this many bytes.
+ALIGN = 4096
+
+
+def round_up(value: int, multiple: int = ALIGN) -> int:
+    """``value`` rounded up to a multiple of ``multiple`` (a padded slot from a record's bytes)."""
+    return -(-value // multiple) * multiple
+
+
 # The largest size anything here takes: what an int64 offset (files, mmap, C APIs) can hold.
 MAX_SIZE = 2**63 - 1
 

@@ -8,17 +8,24 @@
     tiered-kv inspect URL [--verify] [--json]
     tiered-kv config check FILE | config show [FILE] [--json]
 
-Subcommands are registered from ``COMMANDS`` (name -> ``register(subparsers, common)``, which adds
-the command's parser with ``parents=[common]``, for ``--debug``, and sets ``func``: a function of the
-parsed arguments returning the exit code). A new command is one entry there and one small function
-or module; it raises the library's errors and leaves exit codes and messages to ``main``.
+Subcommands are listed in ``COMMANDS`` (name -> ``Command``: its line in the help and a function
+that adds its arguments to its parser and sets ``func``, a function of the parsed arguments
+returning the exit code). A new command is one entry there and one small function or module; it
+raises the library's errors and leaves exit codes and messages to ``main``.
+
+Only the command that runs has its module imported (``main`` builds the other commands' parsers
+bare, from their help line): ``--version``, ``plan``, ``config`` and ``inspect`` load no torch, and
+this module imports nothing heavy at the top, so an interrupt while a command's modules load is
+caught by ``main`` like any other.
 
 Exit codes: 0 success; 2 bad usage (argparse's convention) and bad argument values (the library's
 ``ConfigError`` / ``SpecError``: malformed sizes, impossible plans, bad URLs); 1 a failure while
 running (backend unreachable, store too small: any other library error), and also an unexpected
-exception, which is a bug; 130 interrupted. ``tiered-kv`` with no command prints the help on
-stderr and exits 2, as any other incomplete command line does. Errors are one line on stderr,
-``tiered-kv: error: ...``; ``--debug`` (before or after the subcommand) adds the traceback.
+exception, which is a bug; 130 interrupted (SIGINT), 143 terminated (SIGTERM). Both signals unwind
+the command as an exception, so its cleanup runs (a replay's temporary L3 directory is removed),
+and leave one line. ``tiered-kv`` with no command prints the help on stderr and exits 2, as any
+other incomplete command line does. Errors are one line on stderr, ``tiered-kv: error: ...``;
+``--debug`` (before or after the subcommand) adds the traceback.
 """
 
 from __future__ import annotations
@@ -26,19 +33,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import signal
 import sys
+import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Any
 
 from .. import __version__
-from . import store_inspect as inspect_cli
-from ..config import cli as config_cli
+from .cli_args import check_latent_dtype, latent_dtype_choices, positive_int, positive_size
 from ..errors import ConfigError, SpecError, TieredKVError
-from .plan import describe_page_sizes, plan_json, plan_tiers
-from .replay import cli as replay_cli
-from .cli_args import positive_int, positive_size
 from ..model.sizes import format_size, parse_size
-from ..model.spec import LATENT_DTYPES, MODEL_PRESETS, model_spec
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that the command unwinds and cleans up as it does on
+    Ctrl-C. A BaseException, like KeyboardInterrupt, so no ``except Exception`` swallows it."""
+
 
 #: Exit code per error class, looked up along the exception's MRO (the most specific class wins):
 #: wrong argument values are usage errors, every other library error a runtime failure.
@@ -47,15 +60,29 @@ EXIT_CODES: dict[type[BaseException], int] = {
     SpecError: 2,
     TieredKVError: 1,
     KeyboardInterrupt: 130,
+    Terminated: 128 + signal.SIGTERM,
 }
 BUG_EXIT_CODE = 1
+#: The one line a signal leaves on stderr.
+SIGNAL_MESSAGES: dict[type[BaseException], str] = {KeyboardInterrupt: "interrupted", Terminated: "terminated"}
+
+#: argparse's "argument --flag: must be > 0, got -3" reads "--flag must be > 0, got -3".
+_FLAG_MUST_BE = re.compile(r"^argument (\S+): (must be )")
+#: Values that start with a dash and a digit are values (``--gpu-mem -3GiB``), not options; argparse
+#: itself takes only plain numbers for values and calls ``-3GiB`` a missing argument.
+_DASH_DIGIT = re.compile(r"^-\.?\d")
 
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse, with usage errors on one line like every other error (subparsers inherit it)."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = _DASH_DIGIT  # argparse's own hook (no option looks like -3)
+
     def error(self, message: str):  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see '{self.prog} --help')\n")
+        message = _FLAG_MUST_BE.sub(r"\1 \2", " ".join(message.split()))
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
 # --- argument types: tiered_kv.ops.cli_args (shared with the subcommand modules) ---------------------
@@ -75,15 +102,16 @@ def layer_range(text: str) -> tuple[int, int]:
 
 # --- plan ----------------------------------------------------------------------------------------
 
-def register_plan(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("plan", parents=[common], help="bytes per token and page, and what fits in each tier")
+def plan_arguments(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    from ..model.spec import MODEL_PRESETS
+
     p.add_argument("--model", default="deepseek-v3.2", choices=sorted(MODEL_PRESETS), help="model preset (default deepseek-v3.2)")
     layers = p.add_mutually_exclusive_group()
     layers.add_argument("--layers", type=positive_int, default=None, help="the model's first N layers (default: all)")
     layers.add_argument("--layer-range", type=layer_range, default=None, metavar="START:END",
                         help="the layers this cache holds, end exclusive (a pipeline stage)")
     p.add_argument("--page-size", type=positive_int, default=64, help="tokens per page (default 64)")
-    p.add_argument("--latent-dtype", choices=["fp8", "bf16"], default=None,
+    p.add_argument("--latent-dtype", choices=latent_dtype_choices(), default=None,
                    help="latent dtype, for models with a latent (default: fp8 for NSA, bf16 for MLA)")
     p.add_argument("--gpu-mem", type=positive_size, default=parse_size("64GiB"), metavar="SIZE", help="GPU memory for KV pages (default 64GiB)")
     p.add_argument("--host-mem", type=positive_size, default=parse_size("512GiB"), metavar="SIZE", help="pinned host pool (default 512GiB)")
@@ -97,11 +125,10 @@ def register_plan(sub: argparse._SubParsersAction, common: argparse.ArgumentPars
 
 def _plan_spec(args: argparse.Namespace):
     """The spec the arguments describe; ConfigError naming the argument for impossible ones."""
-    kind, model_layers, _ = MODEL_PRESETS[args.model]
-    allowed = LATENT_DTYPES[kind]
-    if args.latent_dtype is not None and args.latent_dtype not in allowed:
-        has = f"stores its latent only as {', '.join(allowed)}" if allowed else "has no latent (separate k and v)"
-        raise ConfigError(f"--latent-dtype {args.latent_dtype}: {args.model} ({kind}) {has}")
+    from ..model.spec import MODEL_PRESETS, model_spec
+
+    model_layers = MODEL_PRESETS[args.model][1]
+    check_latent_dtype(args.model, args.latent_dtype)
     if args.layers is not None and args.layers > model_layers:
         raise ConfigError(f"--layers {args.layers}: {args.model} has {model_layers} layers")
     bounds = args.layer_range or (0, args.layers or model_layers)
@@ -115,6 +142,8 @@ _TIER_ARGUMENT = {"gpu": "--gpu-mem", "host": "--host-mem", "disk": "--disk"}
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    from .plan import describe_page_sizes, plan_json, plan_tiers
+
     spec = _plan_spec(args)
     tiers = plan_tiers(spec, gpu_bytes=args.gpu_mem, host_bytes=args.host_mem, disk_bytes=args.disk)
     for t in tiers:
@@ -171,51 +200,76 @@ def _simulate_trace(args: argparse.Namespace, spec) -> dict:
 
 
 # --- bench ---------------------------------------------------------------------------------------
-def _register_bench_storage(bench: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+def _bench_storage_arguments(p: argparse.ArgumentParser) -> None:
     from .bench import storage as storage_bench
 
-    storage = bench.add_parser("storage", parents=[common],
-                               help="put/get throughput of an L3 backend against its medium's ceiling")
-    storage_bench.add_arguments(storage)
-    storage.set_defaults(func=storage_bench.run)
+    storage_bench.add_arguments(p)
+    p.set_defaults(func=storage_bench.run)
 
 
-def _register_bench_transfer(bench: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+def _bench_transfer_arguments(p: argparse.ArgumentParser) -> None:
     from .bench import transfer
 
-    p = bench.add_parser("transfer", parents=[common],
-                         help="L1 <-> L2 copies through the transfer engine: backup, load, one layer (GB/s)")
     transfer.add_arguments(p)
     p.set_defaults(func=transfer.run)
 
 
-#: ``tiered-kv bench`` subcommands: name -> function adding its parser.
-BENCHES: dict[str, Callable[[argparse._SubParsersAction, argparse.ArgumentParser], None]] = {
-    "storage": _register_bench_storage,
-    "transfer": _register_bench_transfer,
+#: ``tiered-kv bench`` subcommands: name -> (help, function adding its arguments).
+BENCHES: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+    "storage": ("put/get throughput of an L3 backend against its medium's ceiling", _bench_storage_arguments),
+    "transfer": ("L1 <-> L2 copies through the transfer engine: backup, load, one layer (GB/s)", _bench_transfer_arguments),
 }
 
 
-def register_bench(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    bench = sub.add_parser("bench", parents=[common], help="benchmarks").add_subparsers(
-        dest="bench", required=True, metavar="{" + ",".join(BENCHES) + "}")
-    for register in BENCHES.values():
-        register(bench, common)
+def bench_arguments(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    bench = p.add_subparsers(dest="bench", required=True, metavar="{" + ",".join(BENCHES) + "}")
+    for name, (help_, arguments) in BENCHES.items():
+        arguments(bench.add_parser(name, parents=[common], help=help_))
+
+
+# --- the other commands: each module fills its parser --------------------------------------------
+def replay_arguments(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    from .replay import cli as replay_cli
+
+    replay_cli.add_arguments(p)
+    p.set_defaults(func=replay_cli.run)
+
+
+def config_arguments(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    from ..config import cli as config_cli
+
+    config_cli.add_arguments(p, common)
+
+
+def inspect_arguments(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    from . import store_inspect as inspect_cli
+
+    inspect_cli.add_arguments(p)
 
 
 # --- the command line ----------------------------------------------------------------------------
-#: Top-level subcommands: name -> function adding its parser (the name is for readers and tests;
-#: each function names its own parser).
-COMMANDS: dict[str, Callable[[argparse._SubParsersAction, argparse.ArgumentParser], None]] = {
-    "plan": register_plan,
-    "bench": register_bench,
-    "replay": replay_cli.register,
-    "config": config_cli.register,
-    "inspect": inspect_cli.register,
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: its line in ``tiered-kv --help``, and the function that adds its arguments to
+    its parser (given with ``parents=[common]``, for ``--debug``) and sets ``func``. The function
+    imports the command's modules: it runs only for the command given, or for ``build_parser()``."""
+
+    help: str
+    arguments: Callable[[argparse.ArgumentParser, argparse.ArgumentParser], None]
+
+
+COMMANDS: dict[str, Command] = {
+    "plan": Command("bytes per token and page, and what fits in each tier", plan_arguments),
+    "bench": Command("benchmarks", bench_arguments),
+    "replay": Command("replay a chat workload or a trace through the hierarchy", replay_arguments),
+    "config": Command("check a config file, or show the effective values", config_arguments),
+    "inspect": Command("count and verify the records of an L3 store (read-only)", inspect_arguments),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; ``commands`` names the commands whose arguments it knows (None: all of them).
+    The others are there with their help line only, so their modules stay unimported."""
     parser = ArgumentParser(prog="tiered-kv", description="A three-tier KV cache for LLM serving engines.",
                                      epilog="exit codes: 0 ok, 1 failure while running, 2 bad usage or argument values")
     parser.add_argument("--version", action="version", version=f"tiered-kv {__version__}")
@@ -224,9 +278,18 @@ def build_parser() -> argparse.ArgumentParser:
     common = ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="print the traceback of an error")
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
-    for register in COMMANDS.values():
-        register(sub, common)
+    for name, command in COMMANDS.items():
+        p = sub.add_parser(name, parents=[common], help=command.help)
+        if commands is None or name in commands:
+            command.arguments(p, common)
     return parser
+
+
+def command_named(argv: list[str]) -> str | None:
+    """The command ``argv`` runs: its first word that is no option (no top-level option takes a
+    value), where that is a command's name."""
+    word = next((a for a in argv if not a.startswith("-")), None)
+    return word if word in COMMANDS else None
 
 
 def _one_line(exc: BaseException) -> str:
@@ -238,13 +301,33 @@ def _exit_code(exc: BaseException) -> int | None:
     return next((EXIT_CODES[cls] for cls in type(exc).__mro__ if cls in EXIT_CODES), None)
 
 
+def _raise_terminated(signum: int, frame: object) -> None:
+    # A second SIGTERM during the cleanup ends the process at once, as SIGTERM does by default.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise Terminated()
+
+
+def _on_sigterm(handler: Any) -> Any:
+    """Install ``handler`` for SIGTERM and return the one it replaces; nothing off the main thread,
+    where Python takes no handlers (``main`` called from a thread keeps the default)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.signal(signal.SIGTERM, handler)
+    return signal.SIG_DFL if previous is None else previous  # None: a handler set outside Python
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help(sys.stderr)
-        return 2
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv  # before parsing: an interrupt may come before the arguments are read
+    previous = _on_sigterm(_raise_terminated)
     try:
+        name = command_named(argv)
+        parser = build_parser([name] if name else [])
+        args = parser.parse_args(argv)
+        debug = args.debug
+        if args.command is None:
+            parser.print_help(sys.stderr)
+            return 2
         code = args.func(args)
         # Output to a pipe is block-buffered: a reader that went away shows at this flush, inside
         # the handler below, instead of in the interpreter's final flush (exit 120 and a message).
@@ -257,12 +340,13 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
-    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - the one place that turns errors into exit codes
+    except (Exception, KeyboardInterrupt, Terminated) as exc:  # noqa: BLE001 - the one place that turns errors into exit codes
         code = _exit_code(exc)
-        if args.debug:
+        if debug:
             traceback.print_exc()
-        if isinstance(exc, KeyboardInterrupt):
-            print("tiered-kv: interrupted", file=sys.stderr)
+        signalled = next((m for cls, m in SIGNAL_MESSAGES.items() if isinstance(exc, cls)), None)
+        if signalled is not None:
+            print(f"tiered-kv: {signalled}", file=sys.stderr)
         elif code is None:
             # Not one of the library's errors: a bug. Still one line; the traceback is one flag away.
             print(f"tiered-kv: internal error: {type(exc).__name__}: {_one_line(exc)} (a bug; rerun with --debug "
@@ -270,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"tiered-kv: error: {_one_line(exc)}", file=sys.stderr)
         return BUG_EXIT_CODE if code is None else code
+    finally:
+        if previous is not None:
+            _on_sigterm(previous)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..model.host_layouts import round_up
 from ..model.record import HEADER_BYTES
+from ..model.sizes import round_up
 from ..model.spec import KVSpec
 
 

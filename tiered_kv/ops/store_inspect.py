@@ -8,7 +8,9 @@ are listed with the reason. A record is corrupt when its header does not parse, 
 checksum does not match, it is stored under another name than its key's, or its stored length is
 not the one its header implies; without ``--verify`` only the payload checksum goes unchecked.
 Objects in the namespace that are no byte value (a Redis list under the prefix) are listed apart,
-as the backends leave them alone too.
+as the backends leave them alone too. A Redis store is listed under its key prefix (the URL's
+``prefix`` option, else the default ``tkv:``), which the output names: keys outside it are not
+looked at.
 
 It never deletes or changes anything (unlike ``get_into``, which deletes a corrupt record it
 meets): the backend is opened with ``Backend.open_for_reading``. ``memory://`` stores live inside
@@ -56,6 +58,7 @@ class Inspection:
 
     backend: str
     verified: bool
+    prefix: str | None = None  # the key prefix listed (Redis), where the URL's path does not say it all
     records: int = 0
     bytes: int = 0
     specs: dict[str, SpecCount] = field(default_factory=dict)
@@ -73,9 +76,10 @@ class Inspection:
         return self.records - sum(c.records for c in self.specs.values())
 
     def as_json(self) -> dict:
-        # ``count`` is the issue's name for the number of records (the same as ``records``, kept).
+        # ``count`` and ``records`` are the same number under both names readers of this JSON use.
         return {
             "backend": self.backend,
+            "prefix": self.prefix,
             "verified": self.verified,
             "count": self.records,
             "records": self.records,
@@ -91,7 +95,7 @@ class Inspection:
 async def inspect_backend(backend, *, verify: bool = False, label: str | None = None) -> Inspection:
     """Walk ``backend``'s store (``scan``), reading each record's header, or with ``verify`` the
     whole record and checking it. Reads only. ConfigError where the medium cannot be listed."""
-    found = Inspection(backend=label or backend.scheme, verified=verify)
+    found = Inspection(backend=label or backend.scheme, verified=verify, prefix=key_prefix(backend))
     batch: list[tuple[str, int]] = []
     async for name, size in backend.scan():
         if size is None:
@@ -104,6 +108,12 @@ async def inspect_backend(backend, *, verify: bool = False, label: str | None = 
     if batch:
         await _examine(backend, batch, verify, found)
     return found
+
+
+def key_prefix(backend) -> str | None:
+    """The key prefix ``backend.scan`` lists under (a Redis store's ``prefix`` option), else None."""
+    prefix = getattr(getattr(backend, "options", None), "prefix", None)
+    return prefix if isinstance(prefix, str) else None
 
 
 async def _examine(backend, batch: list[tuple[str, int]], verify: bool, found: Inspection) -> None:
@@ -152,11 +162,10 @@ def _verdict(backend, name: str, size: int, value, verify: bool) -> tuple[record
 
 
 # --- the command ---------------------------------------------------------------------------------
-def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("inspect", parents=[common], help="count and verify the records of an L3 store (read-only)",
-                       description="Count the records of an L3 store per spec fingerprint; --verify checks every "
-                                   "record. Reads only. Exit codes: 0 intact, 1 corrupt records found, 2 bad usage "
-                                   "or a store that cannot be listed.")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``tiered-kv inspect`` parser's arguments, description and ``func``."""
+    p.description = ("Count the records of an L3 store per spec fingerprint; --verify checks every record. Reads "
+                     "only. Exit codes: 0 intact, 1 corrupt records found, 2 bad usage or a store that cannot be listed.")
     p.add_argument("url", metavar="URL", help="backend URL, e.g. file:///mnt/nvme/kv or redis://127.0.0.1:6379/0")
     p.add_argument("--verify", action="store_true", help="read every record whole and check its checksums")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -203,7 +212,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _table(found: Inspection) -> Iterator[str]:
     checked = "every record verified" if found.verified else "headers read (--verify checks the payloads)"
-    yield f"store {found.backend}: {found.records:,} records, {format_size(found.bytes)} ({found.bytes:,} B); {checked}"
+    scope = "" if found.prefix is None else f" (keys under prefix {found.prefix!r})"
+    yield f"store {found.backend}{scope}: {found.records:,} records, {format_size(found.bytes)} ({found.bytes:,} B); {checked}"
     if found.specs:
         yield f"{'spec fingerprint':<34}{'records':>10}{'bytes':>18}{'payload B':>14}"
         for fp, c in sorted(found.specs.items()):

@@ -89,7 +89,7 @@ def test_synthetic_simulate_matches_bytes_serially():
 
 @pytest.mark.parametrize("workload", ["trace", "chat"])
 def test_hits_per_tier_do_not_depend_on_timing_at_the_default_inflight(tmp_path, workload):
-    """Issue 11: --simulate and a byte-moving replay give the same hits per tier, at the default
+    """--simulate and a byte-moving replay give the same hits per tier, at the default
     flags (8 requests in flight) too, and the same on every run: the cache's decisions must not
     depend on which concurrent request's I/O happened to finish first. An L3 on memory:// (no disk
     I/O) and one on file:// (fsync per page) finish their I/O at very different times."""
@@ -209,7 +209,7 @@ def test_cli_trace_json_and_table(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--limit", "3"], "give --trace too"),
-    (["--clients", "0"], "positive integer"),
+    (["--clients", "0"], "--clients must be > 0, got 0"),
     (["--page-size", "32"], "give --model too"),
     (["--gpu-mem", "12XB"], "unknown unit"),
     (["--simulate", "--l3", "memory://"], "drop the L3 URL"),
@@ -317,9 +317,9 @@ def test_prefetch_default_is_what_the_help_says(tmp_path, monkeypatch, capsys):
 def test_a_repeated_round_of_prompts_hits_whole_at_the_default_inflight(tmp_path, blocks, simulate):
     """Eight prompts, then the same eight again, at the embedded default's tiers and the default
     eight requests in flight. Four blocks a prompt: a step of eight holds more pages than L1 (a
-    step now admits only what L1 holds, as an engine's batch). Eight blocks: the round no longer
-    fits L2, and a step's earlier prefetches evict a later request's matched L2 pages (which its
-    prefetch now reads back from L3). Either way the second round hits every page."""
+    step admits only what L1 holds, as an engine's batch). Eight blocks: the round does not fit
+    L2, and a step's earlier prefetches evict a later request's matched L2 pages (which its
+    prefetch reads back from L3). Either way the second round hits every page."""
     trace = tmp_path / "rounds.jsonl"
     with trace.open("w") as f:
         for i in range(16):

@@ -2,17 +2,20 @@
 
     tiered-kv replay [--trace FILE [--limit N] [--duration S]]
                      [--clients N --rounds N --system-tokens N --turn-tokens N --answer-tokens N --rate R --seed N]
-                     [--model NAME] [--page-size N] [--layers N] [--gpu-mem SIZE] [--host-mem SIZE] [--disk SIZE]
+                     [--model NAME [--page-size N] [--layers N] [--latent-dtype D]]
+                     [--gpu-mem SIZE] [--host-mem SIZE] [--disk SIZE]
                      [--config FILE] [--l3 URL] [--simulate] [--inflight N] [--prefetch POLICY] [--write POLICY]
                      [--no-verify] [--json] [--plot FILE.png] [--quiet]
                      [--metrics-port N [--metrics-host ADDR] [--hold-s S]]
 
 With no config (``--config``, else ``$TIERED_KV_CONFIG``) it starts from the embedded default
-(``replay.setup.embedded_config``); the ``TIERED_KV_*`` environment applies over the file or the
+(``tiered_kv.compose.embedded_config``); the ``TIERED_KV_*`` environment applies over the file or the
 embedded default alike (file < environment < flags). ``--model`` switches to that preset's spec:
 without a file the tiers are then sized like ``plan`` (64GiB / 512GiB / 4TiB); a file's or the
 environment's sizes stay. Only the flags given win over the config. Exit codes: 0 ok, 1 a loaded page was wrong
-(``pages_wrong`` > 0) or the run failed, 2 bad usage or input (a malformed trace line included).
+(``pages_wrong`` > 0) or the run failed, 2 bad usage or input (a malformed trace line included, and a
+``--plot`` path that cannot be written, refused before the run). Progress: a bar on a terminal,
+else a plain line every ``PROGRESS_EVERY_S`` seconds on stderr (a log); none with ``--quiet``.
 ``--metrics-port`` (or the config's ``metrics`` section) serves the run's Prometheus metrics
 (``tiered_kv.ops.metrics``) while it runs and, with ``--hold-s``, that long after the summary is printed.
 """
@@ -28,10 +31,15 @@ from typing import Any
 
 from ...errors import ConfigError
 from ...hierarchy import PrefetchPolicy, WritePolicy
-from ..cli_args import non_negative_int, positive_float, positive_int, positive_size
+from ..cli_args import (check_latent_dtype, latent_dtype_choices, non_negative_int, positive_float, positive_int,
+                        positive_size)
 from ...model.spec import MODEL_PRESETS
 from ...compose import ReplaySettings, build, embedded_config
 from .workload import ChatWorkload, read_trace, synthetic_chat
+
+#: Seconds between the plain progress lines printed where stderr is no terminal (a log, a pipe).
+PROGRESS_EVERY_S = 5.0
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = ChatWorkload()
@@ -55,6 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     size.add_argument("--model", choices=sorted(MODEL_PRESETS), help="model preset; tiers sized as 'plan' sizes them")
     size.add_argument("--page-size", type=positive_int, default=None, help="tokens per page (with --model; default 64)")
     size.add_argument("--layers", type=positive_int, default=None, help="the model's first N layers (with --model)")
+    size.add_argument("--latent-dtype", choices=latent_dtype_choices(), default=None,
+                      help="latent dtype, for models with a latent (with --model; default: fp8 for NSA, bf16 for MLA)")
     size.add_argument("--gpu-mem", type=positive_size, metavar="SIZE", help="L1 capacity (with --model default 64GiB)")
     size.add_argument("--host-mem", type=positive_size, metavar="SIZE", help="L2 capacity (with --model default 512GiB)")
     size.add_argument("--disk", type=positive_size, metavar="SIZE", help="L3 capacity (with --model default 4TiB)")
@@ -71,20 +81,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     run_.add_argument("--no-verify", action="store_true", help="skip the oracle fill and the check of loaded pages")
     run_.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     run_.add_argument("--plot", metavar="FILE.png", help="draw the hit rate per tier over time (needs the 'plot' extra)")
-    run_.add_argument("--quiet", action="store_true", help="no progress bar")
+    run_.add_argument("--quiet", action="store_true",
+                      help=f"no progress (else a bar on a terminal, a line every {PROGRESS_EVERY_S:g} s elsewhere)")
     met = p.add_argument_group("metrics (default: the config's metrics section, else off)")
     met.add_argument("--metrics-port", type=non_negative_int, metavar="N",
                      help="serve Prometheus metrics on this port (0: any free port, printed on stderr)")
     met.add_argument("--metrics-host", metavar="ADDR", help="address to serve them on (default 127.0.0.1)")
     met.add_argument("--hold-s", type=positive_float, metavar="S",
                      help="keep serving metrics S seconds after the run, so a scraper reads the final values")
-
-
-def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    """The ``tiered-kv`` command table's entry."""
-    p = sub.add_parser("replay", parents=[common], help="replay a chat workload or a trace through the hierarchy")
-    add_arguments(p)
-    p.set_defaults(func=run)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -116,13 +120,14 @@ def run_config(args: argparse.Namespace) -> Any:
         model_layers = MODEL_PRESETS[args.model][1]
         if args.layers is not None and args.layers > model_layers:  # as plan refuses it, naming the flag
             raise ConfigError(f"--layers {args.layers}: {args.model} has {model_layers} layers")
+        check_latent_dtype(args.model, args.latent_dtype)
         # The preset replaces the spec; of the file's spec only the page size is not the model's.
         overrides["spec"] = {"model": args.model, "kind": None, "layers": args.layers, "layer_range": None,
-                             "latent_dtype": None, "num_kv_heads": None, "head_dim": None, "name": None}
+                             "latent_dtype": args.latent_dtype, "num_kv_heads": None, "head_dim": None, "name": None}
         if args.page_size is not None:
             overrides["spec"]["page_size"] = args.page_size
-    elif args.page_size is not None or args.layers is not None:
-        raise ConfigError("--page-size and --layers shape a --model preset; give --model too")
+    elif args.page_size is not None or args.layers is not None or args.latent_dtype is not None:
+        raise ConfigError("--page-size, --layers and --latent-dtype shape a --model preset; give --model too")
     return load_config(path, overrides, defaults=defaults)
 
 
@@ -161,8 +166,11 @@ def workload_from_args(args: argparse.Namespace) -> list:
 
 
 def _progress_bar(total: int, quiet: bool, page_size: int) -> tuple[Any, Any]:
-    if quiet or not sys.stderr.isatty():
+    """(a bar to close or None, the driver's per-request callback or None)."""
+    if quiet:
         return None, None
+    if not sys.stderr.isatty():
+        return None, _progress_lines(total)
     from tqdm import tqdm
 
     bar = tqdm(total=total, unit="req", file=sys.stderr, dynamic_ncols=True, leave=False)
@@ -177,23 +185,42 @@ def _progress_bar(total: int, quiet: bool, page_size: int) -> tuple[Any, Any]:
     return bar, step
 
 
+def _progress_lines(total: int) -> Any:
+    """The callback that prints ``replay: 40/120 requests, 12.3 s`` at most every
+    ``PROGRESS_EVERY_S`` seconds: a bar's redraws would fill a log with carriage returns."""
+    start = time.monotonic()
+    state = {"done": 0, "printed": start}
+
+    def step(result) -> None:
+        state["done"] += 1
+        now = time.monotonic()
+        if now - state["printed"] >= PROGRESS_EVERY_S:
+            state["printed"] = now
+            print(f"replay: {state['done']}/{total} requests, {now - start:.1f} s", file=sys.stderr, flush=True)
+    return step
+
+
 def run(args: argparse.Namespace) -> int:
+    from .report import check_plot_target
+
+    if args.plot:
+        check_plot_target(args.plot)  # a missing extra or an unwritable path: before the run, not after it
+
     from .driver import replay
-    from .report import format_table, plot, require_matplotlib, summarize, to_json
+    from .report import format_table, plot, summarize, to_json
 
     config = run_config(args)
     settings = settings_from_args(args, config)
     requests = workload_from_args(args)
-    if args.plot:
-        require_matplotlib()  # refuse a missing extra before the run, not after minutes of it
     address = metrics_address(args, config)
-    bar, step = _progress_bar(len(requests), args.quiet, settings.spec.page_size)
     h = build(settings)
-    server = None
+    server = bar = None
     try:
         try:
             if address is not None:
                 server = _serve(h, address)
+            # After the build: the progress clock counts the requests' time, not the tiers' allocation.
+            bar, step = _progress_bar(len(requests), args.quiet, settings.spec.page_size)
             result = replay(h, requests, inflight=args.inflight, progress=step)
         finally:
             if bar is not None:
@@ -245,5 +272,5 @@ def exit_code(summary: dict[str, Any]) -> int:
     return 1 if summary["pages_wrong"] or summary.get("l3_degraded_episodes") else 0
 
 
-__all__ = ["add_arguments", "exit_code", "metrics_address", "add_parser", "register", "run", "run_config", "settings_from_args",
+__all__ = ["add_arguments", "exit_code", "metrics_address", "add_parser", "run", "run_config", "settings_from_args",
            "workload_from_args"]

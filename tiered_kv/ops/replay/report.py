@@ -12,6 +12,7 @@ request run, ``load`` the run minus the prefill stand-in and the verification.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import numpy as np
@@ -120,20 +121,22 @@ def to_json(s: dict[str, Any]) -> str:
 
 
 def hit_rate_series(result: ReplayResult, buckets: int = 60) -> dict[str, Any]:
-    """Hit rate per tier in ``buckets`` windows of the workload's time (arrival seconds)."""
+    """Hit rate per tier in ``buckets`` windows of the workload's time (arrival seconds): ``t`` the
+    windows' middles, ``width`` their length in seconds, and per tier the fraction of the window's
+    input tokens it served. A window no input arrived in has no hit rate: NaN, not 0%."""
     reqs = result.requests
     if not reqs:
-        return {"t": [], **{t: [] for t in TIERS}}
+        return {"t": [], "width": 1.0, **{t: [] for t in TIERS}}
     arrivals = np.array([r.arrival_s for r in reqs])
     span = float(arrivals.max() - arrivals.min())
     n = max(1, min(buckets, len(reqs)))
     edges = np.linspace(arrivals.min(), arrivals.max() + (span / n if span else 1.0) * 1e-9, n + 1)
     which = np.clip(np.searchsorted(edges, arrivals, side="right") - 1, 0, n - 1)
     tokens = np.bincount(which, weights=[r.input_tokens for r in reqs], minlength=n)
-    out: dict[str, Any] = {"t": ((edges[:-1] + edges[1:]) / 2).tolist()}
+    out: dict[str, Any] = {"t": ((edges[:-1] + edges[1:]) / 2).tolist(), "width": span / n if span else 1.0}
     for t in TIERS:
         hits = np.bincount(which, weights=[getattr(r, f"{t}_pages") * result.page_size for r in reqs], minlength=n)
-        out[t] = np.divide(hits, tokens, out=np.zeros(n), where=tokens > 0).tolist()
+        out[t] = np.divide(hits, tokens, out=np.full(n, np.nan), where=tokens > 0).tolist()
     return out
 
 
@@ -146,6 +149,21 @@ def require_matplotlib() -> Any:
     return matplotlib
 
 
+def check_plot_target(path: str) -> None:
+    """ConfigError where ``--plot path`` could not be drawn: the 'plot' extra missing, or a path
+    that cannot be written (opened for appending to find out: an existing file keeps its bytes, a
+    new one is removed again)."""
+    require_matplotlib()
+    existed = os.path.lexists(path)
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"--plot {path}: cannot write ({exc.strerror or exc})") from None
+    if not existed:
+        os.unlink(path)
+
+
 def plot(result: ReplayResult, path: str, title: str = "tiered-kv replay") -> None:
     """Hit rate per tier over the workload's time, as a PNG at ``path``."""
     matplotlib = require_matplotlib()
@@ -153,9 +171,17 @@ def plot(result: ReplayResult, path: str, title: str = "tiered-kv replay") -> No
     import matplotlib.pyplot as plt
 
     series = hit_rate_series(result)
+    # One stacked bar per window that had input; a window without any stays empty (a gap), where
+    # a line through it would claim a 0% hit rate.
+    drawn = ~np.isnan(np.asarray(series["l1"], dtype=float))
+    t = np.asarray(series["t"], dtype=float)[drawn]
     fig, ax = plt.subplots(figsize=(8, 4))
     try:
-        ax.stackplot(series["t"], [np.asarray(series[t]) * 100 for t in TIERS], labels=[t.upper() for t in TIERS])
+        bottom = np.zeros(len(t))
+        for tier in TIERS:
+            height = np.asarray(series[tier], dtype=float)[drawn] * 100
+            ax.bar(t, height, width=series["width"], bottom=bottom, label=tier.upper(), linewidth=0)
+            bottom += height
         ax.set_xlabel("workload time (s)")
         ax.set_ylabel("hit rate (% of input tokens)")
         ax.set_ylim(0, 100)
@@ -169,4 +195,4 @@ def plot(result: ReplayResult, path: str, title: str = "tiered-kv replay") -> No
         plt.close(fig)
 
 
-__all__ = ["DIRECTIONS", "TIERS", "format_table", "hit_rate_series", "plot", "require_matplotlib", "summarize", "to_json"]
+__all__ = ["DIRECTIONS", "TIERS", "check_plot_target", "format_table", "hit_rate_series", "plot", "require_matplotlib", "summarize", "to_json"]

@@ -10,6 +10,7 @@ prefix cache) in ``tiered_kv.hierarchy``, GPU kernels in ``tiered_kv.kernels``, 
 from .device_pool import DeviceBuffer, DevicePool, allocate_engine_like
 from .errors import (
     BackendError,
+    BackendNotWritableError,
     BackendTimeoutError,
     BackendUnavailableError,
     ConfigError,
@@ -19,6 +20,8 @@ from .errors import (
     ForeignSlotError,
     IndexValidationError,
     MetricsServerError,
+    MisplacedRecordError,
+    MissingExtraError,
     NoHostPoolError,
     PageKeyError,
     PoolError,
@@ -40,6 +43,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BackendError",
+    "BackendNotWritableError",
     "BackendTimeoutError",
     "BackendUnavailableError",
     "ConfigError",
@@ -49,6 +53,8 @@ __all__ = [
     "ForeignSlotError",
     "IndexValidationError",
     "MetricsServerError",
+    "MisplacedRecordError",
+    "MissingExtraError",
     "NoHostPoolError",
     "PageKeyError",
     "PoolError",

@@ -189,6 +189,12 @@ class Backend(ABC):
         """Parse ``url`` (and keyword options) into a typed config and open the backend
         (key-only where ``pool`` is None)."""
 
+    @classmethod
+    def check_dependencies(cls) -> None:
+        """Import what this backend needs beyond the base install; MissingExtraError naming the
+        extra that brings it (``tiered-kv config check`` asks before anything is opened).
+        Default: nothing beyond the base install."""
+
     @property
     def key_only(self) -> bool:
         """True for a backend opened without a host pool: ``exists`` and ``delete`` only."""

@@ -73,7 +73,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from ..errors import BackendError, BackendTimeoutError, BackendUnavailableError, ConfigError
+from ..errors import BackendError, BackendTimeoutError, BackendUnavailableError, ConfigError, MissingExtraError
 from ..host_pool import HostPool
 from .base import Backend, Capabilities, NotARecord, OtherLength, all_or_nothing, read_length
 from .redis_options import RedisOptions, parse_redis_url
@@ -122,6 +122,7 @@ class RedisBackend(Backend):
                                 compares_before_delete=True)
 
     def __init__(self, pool: HostPool | None, options: RedisOptions) -> None:
+        self.check_dependencies()
         import redis.asyncio  # only whoever opens a redis URL needs redis-py
 
         super().__init__(pool, max_workers=1, timeout_s=options.socket_timeout_s)
@@ -134,6 +135,14 @@ class RedisBackend(Backend):
         self._client = redis.asyncio.Redis.from_pool(self._redis_py_pool(options))  # owns and closes the pool
         self._server_checked = False
         self._warned_no_scripts = False
+
+    @classmethod
+    def check_dependencies(cls) -> None:
+        try:
+            import redis.asyncio  # noqa: F401
+        except ImportError as exc:
+            raise MissingExtraError("redis://, rediss:// and unix:// need the redis module (redis-py): "
+                                    "pip install 'tiered-kv[redis]'") from exc
 
     @staticmethod
     def _redis_py_pool(options: RedisOptions):

@@ -262,3 +262,24 @@ def test_bench_transfer_pools_too_large_to_allocate_are_bad_input(argv, capsys):
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "internal error" not in err
     assert "--pages" in err and "does not fit" in err
+
+
+# --- an extra that is not installed: exit 1, one line naming it ---------------------------------
+def run_cli_without(module: str, *args: str) -> subprocess.CompletedProcess:
+    """The CLI in a subprocess where ``import module`` fails, as on an install without its extra."""
+    code = f"import sys; sys.modules[{module!r}] = None; from tiered_kv.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=REPO, timeout=120)
+
+
+@pytest.mark.parametrize("argv", [
+    ["replay", "--quiet", "--json", "--l3", "redis://127.0.0.1:{port}/0"],
+    ["bench", "storage", "--backend", "unix:///tmp/no-such-redis.sock", "--pages", "1", "--repeat", "1", "--warmup", "0"],
+    ["inspect", "rediss://127.0.0.1:{port}/0"],
+    ["config", "check", str(REPO / "examples" / "configs" / "redis.yaml")],
+], ids=["replay", "bench", "inspect", "config-check"])
+def test_redis_without_the_redis_extra_names_the_extra(argv):
+    # It ended in "internal error: ModuleNotFoundError ... (a bug)", and config check said ok.
+    result = run_cli_without("redis", *(a.format(port=free_port()) for a in argv))
+    assert result.returncode == 1, result.stderr
+    assert_one_line_error(result.stderr, "pip install 'tiered-kv[redis]'")
+    assert "internal error" not in result.stderr

@@ -259,6 +259,13 @@ class Backend(ABC):
     async def _close(self) -> None:
         """Release connections / files. Default: nothing."""
 
+    async def check_health(self, probe_key: str) -> None:
+        """Raise a BackendError unless this backend serves now: what a degraded tier's health probe
+        asks before it calls the tier back (``L3Controller``). Default: ``exists`` of ``probe_key``,
+        one round trip to the medium; a backend whose medium may answer reads while it refuses
+        every write also checks that it takes writes, without storing a page (``file://``)."""
+        await self.exists([probe_key])
+
     # --- primitives a backend implements (distinct keys; may raise BackendError) -----------
     @abstractmethod
     async def _exists(self, keys: list[str]) -> list[bool]:

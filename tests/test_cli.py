@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -283,3 +284,31 @@ def test_redis_without_the_redis_extra_names_the_extra(argv):
     assert result.returncode == 1, result.stderr
     assert_one_line_error(result.stderr, "pip install 'tiered-kv[redis]'")
     assert "internal error" not in result.stderr
+
+
+# --- an L3 that cannot serve at open: exit 1 at once, one line naming it --------------------------
+@pytest.mark.parametrize("o_direct", ["true", "false"])
+def test_replay_on_a_read_only_l3_directory_exits_1_with_one_line(tmp_path, o_direct):
+    # It ended in "internal error: OSError" (the O_DIRECT probe's cleanup), or with o_direct=false
+    # ran the whole workload with its tier degraded and back again, storing nothing.
+    from .backends.unwritable import read_only
+
+    root = tmp_path / "kv"
+    root.mkdir()
+    with read_only(root):
+        result = run_cli("replay", "--quiet", "--json", "--l3", f"file://{root}?o_direct={o_direct}")
+    assert result.returncode == 1, result.stderr
+    assert_one_line_error(result.stderr, str(root), "cannot be written")
+    assert result.stdout == ""
+
+
+def test_replay_on_an_unreachable_redis_exits_1_at_once_with_one_line():
+    # It ran the whole workload with the tier degraded and exited 1 minutes later, and with --json
+    # nothing on stderr said why.
+    port = free_port()  # nothing listens there
+    started = time.monotonic()
+    result = run_cli("replay", "--quiet", "--json", "--l3", f"redis://127.0.0.1:{port}/0")
+    assert result.returncode == 1, result.stderr
+    assert_one_line_error(result.stderr, f"redis://127.0.0.1:{port}/0", "cannot be reached")
+    assert result.stdout == ""
+    assert time.monotonic() - started < 30

@@ -39,8 +39,8 @@ A key of another Redis type under the prefix (a list, a hash: someone else's) is
 Opening connects once to the server's address (``reach``): nothing listening there is
 ``BackendUnavailableError`` at open; a server that goes away later fails requests, which an
 ``L3Controller`` turns into a degraded tier. At the first request the backend reads
-``CONFIG GET maxmemory*`` once and logs one warning when
-the server has no ``maxmemory`` or runs ``noeviction`` (see below); a refused CONFIG is skipped. Connection errors -> ``BackendUnavailableError``; timeouts ->
+``CONFIG GET maxmemory*`` once and logs one warning when the server has no ``maxmemory`` or runs
+``noeviction`` (see below); a refused CONFIG is skipped. Connection errors -> ``BackendUnavailableError``; timeouts ->
 ``BackendTimeoutError``; other server errors -> ``BackendError``; a server that rejects our config
 (wrong password, db index out of range) -> ``ConfigError``.
 

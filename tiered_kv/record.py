@@ -149,7 +149,7 @@ def verify(record, *, fingerprint: str, key: str, payload_len: int) -> memoryvie
 
 
 def check_owner(header: RecordHeader, *, fingerprint: str, key: str, payload_len: int) -> None:
-    """Whether ``header`` is of spec ``fingerprint``, page ``key`` and ``payload_len``.
+    """Raise unless ``header`` is of spec ``fingerprint``, page ``key`` and ``payload_len``.
 
     Another fingerprint is ForeignRecordError: another reader's page, whatever key it names (that
     reader's keys are its own business). This fingerprint with another key or payload size is

@@ -3,9 +3,10 @@
 ``check`` loads FILE as a run would (the file, then ``TIERED_KV_*`` variables) and prints ``ok`` and
 a one-line summary; a bad config is the loader's one-line ConfigError, which ``tiered_kv.cli.main``
 prints and turns into exit code 2. An L3 backend whose extra is not installed (``redis://`` without
-``tiered-kv[redis]``) is a MissingExtraError naming the extra: exit 1, as a run would fail. ``show`` prints every effective value and its source (default,
-file, env, argument); with no FILE, ``$TIERED_KV_CONFIG``, else the embedded default that
-``tiered-kv replay`` runs without a file (``replay.setup.embedded_config``), under the environment.
+``tiered-kv[redis]``) is a MissingExtraError naming the extra: exit 1, as a run would fail.
+``show`` prints every effective value and its source (default, file, env, argument); with no FILE,
+``$TIERED_KV_CONFIG``, else the embedded default that ``tiered-kv replay`` runs without a file
+(``replay.setup.embedded_config``), under the environment.
 """
 
 from __future__ import annotations

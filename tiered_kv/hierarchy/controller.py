@@ -14,8 +14,8 @@ once; nothing here blocks them. On the loop:
   reused slot;
 - a ``BackendError`` puts the tier in a degraded state: reads answer "miss" at once, writes wait for
   the tier to return, a health probe with exponential backoff brings it back (once the backend
-  answers and, where its medium can tell without storing a page, takes writes again). Workers never die of
-  it and never hang a request: every future gets an answer. Errors that are not the library's (bugs)
+  answers and, where its medium can tell without storing a page, takes writes again). Workers
+  never die of it and never hang a request: every future gets an answer. Errors that are not the library's (bugs)
   are handed to the job's future, not swallowed;
 - ``close()`` drains (or cancels) every job and task, then closes the backend on the loop.
 

@@ -15,8 +15,12 @@ Shared semantics, implemented here once so backends cannot drift:
   or unreadable record is counted (``stats.corrupt``), deleted from the backend and reported as a
   miss; where the backend can compare (``capabilities.compares_before_delete``), only while the
   medium still holds the bytes read, so a page put again since, or an intact one whose read was
-  damaged on the way, stays (``_delete_corrupt``). A *foreign* one (intact, but of another spec, key or page size: another reader's page,
-  e.g. a pool of another model or layer range on the same medium) is counted apart
+  damaged on the way, stays (``_delete_corrupt``). An intact record of this spec that names another
+  page key (or a payload size this spec never writes) is corrupt too (``record.MisplacedRecordError``):
+  readers look for a page under its own key's name only, so it serves nobody there, and left in
+  place it would be announced by ``exists``, missed by every get and never replaced by a put. A
+  *foreign* one (intact, but of another spec fingerprint: another reader's page, e.g. a pool of
+  another model or layer range on the same medium, whatever key it names) is counted apart
   (``stats.foreign``), reported as a miss and left where it is: a reader never deletes a page it
   merely cannot use;
 - only slots sealed for their key are put (``HostPool.is_sealed``), else UnsealedSlotError;
@@ -27,7 +31,7 @@ Shared semantics, implemented here once so backends cannot drift:
   until the worker thread has returned, so no late write lands in a slot given to someone else;
 - hits, misses, corrupt and foreign records, bytes and errors are counted from the start (``stats``).
   ``stats.foreign`` counts misses on records that are intact but not this reader's (another spec
-  fingerprint, key or page size, or an object that is no record at all, see ``NotARecord``): each
+  fingerprint, or an object that is no record at all, see ``NotARecord``): each
   is left in place, never deleted, and the first one of a backend logs a warning, since two specs
   under one key mean two caches share a namespace (``tiered_kv.model.keys.Namespace``).
 
@@ -95,8 +99,8 @@ class BackendStats:
 
     hits: int = 0
     misses: int = 0
-    corrupt: int = 0  # damaged, truncated or unreadable records: deleted
-    foreign: int = 0  # intact records of another spec / key / size, or no record at all: left in place
+    corrupt: int = 0  # damaged, truncated, unreadable or misplaced (another page's) records: deleted
+    foreign: int = 0  # intact records of another spec, or no record at all: left in place
     puts: int = 0
     put_rejected: int = 0  # put returned False: no room, or the medium refused
     bytes_read: int = 0
@@ -190,6 +194,12 @@ class Backend(ABC):
         """Parse ``url`` (and keyword options) into a typed config and open the backend
         (key-only where ``pool`` is None)."""
 
+    @classmethod
+    def check_dependencies(cls) -> None:
+        """Import what this backend needs beyond the base install; MissingExtraError naming the
+        extra that brings it (``tiered-kv config check`` asks before anything is opened).
+        Default: nothing beyond the base install."""
+
     @property
     def key_only(self) -> bool:
         """True for a backend opened without a host pool: ``exists`` and ``delete`` only."""
@@ -253,6 +263,13 @@ class Backend(ABC):
 
     async def _close(self) -> None:
         """Release connections / files. Default: nothing."""
+
+    async def check_health(self, probe_key: str) -> None:
+        """Raise a BackendError unless this backend serves now: what a degraded tier's health probe
+        asks before it calls the tier back (``L3Controller``). Default: ``exists`` of ``probe_key``,
+        one round trip to the medium; a backend whose medium may answer reads while it refuses
+        every write also checks that it takes writes, without storing a page (``file://``)."""
+        await self.exists([probe_key])
 
     # --- primitives a backend implements (distinct keys; may raise BackendError) -----------
     @abstractmethod

@@ -23,7 +23,10 @@ URL: ``file:///mnt/nvme/kv?capacity_bytes=2TiB&o_direct=true&fsync=true&workers=
   pool's slot reaches and handed to the base as such, which leaves another reader's page alone.
 - Batches are split across the backend's executor threads; many reads and writes are in flight.
 
-Stale temp files (from a crash) older than ``stale_temp_s`` are removed on open.
+On open, a probe file (created and removed) checks that the directory takes new files: a read-only
+or unwritable one is ``BackendNotWritableError`` there, not a degraded tier at every write; the
+health check of a degraded tier (``check_health``) asks the same. Stale temp files (from a crash)
+older than ``stale_temp_s`` are removed on open.
 ``FileBackend.open_for_reading(url)`` (for ``tiered-kv inspect``) opens the directory read-only and
 key-only: no directory made, no probe file, no temp file removed, nothing evicted or deleted;
 ``scan`` lists the page files and ``read_stored`` reads them buffered.
@@ -48,7 +51,7 @@ from urllib.parse import unquote
 
 from pydantic import Field
 
-from ..errors import BackendError, BackendUnavailableError, ConfigError, PoolError
+from ..errors import BackendError, BackendNotWritableError, BackendUnavailableError, ConfigError, PoolError
 from ..model.sizes import round_up
 from .base import Backend, Capabilities, NotARecord, OtherLength, matches_read, read_length
 from .url_options import MAX_TTL_S, ByteSize, TimeoutSeconds, Workers, check_fields, options_from_url, split_url
@@ -59,6 +62,8 @@ if TYPE_CHECKING:  # annotations only: the host pool needs torch, listing a stor
 SUFFIX = ".page"
 TEMP_PREFIX = ".tmp-"
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+# Writes refused for good: a read-only filesystem, a directory without write permission (or immutable).
+_NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 # mkdir of the store's directory failed because of the path itself, not the medium.
 _BAD_PATH = (errno.EEXIST, errno.ENOTDIR, errno.ENAMETOOLONG, errno.ELOOP, errno.EINVAL)
 
@@ -146,7 +151,9 @@ class FileBackend(Backend):
         self._used = 0
         self._in_flight = 0
         self._lock = threading.Lock()
-        self.direct_io = options.o_direct and self._probe_direct_io()
+        # A store that cannot take a page is refused here, once, rather than put in a degraded
+        # tier by every write of the run (BackendNotWritableError).
+        self.direct_io = probe_store(self.root, o_direct=options.o_direct)
         self._scan()
 
     @classmethod
@@ -178,9 +185,6 @@ class FileBackend(Backend):
         """A snapshot of the LRU index: page file name -> bytes, least recently used first."""
         with self._lock:
             return dict(self._index)
-
-    def _probe_direct_io(self) -> bool:
-        return direct_io_works(self.root)
 
     def _scan(self) -> None:
         """Rebuild the LRU index from the directory, trimmed to the capacity; drop stale temp files."""
@@ -466,6 +470,17 @@ class FileBackend(Backend):
         ))
         return [r for part in results for r in part]
 
+    async def check_health(self, probe_key: str) -> None:
+        """Reads, and that the directory still takes new files: a filesystem remounted read-only
+        answers ``exists`` while every put fails, and a tier called back on reads alone would go
+        degraded again at its next write."""
+        await super().check_health(probe_key)
+        if not self.read_only:
+            await self.run_blocking(self._check_writable)
+
+    def _check_writable(self) -> None:
+        probe_store(self.root, o_direct=False)
+
     # --- primitives --------------------------------------------------------------------------
     async def _exists(self, keys: list[str]) -> list[bool]:
         return await self.run_blocking(self._batch, lambda k, _s: self.path_of(k).exists(), keys, [0] * len(keys))
@@ -491,13 +506,40 @@ class FileBackend(Backend):
                            [s for _, s, _ in found], hold=True)
 
 
-def direct_io_works(root: Path) -> bool:
-    """Whether the filesystem under ``root`` takes O_DIRECT (tmpfs does not): a probe file, removed."""
+def probe_store(root: Path, *, o_direct: bool) -> bool:
+    """Check that the directory ``root`` takes new files, with a probe file that is removed again;
+    returns whether it also takes O_DIRECT (tmpfs does not), asked only where ``o_direct``.
+
+    A directory that refuses the probe for good (read-only filesystem, no permission) is
+    BackendNotWritableError, any other failure BackendUnavailableError. A full disk refuses the
+    probe too, but not for good (eviction makes room): buffered I/O, no error.
+    """
     probe = root / f"{TEMP_PREFIX}probe-{secrets.token_hex(4)}"
     try:
-        os.close(os.open(probe, os.O_CREAT | os.O_WRONLY | getattr(os, "O_DIRECT", 0), 0o644))
-        return hasattr(os, "O_DIRECT")
-    except OSError:
-        return False
+        os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except OSError as exc:
+        if exc.errno in _FULL:
+            return False
+        if exc.errno in _NOT_WRITABLE:
+            raise BackendNotWritableError(f"file backend: {root} cannot be written ({exc.strerror}): a store must "
+                                          "take pages; give it a writable directory") from exc
+        raise BackendUnavailableError(f"file backend: cannot write a probe file in {root}: {exc}") from exc
+    try:
+        if not (o_direct and hasattr(os, "O_DIRECT")):
+            return False
+        try:
+            os.close(os.open(probe, os.O_WRONLY | os.O_DIRECT))
+        except OSError:
+            return False
+        return True
     finally:
-        probe.unlink(missing_ok=True)
+        try:
+            probe.unlink()
+        except OSError as exc:
+            raise BackendUnavailableError(f"file backend: cannot remove the probe file {probe}: {exc}") from exc
+
+
+def direct_io_works(root: Path) -> bool:
+    """Whether the filesystem under ``root`` takes O_DIRECT: ``probe_store``'s answer (and its
+    errors for a directory that cannot be written)."""
+    return probe_store(root, o_direct=True)

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
-from ..errors import BackendError, BackendUnavailableError, ConfigError
+from ..errors import BackendError, BackendUnavailableError, ConfigError, MissingExtraError
 from ..model.sizes import MAX_SIZE
 from ..model.record import HEADER_BYTES
 from .base import Backend, Capabilities, NotARecord, OtherLength
@@ -123,7 +123,7 @@ def _import_store_class() -> Any:
     try:
         from mooncake.store import MooncakeDistributedStore
     except ImportError as exc:
-        raise ConfigError(
+        raise MissingExtraError(
             "mooncake:// needs the mooncake module: pip install 'tiered-kv[mooncake]' "
             "(or the mooncake-cuda13 / mooncake-cpu extra)") from exc
     return MooncakeDistributedStore
@@ -269,6 +269,10 @@ class MooncakeBackend(Backend):
 
             self._replicate = ReplicateConfig()
             self._replicate.replica_num = options.replica_num
+
+    @classmethod
+    def check_dependencies(cls) -> None:
+        _import_store_class()
 
     @classmethod
     def from_url(cls, url: str, pool: HostPool | None, **options: Any) -> "MooncakeBackend":

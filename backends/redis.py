@@ -36,8 +36,11 @@ A stored value of another length lands as far as the slot reaches and goes to th
 another spec's page is a foreign miss left in place, a damaged one is counted, deleted, a miss.
 A key of another Redis type under the prefix (a list, a hash: someone else's) is absent for
 ``exists`` and a counted foreign miss for gets (``stats.foreign``), never an error of the batch.
-At the first request the backend reads ``CONFIG GET maxmemory*`` once and logs one warning when
-the server has no ``maxmemory`` or runs ``noeviction`` (see below); a refused CONFIG is skipped. Connection errors -> ``BackendUnavailableError``; timeouts ->
+Opening connects once to the server's address (``reach``): nothing listening there is
+``BackendUnavailableError`` at open; a server that goes away later fails requests, which an
+``L3Controller`` turns into a degraded tier. At the first request the backend reads
+``CONFIG GET maxmemory*`` once and logs one warning when the server has no ``maxmemory`` or runs
+``noeviction`` (see below); a refused CONFIG is skipped. Connection errors -> ``BackendUnavailableError``; timeouts ->
 ``BackendTimeoutError``; other server errors -> ``BackendError``; a server that rejects our config
 (wrong password, db index out of range) -> ``ConfigError``.
 
@@ -69,11 +72,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import BackendError, BackendTimeoutError, BackendUnavailableError, ConfigError
+from ..errors import BackendError, BackendTimeoutError, BackendUnavailableError, ConfigError, MissingExtraError
 from .base import Backend, Capabilities, NotARecord, OtherLength, all_or_nothing, read_length
 from .redis_options import RedisOptions, parse_redis_url
 from .resp import RespConnection, RespError, encode_command
@@ -113,6 +117,23 @@ def _is_wrong_type(message: str) -> bool:
     return message.startswith("WRONGTYPE")
 
 
+def reach(options: RedisOptions) -> None:
+    """Connect once to the server's address (TCP, or the unix socket) and hang up: a server that
+    cannot be reached at open is BackendUnavailableError naming its URL there, instead of a tier
+    that is degraded from its first request to the end of the run. Blocking, at most
+    ``connect_timeout_s``. Credentials and the db are checked by the first request (ConfigError);
+    a server that goes away after this only degrades the tier, which comes back with it."""
+    try:
+        if options.path:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(options.connect_timeout_s)
+                sock.connect(options.path)
+        else:
+            socket.create_connection((options.host, options.port), timeout=options.connect_timeout_s).close()
+    except OSError as exc:  # refused, no route, no such socket, unknown host, timed out
+        raise BackendUnavailableError(f"redis at {options.url} cannot be reached: {exc}") from exc
+
+
 def _glob_escape(prefix: bytes) -> bytes:
     """``prefix`` as a literal in a Redis glob pattern (SCAN MATCH)."""
     return b"".join(b"\\" + bytes([c]) if c in b"*?[]\\" else bytes([c]) for c in prefix)
@@ -124,8 +145,10 @@ class RedisBackend(Backend):
                                 compares_before_delete=True)
 
     def __init__(self, pool: HostPool | None, options: RedisOptions) -> None:
+        self.check_dependencies()
         import redis.asyncio  # only whoever opens a redis URL needs redis-py
 
+        reach(options)
         super().__init__(pool, max_workers=1, timeout_s=options.socket_timeout_s)
         self.options = options
         if not options.zero_copy:
@@ -136,6 +159,14 @@ class RedisBackend(Backend):
         self._client = redis.asyncio.Redis.from_pool(self._redis_py_pool(options))  # owns and closes the pool
         self._server_checked = False
         self._warned_no_scripts = False
+
+    @classmethod
+    def check_dependencies(cls) -> None:
+        try:
+            import redis.asyncio  # noqa: F401
+        except ImportError as exc:
+            raise MissingExtraError("redis://, rediss:// and unix:// need the redis module (redis-py): "
+                                    "pip install 'tiered-kv[redis]'") from exc
 
     @staticmethod
     def _redis_py_pool(options: RedisOptions):

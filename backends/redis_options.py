@@ -71,6 +71,15 @@ class RedisOptions:
         return f"unix:{self.path}" if self.path else f"{self.host}:{self.port}"
 
     @property
+    def url(self) -> str:
+        """The server as a URL, for messages: scheme, host and port (or socket path) and db, never
+        the credentials."""
+        if self.path:
+            return f"unix://{self.path}?db={self.db}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{'rediss' if self.tls else 'redis'}://{host}:{self.port}/{self.db}"
+
+    @property
     def ttl_ms(self) -> int:
         """PX argument; 0 = no TTL. Rounded up, so a tiny TTL never turns into none."""
         return math.ceil(self.ttl_s * 1000)

@@ -23,6 +23,7 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys([
         "BackendError",
+        "BackendNotWritableError",
         "BackendTimeoutError",
         "BackendUnavailableError",
         "ConfigError",
@@ -32,6 +33,8 @@ _EXPORTS: dict[str, str] = {
         "ForeignSlotError",
         "IndexValidationError",
         "MetricsServerError",
+        "MisplacedRecordError",
+        "MissingExtraError",
         "NoHostPoolError",
         "PageKeyError",
         "PoolError",
@@ -70,7 +73,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from .model.device_pool import DeviceBuffer, DevicePool, allocate_engine_like
-    from .errors import (BackendError, BackendTimeoutError, BackendUnavailableError, ConfigError, CorruptRecordError,
+    from .errors import (BackendError, BackendNotWritableError, MisplacedRecordError, MissingExtraError, BackendTimeoutError, BackendUnavailableError, ConfigError, CorruptRecordError,
                          DoubleFreeError, ForeignRecordError, ForeignSlotError, IndexValidationError, MetricsServerError,
                          NoHostPoolError, NotARecordError, PageKeyError, PoolError, PoolExhaustedError, RecordError,
                          SpecError, SpecMismatchError, TieredKVError, TruncatedRecordError, UnsealedSlotError)

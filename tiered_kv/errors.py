@@ -15,11 +15,14 @@
     ├── RecordError              a stored page record failed verification: callers treat it as a miss
     │   ├── TruncatedRecordError
     │   ├── CorruptRecordError   bad magic, header or payload checksum
-    │   ├── ForeignRecordError   intact, but another spec fingerprint, key or size: left in place
+    │   │   └── MisplacedRecordError  intact, of this spec, but naming another page or size: deleted
+    │   ├── ForeignRecordError   intact, but of another spec fingerprint: left in place
     │   └── NotARecordError      no bytes-like buffer at all (also a TypeError)
     ├── BackendError             an L3 backend failed (not a miss)
     │   ├── BackendUnavailableError   cannot reach the server / medium
+    │   ├── BackendNotWritableError   the medium refuses writes (read-only, no permission)
     │   └── BackendTimeoutError
+    ├── MissingExtraError        an optional dependency is not installed (also an ImportError)
     └── MetricsServerError       the metrics endpoint cannot listen (address in use, not this machine's)
 
 Dependency errors (redis, mooncake, OSError) are mapped at the boundary with ``raise ... from``.
@@ -99,8 +102,14 @@ class NotARecordError(RecordError, TypeError):
     """What was passed as a record is no contiguous bytes-like buffer (a str, None, an int)."""
 
 
+class MisplacedRecordError(CorruptRecordError):
+    """The record is intact and of this spec, but names another page key (or another payload size
+    than the spec's): stored under the wrong name, it is of use to no reader, so it is deleted as
+    any corrupt record is."""
+
+
 class ForeignRecordError(RecordError):
-    """The record is intact but belongs to another spec fingerprint, page key or page size.
+    """The record is intact but belongs to another spec fingerprint.
 
     It is someone else's page: a miss for this reader, never deleted by it.
     """
@@ -114,8 +123,19 @@ class BackendUnavailableError(BackendError):
     """The backend's server or medium cannot be reached."""
 
 
+class BackendNotWritableError(BackendError):
+    """The medium refuses writes (a read-only filesystem, a directory without write permission):
+    a store that can never take a page."""
+
+
 class BackendTimeoutError(BackendError, TimeoutError):
     """A backend call did not finish in time."""
+
+
+class MissingExtraError(TieredKVError, ImportError):
+    """An optional dependency is not installed; the message names the extra that brings it
+    (``pip install 'tiered-kv[redis]'``). A runtime failure of this installation (exit 1), not a
+    bad value; also an ImportError for callers that catch that."""
 
 
 class MetricsServerError(TieredKVError):

@@ -349,3 +349,56 @@ class BackendContract:
             assert await backend.exists(keys[:1]) == 0
         pool.free(slots + fresh + dst)
         assert_settled(pool, free_before)
+
+    # --- a record under a key's name that names another page -----------------------------------
+    async def test_a_record_of_another_key_under_a_keys_name_is_corrupt_and_deleted(self, backend, pool):
+        """An intact record of this spec that names another page sits under ``key``'s name (a
+        writer's bug, a rename on the medium): no reader can ever use it, since a reader of
+        ``key`` wants ``key``'s page and the other page's readers look under the other name. A
+        miss counted as corrupt (not foreign), deleted, so ``exists`` stops announcing it and a
+        put of the real page takes the name."""
+        free_before = pool.free_slots
+        key, other_key = new_keys(2)
+        wrong, right, dst = pool.allocate(3)
+        fill_and_seal(pool, [wrong], [other_key])
+        # Under key's name, as no put_from would store it (put_from checks the seal): the primitive.
+        assert await backend._put([key], [wrong]) == [True]
+        assert await backend.exists([key]) == 1
+        corrupt, foreign = backend.stats.corrupt, backend.stats.foreign
+        assert await backend.get_into([key], [dst]) == [False]
+        assert (backend.stats.corrupt - corrupt, backend.stats.foreign - foreign) == (1, 0)
+        assert await backend.exists([key]) == 0
+        records = fill_and_seal(pool, [right], [key])
+        assert await backend.put_from([key], [right]) == [True]
+        assert await backend.get_into([key], [dst]) == [True]
+        assert bytes(pool.record_view(dst)) == records[key]
+        await backend.delete([key])
+        pool.free([wrong, right, dst])
+        assert_settled(pool, free_before)
+
+    @pytest.mark.parametrize("its_key", ["same", "other"])
+    async def test_a_record_of_another_spec_under_a_keys_name_stays(self, backend, pool, same_medium, its_key):
+        """A record of another spec under ``key``'s name is another reader's page (with ``key``'s
+        own page key, or any other: whose it is is that reader's business): a foreign miss, left
+        in place, whatever key its header names."""
+        if same_medium is None:
+            pytest.skip("this medium is not shared between backends")
+        free_before = pool.free_slots
+        key, other_key = new_keys(2)
+        with HostPool(FOREIGN_READERS["other_layer_range"], 2) as other:
+            async with same_medium(other) as writer:
+                theirs = other.allocate(1)
+                records = fill_and_seal(other, theirs, [key if its_key == "same" else other_key])
+                assert await writer._put([key], theirs) == [True]
+                dst = pool.allocate(1)
+                corrupt, foreign = backend.stats.corrupt, backend.stats.foreign
+                assert await backend.get_into([key], dst) == [False]
+                assert (backend.stats.corrupt - corrupt, backend.stats.foreign - foreign) == (0, 1)
+                assert await backend.exists([key]) == 1
+                back = other.allocate(1)
+                assert await writer._get([key], back) == [True]  # its bytes, untouched
+                assert bytes(other.record_view(back[0])) == next(iter(records.values()))
+                await writer.delete([key])
+                other.free(theirs + back)
+        pool.free(dst)
+        assert_settled(pool, free_before)

@@ -354,3 +354,46 @@ async def test_reopening_with_a_smaller_capacity_trims_to_it(pool, tmp_path):
         pool.free(dst)
     pool.free(slots)
     assert pool.free_slots == pool.num_slots
+
+
+# --- a directory that cannot be written -----------------------------------------------------------
+@pytest.mark.parametrize("o_direct", ["true", "false"])
+@pytest.mark.parametrize("with_pool", [True, False], ids=["data", "key_only"])
+async def test_a_store_that_cannot_be_written_is_refused_at_open(pool, tmp_path, o_direct, with_pool):
+    """A read-only directory ended in "OSError: Read-only file system" from the O_DIRECT probe's
+    cleanup; with o_direct=false it opened, and every write of a run put the tier in a degraded
+    state. Refused at open now, one typed error naming the directory; inspecting it still works."""
+    from tiered_kv.errors import BackendError, BackendNotWritableError
+
+    from .unwritable import read_only
+
+    root = tmp_path / "kv"
+    root.mkdir()
+    with read_only(root):
+        with pytest.raises(BackendNotWritableError, match=f"{root} cannot be written") as caught:
+            open_backend(f"file://{root}?o_direct={o_direct}", pool if with_pool else None)
+        assert isinstance(caught.value, BackendError)
+        async with FileBackend.open_for_reading(f"file://{root}") as reader:  # a look needs no write
+            assert await reader.exists(new_keys(1)) == 0
+    async with open_backend(f"file://{root}?o_direct={o_direct}", pool if with_pool else None) as backend:
+        assert await backend.exists(new_keys(1)) == 0  # writable again: opens
+    assert temp_files(root) == []  # no probe file left behind
+
+
+async def test_the_health_check_of_a_store_that_turned_read_only_fails(pool, tmp_path):
+    """A store remounted read-only after open answers exists, so a health check of reads alone
+    called its tier back while every write still failed. It checks that the store takes files."""
+    from tiered_kv.errors import BackendNotWritableError
+
+    from .unwritable import read_only
+
+    root = tmp_path / "kv"
+    root.mkdir()
+    async with open_backend(f"file://{root}?fsync=false", pool) as backend:
+        await backend.check_health("probe")
+        with read_only(root):
+            assert await backend.exists(new_keys(1)) == 0  # reads still answer
+            with pytest.raises(BackendNotWritableError, match="cannot be written"):
+                await backend.check_health("probe")
+        await backend.check_health("probe")
+    assert temp_files(root) == []

@@ -505,16 +505,39 @@ async def test_password_and_db(userinfo, zero_copy):
                 assert direct.dbsize() == 0
 
 
-async def test_nobody_listening_is_unavailable():
+@pytest.mark.parametrize("where", ["tcp", "unix", "key_only"])
+def test_nobody_listening_is_unavailable_at_open(where, tmp_path):
+    """Opened, it answered every request with BackendUnavailableError, and a hierarchy over it ran
+    its whole workload with the tier degraded. Refused at open, naming the server's URL (never the
+    password)."""
     from .redis_server import free_port
 
+    port = free_port()
+    url, named = {
+        "tcp": (f"redis://:s3cret@127.0.0.1:{port}/2", f"redis://127.0.0.1:{port}/2"),
+        "unix": (f"unix://{tmp_path}/none.sock", f"unix://{tmp_path}/none.sock"),
+        "key_only": (f"redis://127.0.0.1:{port}", f"redis://127.0.0.1:{port}/0"),
+    }[where]
     with HostPool(SPEC, 2) as pool:
-        async with open_backend(f"redis://127.0.0.1:{free_port()}/0", pool, connect_timeout_s=1) as backend:
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailableError, match="cannot be reached") as caught:
+            open_backend(url, None if where == "key_only" else pool, connect_timeout_s=1)
+        assert time.monotonic() - started < 5
+        assert named in str(caught.value) and "s3cret" not in str(caught.value)
+        assert isinstance(caught.value, BackendError)
+
+
+async def test_a_server_that_goes_away_after_open_is_unavailable_per_request(own_server):
+    """Only the open is refused: a server gone after it fails each request (a degraded tier, under
+    a controller), and serves the same backend object again once it is back."""
+    with HostPool(SPEC, 4) as pool:
+        async with open_backend(own_server.url, pool, connect_timeout_s=1) as backend:
+            keys = await assert_round_trip(backend, pool, n=1)
+            own_server.kill()
             with pytest.raises(BackendUnavailableError, match="127.0.0.1"):
-                await backend.get_into(new_keys(1), [0])
-            with pytest.raises(BackendUnavailableError):
-                await backend.exists(new_keys(1))
-            assert isinstance(BackendUnavailableError("x"), BackendError)
+                await backend.exists(keys)
+            own_server.start()
+            assert await backend.exists(keys) == 0  # a new, empty server (no persistence)
 
 
 # --- TLS ----------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import torch
 
 from tiered_kv import HostPool, mha_spec, mla_spec, nsa_spec
 from tiered_kv.model import record
-from tiered_kv.errors import (CorruptRecordError, ForeignRecordError, NotARecordError, PageKeyError, RecordError,
+from tiered_kv.errors import (CorruptRecordError, ForeignRecordError, MisplacedRecordError, NotARecordError, PageKeyError, RecordError,
                               SpecError, TruncatedRecordError)
 from tiered_kv.model.spec import Component, KVSpec
 
@@ -102,15 +102,18 @@ def test_what_is_no_buffer_is_a_record_error_and_the_slot_stays(layout):
         assert pool.encode_record(1, "k") == before
 
 
-def test_foreign_fingerprint_and_key():
+def test_another_fingerprint_is_foreign_another_key_of_this_spec_is_misplaced():
     other = KVSpec(kind="tiny", page_size=2, layer_start=0, layer_end=2,
                    components=(Component("a", 4), Component("b", 8)))  # same size, other layout
     with HostPool(TINY, 1, "page_first") as pool, HostPool(other, 1, "page_first") as foreign:
         data = pool.encode_record(0, "k")
         with pytest.raises(ForeignRecordError, match="spec"):
             foreign.decode_record(0, data, "k")
-        with pytest.raises(ForeignRecordError, match="expected 'other-key'"):
+        with pytest.raises(ForeignRecordError, match="spec"):  # another spec: whatever key it names
+            foreign.decode_record(0, data, "other-key")
+        with pytest.raises(MisplacedRecordError, match="holds page 'k' under the name of 'other-key'") as caught:
             pool.decode_record(0, data, "other-key")
+        assert isinstance(caught.value, CorruptRecordError) and not isinstance(caught.value, ForeignRecordError)
 
 
 def test_failed_decode_leaves_the_slot_untouched():
@@ -172,6 +175,15 @@ def test_other_length_of_another_spec_is_foreign_and_says_larger_than_the_slot()
     smaller = record.other_length_error(_tiny_record(key="k"), length=mine, expected=mine + 4096,
                                         fingerprint=bigger.fingerprint, key="k", payload_len=48)
     assert isinstance(smaller, ForeignRecordError) and "shorter" in str(smaller)
+
+
+@pytest.mark.parametrize("length_delta", [-10, +4096])
+def test_other_length_of_another_page_of_this_spec_is_misplaced(length_delta):
+    good = _tiny_record(key="another-page")
+    value = good[:length_delta] if length_delta < 0 else good + bytes(length_delta)
+    exc = record.other_length_error(value, length=len(value), expected=len(good), fingerprint=TINY.fingerprint,
+                                    key="k", payload_len=24)
+    assert isinstance(exc, MisplacedRecordError) and "'another-page'" in str(exc)
 
 
 @pytest.mark.parametrize("value", [b"", b"short", bytes(5000), b"\xff" * 9000])

@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -289,3 +290,52 @@ def test_bench_transfer_pools_too_large_to_allocate_are_bad_input(argv, capsys):
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "internal error" not in err
     assert "--pages" in err and "does not fit" in err
+
+
+# --- an extra that is not installed: exit 1, one line naming it ---------------------------------
+def run_cli_without(module: str, *args: str) -> subprocess.CompletedProcess:
+    """The CLI in a subprocess where ``import module`` fails, as on an install without its extra."""
+    code = f"import sys; sys.modules[{module!r}] = None; from tiered_kv.ops.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=REPO, timeout=120)
+
+
+@pytest.mark.parametrize("argv", [
+    ["replay", "--quiet", "--json", "--l3", "redis://127.0.0.1:{port}/0"],
+    ["bench", "storage", "--backend", "unix:///tmp/no-such-redis.sock", "--pages", "1", "--repeat", "1", "--warmup", "0"],
+    ["inspect", "rediss://127.0.0.1:{port}/0"],
+    ["config", "check", str(REPO / "examples" / "configs" / "redis.yaml")],
+], ids=["replay", "bench", "inspect", "config-check"])
+def test_redis_without_the_redis_extra_names_the_extra(argv):
+    # It ended in "internal error: ModuleNotFoundError ... (a bug)", and config check said ok.
+    result = run_cli_without("redis", *(a.format(port=free_port()) for a in argv))
+    assert result.returncode == 1, result.stderr
+    assert_one_line_error(result.stderr, "pip install 'tiered-kv[redis]'")
+    assert "internal error" not in result.stderr
+
+
+# --- an L3 that cannot serve at open: exit 1 at once, one line naming it --------------------------
+@pytest.mark.parametrize("o_direct", ["true", "false"])
+def test_replay_on_a_read_only_l3_directory_exits_1_with_one_line(tmp_path, o_direct):
+    # It ended in "internal error: OSError" (the O_DIRECT probe's cleanup), or with o_direct=false
+    # ran the whole workload with its tier degraded and back again, storing nothing.
+    from ..backends.unwritable import read_only
+
+    root = tmp_path / "kv"
+    root.mkdir()
+    with read_only(root):
+        result = run_cli("replay", "--quiet", "--json", "--l3", f"file://{root}?o_direct={o_direct}")
+    assert result.returncode == 1, result.stderr
+    assert_one_line_error(result.stderr, str(root), "cannot be written")
+    assert result.stdout == ""
+
+
+def test_replay_on_an_unreachable_redis_exits_1_at_once_with_one_line():
+    # It ran the whole workload with the tier degraded and exited 1 minutes later, and with --json
+    # nothing on stderr said why.
+    port = free_port()  # nothing listens there
+    started = time.monotonic()
+    result = run_cli("replay", "--quiet", "--json", "--l3", f"redis://127.0.0.1:{port}/0")
+    assert result.returncode == 1, result.stderr
+    assert_one_line_error(result.stderr, f"redis://127.0.0.1:{port}/0", "cannot be reached")
+    assert result.stdout == ""
+    assert time.monotonic() - started < 30

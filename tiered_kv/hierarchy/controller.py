@@ -13,8 +13,9 @@ once; nothing here blocks them. On the loop:
   runs to its end, and the caller frees its slots through the future, so no late write lands in a
   reused slot;
 - a ``BackendError`` puts the tier in a degraded state: reads answer "miss" at once, writes wait for
-  the tier to return, a health probe with exponential backoff brings it back. Workers never die of
-  it and never hang a request: every future gets an answer. Errors that are not the library's (bugs)
+  the tier to return, a health probe with exponential backoff brings it back (once the backend
+  answers and, where its medium can tell without storing a page, takes writes again). Workers
+  never die of it and never hang a request: every future gets an answer. Errors that are not the library's (bugs)
   are handed to the job's future, not swallowed;
 - ``close()`` drains (or cancels) every job and task, then closes the backend on the loop, all
   within ``drain_timeout_s`` (a backend whose own close is still out then gets ``CLOSE_GRACE_S``
@@ -144,7 +145,7 @@ class L3Controller:
         open_backend: called on the loop thread to create the backend (so loop-bound clients such
             as redis.asyncio are created on the loop that uses them); or a backend object.
         record_bytes: bytes of one stored page (for the in-flight limits and byte counters).
-        probe_key: a valid key the health probe asks ``exists`` for.
+        probe_key: a valid key the health probe asks about (``Backend.check_health``, else ``exists``).
     """
 
     def __init__(self, open_backend: Callable[[], Any] | Any, *, record_bytes: int,
@@ -540,7 +541,7 @@ class L3Controller:
         while not self._closing:
             await asyncio.sleep(delay)
             try:
-                await self.backend.exists([self.probe_key])
+                await self._ask_health()
             except BackendError:
                 self.stats.backend_errors += 1
                 delay = min(delay * 2, self.limits.retry_max_s)
@@ -550,6 +551,16 @@ class L3Controller:
             log.warning("%s: tier is back", self.name)
             self._wake_workers()
             return
+
+    async def _ask_health(self) -> None:
+        """One health probe: a ``Backend``'s ``check_health`` (which also checks writes where its
+        medium can refuse them while it answers reads), else ``exists`` of the probe key, for an
+        object that has only the contract's data calls (the simulated tier of ``--simulate``)."""
+        check = getattr(self.backend, "check_health", None)
+        if check is None:
+            await self.backend.exists([self.probe_key])
+        else:
+            await check(self.probe_key)
 
 
 __all__ = ["CLOSE_GRACE_S", "ControllerLimits", "ControllerStats", "L3Controller", "heard_from_l3"]

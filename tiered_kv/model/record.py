@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import xxhash
 
-from ..errors import CorruptRecordError, ForeignRecordError, NotARecordError, RecordError, SpecError, TruncatedRecordError
+from ..errors import (CorruptRecordError, ForeignRecordError, MisplacedRecordError, NotARecordError, RecordError, SpecError,
+                     TruncatedRecordError)
 from .keys import MAX_KEY_BYTES, check_key
 from .spec import FORMAT_VERSION
 
@@ -133,7 +134,8 @@ def verify(record, *, fingerprint: str, key: str, payload_len: int) -> memoryvie
     """Check every field of ``record`` and return a view of its verified payload.
 
     ``record`` may be longer than the record (a padded slot); the bytes after it are ignored.
-    Raises TruncatedRecordError, CorruptRecordError or ForeignRecordError.
+    Raises TruncatedRecordError, CorruptRecordError (MisplacedRecordError among them) or
+    ForeignRecordError.
     """
     header = read_header(record)
     check_owner(header, fingerprint=fingerprint, key=key, payload_len=payload_len)
@@ -147,22 +149,31 @@ def verify(record, *, fingerprint: str, key: str, payload_len: int) -> memoryvie
 
 
 def check_owner(header: RecordHeader, *, fingerprint: str, key: str, payload_len: int) -> None:
-    """ForeignRecordError unless ``header`` is of spec ``fingerprint``, page ``key`` and ``payload_len``."""
+    """Raise unless ``header`` is of spec ``fingerprint``, page ``key`` and ``payload_len``.
+
+    Another fingerprint is ForeignRecordError: another reader's page, whatever key it names (that
+    reader's keys are its own business). This fingerprint with another key or payload size is
+    MisplacedRecordError: a reader of this spec looks for a page under its own key's name only, so
+    a record naming another page (or a size this spec never writes) serves no reader there.
+    """
     if header.fingerprint != fingerprint:
         raise ForeignRecordError(f"record written for spec {header.fingerprint}, expected {fingerprint}")
     if header.key != key:
-        raise ForeignRecordError(f"record holds page {header.key[:64]!r}, expected {key[:64]!r}")
+        raise MisplacedRecordError(f"record of this spec holds page {header.key[:64]!r} under the name of "
+                                   f"{key[:64]!r}: of use to no reader")
     if header.payload_len != payload_len:
-        raise ForeignRecordError(f"record payload is {header.payload_len} bytes, this spec's page is {payload_len}")
+        raise MisplacedRecordError(f"record of this spec says its payload is {header.payload_len} bytes, the "
+                                   f"spec's page is {payload_len}")
 
 
 def other_length_error(prefix, *, length: int, expected: int, fingerprint: str, key: str, payload_len: int) -> RecordError:
     """Why a stored value of ``length`` bytes, where this reader's records take ``expected``, is no hit.
 
     ``prefix`` holds the value's first ``min(length, len(prefix))`` bytes (its header, where the
-    value has one). An intact header of another spec, key or size makes it ForeignRecordError:
-    someone else's page, which the reader must leave alone. A value that is no readable record,
-    or that is this very page at the wrong length, is TruncatedRecordError / CorruptRecordError.
+    value has one). An intact header of another spec makes it ForeignRecordError: someone else's
+    page, which the reader must leave alone. A value that is no readable record, this very page at
+    the wrong length, or a record of this spec naming another page (``MisplacedRecordError``) is
+    TruncatedRecordError / CorruptRecordError.
     """
     if length > expected:
         size = f"larger than the slot ({length} B > {expected} B)"
@@ -176,6 +187,8 @@ def other_length_error(prefix, *, length: int, expected: int, fingerprint: str, 
         check_owner(header, fingerprint=fingerprint, key=key, payload_len=payload_len)
     except ForeignRecordError as exc:
         return ForeignRecordError(f"record {size}, another reader's: {exc}")
+    except MisplacedRecordError as exc:
+        return MisplacedRecordError(f"record {size}: {exc}")
     cls = TruncatedRecordError if length < expected else CorruptRecordError
     return cls(f"record of page {key[:64]!r} is {size}: damaged")
 

@@ -11,7 +11,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +30,15 @@ TEST_SPEC = nsa_spec(num_layers=1, page_size=PAGE, kv_lora_rank=128)
 PAGES_PER_BLOCK = TRACE_BLOCK_TOKENS // PAGE
 
 
-def checked_replay(requests: Sequence[Any], *, inflight: int = 8, **settings: Any) -> dict[str, Any]:
+def checked_replay(requests: Sequence[Any], *, inflight: int = 8, after_build: Callable[[], None] | None = None,
+                   **settings: Any) -> dict[str, Any]:
+    """``after_build``: called once the hierarchy is built, before the first request (a test
+    that takes the L3 server away after open)."""
     settings.setdefault("spec", TEST_SPEC)
     h = build(embedded_default(**settings))
     try:
+        if after_build is not None:
+            after_build()
         result = replay(h, requests, inflight=inflight)
     finally:
         h.close()

@@ -15,6 +15,7 @@ from tiered_kv.ops.replay import build, embedded_default, read_trace, replay, su
 from tiered_kv.ops.replay.cli import exit_code
 from tiered_kv.ops.replay.report import format_table, hit_rate_series, plot
 
+from ...backends.redis_server import REDIS_SERVER, RedisServer
 from .conftest import (PAGE, TEST_SPEC, TINY_CHAT, TINY_TIERS, checked_replay, expected_hit_pages, run_cli, tier_flags,
                        trace_records, write_trace)
 
@@ -263,18 +264,34 @@ def test_cli_plot_writes_a_png(tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
 
-def test_an_l3_that_is_unreachable_is_a_failure_found_exit_1():
-    """README: exit 1 for a failure found, a backend unreachable among them. The replay ran on with
-    the tier degraded (a warning on stderr) and exited 0."""
-    from tiered_kv.hierarchy import Policies, PrefetchPolicy
+def test_an_l3_that_is_unreachable_at_open_is_refused_at_once():
+    """README: exit 1 for a failure found, a backend unreachable among them. An L3 nothing answers
+    for ran the whole workload with its tier degraded; the build refuses it now, naming it."""
+    import time
+
+    from tiered_kv.errors import BackendUnavailableError
 
     from ...backends.redis_server import free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    started = time.monotonic()
+    with pytest.raises(BackendUnavailableError, match=f"{url} cannot be reached"):
+        build(embedded_default(spec=TEST_SPEC, l3_url=url, **TINY_TIERS))
+    assert time.monotonic() - started < 10
+
+
+@pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")
+def test_an_l3_that_goes_away_after_open_is_a_failure_found_exit_1():
+    """README: exit 1 for a failure found, a backend unreachable among them. Gone after open, the
+    tier is degraded, the replay runs on from L1 / L2 and exits 1."""
+    from tiered_kv.hierarchy import Policies, PrefetchPolicy
 
     # No page reaches L3's write queue (admission after many hits), so the run ends at once; the
     # lookups still ask the dead server and put the tier in its degraded state.
     policies = Policies(prefetch=PrefetchPolicy.WAIT_COMPLETE, l3_admission_hits=1000)
-    s = checked_replay(synthetic_chat(TINY_CHAT), l3_url=f"redis://127.0.0.1:{free_port()}", policies=policies,
-                       **TINY_TIERS)
+    with RedisServer() as server:
+        s = checked_replay(synthetic_chat(TINY_CHAT), l3_url=server.url, policies=policies, after_build=server.kill,
+                           **TINY_TIERS)
     assert s["pages_wrong"] == 0 and s["l3_degraded_episodes"] >= 1
     assert exit_code(s) == 1
 

@@ -34,6 +34,7 @@ from .errors import (
 )
 from .model.host_pool import HostPool
 from .model.keys import Namespace, check_key, page_keys
+from .model.record_key import RecordKey
 from .model.spec import FORMAT_VERSION, Component, KVSpec, mha_spec, mla_spec, model_spec, nsa_spec
 from .transfers.torch_path import pages_from_token_indices, torch_backup, torch_load, torch_load_layer
 
@@ -63,6 +64,7 @@ __all__ = [
     "TruncatedRecordError",
     "UnsealedSlotError",
     "Namespace",
+    "RecordKey",
     "check_key",
     "page_keys",
     "FORMAT_VERSION",

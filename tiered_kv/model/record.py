@@ -178,11 +178,11 @@ def verify(record, *, fingerprint: str, key: str, payload_len: int, record_key: 
     if view.nbytes < HEADER_BYTES + payload_len:
         raise TruncatedRecordError(f"record is {view.nbytes} bytes, header says {HEADER_BYTES + payload_len}")
     payload = view[HEADER_BYTES:HEADER_BYTES + payload_len]
-    check_payload(header, view[:HEADER_BYTES], payload, record_key)
+    _check_payload(header, view[:HEADER_BYTES], payload, record_key)
     return payload
 
 
-def check_payload(header: RecordHeader, header_block, payload, record_key: RecordKey | None) -> None:
+def _check_payload(header: RecordHeader, header_block, payload, record_key: RecordKey | None) -> None:
     """Check ``payload`` against ``header`` (read from ``header_block``) as a reader holding
     ``record_key`` (None: no secret) takes records; raises what ``verify`` names."""
     page = header.key[:64]

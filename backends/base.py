@@ -22,7 +22,10 @@ Shared semantics, implemented here once so backends cannot drift:
   *foreign* one (intact, but of another spec fingerprint: another reader's page, e.g. a pool of
   another model or layer range on the same medium, whatever key it names) is counted apart
   (``stats.foreign``), reported as a miss and left where it is: a reader never deletes a page it
-  merely cannot use;
+  merely cannot use. A pool with a record key (a tenant's secret) also refuses records without
+  a valid tag of that key: forged ones are counted apart (``stats.forged``) and deleted as corrupt
+  ones are; another secret's are foreign (docs/security.md). A refused record's bytes are wiped
+  from the slot they landed in, so a reader never holds a page it was refused;
 - only slots sealed for their key are put (``HostPool.is_sealed``), else UnsealedSlotError;
 - keys are checked by the one validator (``tiered_kv.model.keys.check_keys``): PageKeyError;
 - duplicate keys in one batch are fetched / stored once;
@@ -69,8 +72,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from ..model import record
-from ..errors import (BackendError, BackendTimeoutError, ConfigError, ForeignRecordError, IndexValidationError, NoHostPoolError,
-                      PoolError, RecordError, UnsealedSlotError)
+from ..errors import (BackendError, BackendTimeoutError, ConfigError, ForeignRecordError, ForgedRecordError, IndexValidationError,
+                      NoHostPoolError, PoolError, RecordError, UnsealedSlotError)
 from ..model.keys import check_keys
 
 if TYPE_CHECKING:  # the host pool needs torch; listing or key-only use of a backend does not
@@ -101,6 +104,7 @@ class BackendStats:
     misses: int = 0
     corrupt: int = 0  # damaged, truncated, unreadable or misplaced (another page's) records: deleted
     foreign: int = 0  # intact records of another spec, or no record at all: left in place
+    forged: int = 0  # records without a valid tag of the pool's record key: deleted, not counted in corrupt
     puts: int = 0
     put_rejected: int = 0  # put returned False: no room, or the medium refused
     bytes_read: int = 0
@@ -373,6 +377,9 @@ class Backend(ABC):
         corrupt = [(k, s, other) for k, s, other in landed if rejected.get(k) == "corrupt"]
         if corrupt:
             await self._guard(self._delete_corrupt(corrupt))
+        for k, s, _ in landed:
+            if k in rejected:  # after the delete, which compares the medium with the bytes read
+                self._wipe(s)
         results: list[bool] = []
         for k, s in zip(keys, slots):
             hit = ok[k] and (not results or results[-1])
@@ -405,6 +412,10 @@ class Backend(ABC):
                 if isinstance(exc, ForeignRecordError):
                     rejected[key] = "foreign"
                     self._count_foreign(key, str(exc))
+                elif isinstance(exc, ForgedRecordError):
+                    rejected[key] = "corrupt"
+                    self.stats.forged += 1
+                    log.warning("%s: dropping stored page %s, refused by the record key: %s", self.scheme, key[:32], exc)
                 else:
                     rejected[key] = "corrupt"
                     self.stats.corrupt += 1
@@ -418,13 +429,18 @@ class Backend(ABC):
             view = self.pool.record_view(slot)
             try:
                 if other is None:
-                    record.verify(view, fingerprint=spec.fingerprint, key=key, payload_len=spec.page_bytes)
+                    self.pool.verify_record(view, key)  # with the pool's record key, where it has one
                 else:
                     raise record.other_length_error(view, length=other.length, expected=other.expected,
                                                     fingerprint=spec.fingerprint, key=key, payload_len=spec.page_bytes)
             except RecordError as exc:
                 rejected.append((key, exc))
         return rejected
+
+    def _wipe(self, slot: int) -> None:
+        """Zero a slot a refused record landed in: another tenant's page must not stay readable there."""
+        view = self.pool.slot_view(slot)  # the padding too: a longer value's bytes may have landed there
+        view[:] = bytes(len(view))
 
     def _count_foreign(self, key: str, reason: str) -> None:
         """Count a foreign miss. The first one of a backend is a warning: pages of two specs under

@@ -31,6 +31,7 @@ _EXPORTS: dict[str, str] = {
         "DoubleFreeError",
         "ForeignRecordError",
         "ForeignSlotError",
+        "ForgedRecordError",
         "IndexValidationError",
         "MetricsServerError",
         "MisplacedRecordError",
@@ -51,6 +52,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(["FORMAT_VERSION", "Component", "KVSpec", "mha_spec", "mla_spec", "model_spec", "nsa_spec"], ".model.spec"),
     **dict.fromkeys(["DeviceBuffer", "DevicePool", "allocate_engine_like"], ".model.device_pool"),
     "HostPool": ".model.host_pool",
+    "RecordKey": ".model.record_key",
     **dict.fromkeys(["pages_from_token_indices", "torch_backup", "torch_load", "torch_load_layer"], ".transfers.torch_path"),
     **dict.fromkeys(["TransferEngine", "TransferOptions"], ".transfers.engine"),
 }
@@ -73,11 +75,12 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from .model.device_pool import DeviceBuffer, DevicePool, allocate_engine_like
-    from .errors import (BackendError, BackendNotWritableError, MisplacedRecordError, MissingExtraError, BackendTimeoutError, BackendUnavailableError, ConfigError, CorruptRecordError,
+    from .errors import (BackendError, ForgedRecordError, BackendNotWritableError, MisplacedRecordError, MissingExtraError, BackendTimeoutError, BackendUnavailableError, ConfigError, CorruptRecordError,
                          DoubleFreeError, ForeignRecordError, ForeignSlotError, IndexValidationError, MetricsServerError,
                          NoHostPoolError, NotARecordError, PageKeyError, PoolError, PoolExhaustedError, RecordError,
                          SpecError, SpecMismatchError, TieredKVError, TruncatedRecordError, UnsealedSlotError)
     from .model.host_pool import HostPool
+    from .model.record_key import RecordKey
     from .model.keys import Namespace, check_key, page_keys
     from .model.spec import FORMAT_VERSION, Component, KVSpec, mha_spec, mla_spec, model_spec, nsa_spec
     from .transfers.torch_path import pages_from_token_indices, torch_backup, torch_load, torch_load_layer

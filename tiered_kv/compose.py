@@ -28,6 +28,7 @@ from .errors import ConfigError
 from .hierarchy import (CacheManager, ControllerLimits, L1PrefixCache, L3Controller, NullTransferHalf, Policies,
                          PrefetchPolicy, TransferHalf)
 from .model.keys import Namespace
+from .model.record_key import RecordKey
 from .ops.plan import plan_tiers, record_bytes, slot_bytes
 from .model.slot_allocator import SlotAllocator
 from .model.spec import KVSpec, nsa_spec
@@ -66,6 +67,8 @@ class ReplaySettings:
     device: str | None = None  # None: "cuda" when available, else "cpu"
     simulate: bool = False
     verify: bool = True  # fill computed pages with oracle bytes and check every loaded page
+    tenant: str = ""  # the namespace's tenant salt: tenants sharing L3 get other page keys
+    record_key: RecordKey | None = None  # keyed record tags (docs/security.md); None: plain checksums
 
     def __post_init__(self) -> None:
         for name in ("l1_pages", "l2_pages", "l3_pages"):
@@ -131,7 +134,7 @@ class Hierarchy:
         self.settings = settings
         spec = settings.spec
         self.spec = spec
-        self.namespace = Namespace.for_spec(spec, settings.model)
+        self.namespace = Namespace.for_spec(spec, settings.model, tenant_salt=settings.tenant)
         self.device_pool: Any = None
         self.host_pool: Any = None
         self.tempdir: str | None = None
@@ -171,7 +174,7 @@ class Hierarchy:
             raise ConfigError(f"replay: L1 and L2 would take {needed / 2**30:.1f} GiB of this machine's "
                               f"{memory / 2**30:.1f} GiB of RAM; use --simulate for sizes this large")
         self.device_pool = allocate_engine_like(spec, s.l1_pages + 1, device=device, reserved_pages=(0,))
-        self.host_pool = HostPool(spec, s.l2_pages, s.host_layout)
+        self.host_pool = HostPool(spec, s.l2_pages, s.host_layout, record_key=s.record_key)
         self.allocator = self.host_pool
         url = s.l3_url
         if url is None:

@@ -15,8 +15,9 @@
     ├── RecordError              a stored page record failed verification: callers treat it as a miss
     │   ├── TruncatedRecordError
     │   ├── CorruptRecordError   bad magic, header or payload checksum
-    │   │   └── MisplacedRecordError  intact, of this spec, but naming another page or size: deleted
-    │   ├── ForeignRecordError   intact, but of another spec fingerprint: left in place
+    │   │   ├── MisplacedRecordError  intact, of this spec, but naming another page or size: deleted
+    │   │   └── ForgedRecordError    no valid keyed tag for this reader's secret (docs/security.md)
+    │   ├── ForeignRecordError   intact, but of another spec fingerprint or secret: left in place
     │   └── NotARecordError      no bytes-like buffer at all (also a TypeError)
     ├── BackendError             an L3 backend failed (not a miss)
     │   ├── BackendUnavailableError   cannot reach the server / medium
@@ -96,6 +97,15 @@ class TruncatedRecordError(RecordError):
 
 class CorruptRecordError(RecordError):
     """Bad magic, unknown version, or a header / payload checksum mismatch."""
+
+
+class ForgedRecordError(CorruptRecordError):
+    """A reader holding a secret met a record under its key without a valid tag of that secret:
+    no keyed tag at all (a plain checksum anyone can compute), or a tag that does not match.
+
+    Forged, tampered with or damaged: a miss, counted apart (``BackendStats.forged``) and deleted
+    as a corrupt record is. A record tagged with another secret is a ForeignRecordError instead.
+    """
 
 
 class NotARecordError(RecordError, TypeError):

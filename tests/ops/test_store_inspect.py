@@ -281,3 +281,44 @@ def test_missing_url_is_a_usage_error(capsys):
         main(["inspect"])
     assert exited.value.code == 2
     assert "the following arguments are required: URL" in capsys.readouterr().err
+
+
+# --- keyed records ------------------------------------------------------------------------------
+def test_keyed_records_are_checked_with_the_secret_from_the_environment_only(tmp_path, capsys, monkeypatch):
+    """A keyed record's tag is checked with $TIERED_KV_SECURITY__SECRET; without it the record is
+    counted unverified (not corrupt), and a tampered one is found only with the secret."""
+    from tiered_kv.model.record_key import RecordKey
+
+    secret = secrets.token_hex(32)
+    root = tmp_path / "kv"
+    with HostPool(SPEC, 2, "page_first", record_key=RecordKey(secret)) as pool:
+        async def write() -> dict[str, bytes]:
+            async with open_backend(f"file://{root}", pool) as backend:
+                keys = new_keys(2)
+                slots = pool.allocate(2)
+                records = fill_and_seal(pool, slots, keys)
+                assert await backend.put_from(keys, slots) == [True, True]
+                pool.free(slots)
+                return records
+
+        written = asyncio.run(write())
+    key_id = RecordKey(secret).key_id.hex()
+    victim_key = next(iter(written))
+    victim = _page_files(root)[victim_key]
+    _flip(victim, HEADER_BYTES + 7)
+    before = _snapshot(root)
+    monkeypatch.delenv("TIERED_KV_SECURITY__SECRET", raising=False)
+    code, found = _inspect(capsys, f"file://{root}", "--verify")
+    assert code == 0 and found["corrupt"] == [] and found["unverified"] == 2 and found["key_ids"] == {key_id: 2}
+    monkeypatch.setenv("TIERED_KV_SECURITY__SECRET", secret)
+    code, found = _inspect(capsys, f"file://{root}", "--verify")
+    assert code == 1 and found["unverified"] == 0
+    assert [(c["key"], "keyed tag mismatch" in c["reason"]) for c in found["corrupt"]] == [(victim_key, True)]
+    assert main(["inspect", f"file://{root}", "--verify"]) == 1
+    out = capsys.readouterr().out
+    assert f"2 records keyed with secret {key_id}" in out and secret not in out
+    monkeypatch.setenv("TIERED_KV_SECURITY__SECRET", "too-short")
+    assert main(["inspect", f"file://{root}"]) == 2
+    err = capsys.readouterr().err
+    assert "TIERED_KV_SECURITY__SECRET" in err and "too-short" not in err
+    assert _snapshot(root) == before

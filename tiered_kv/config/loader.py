@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError
 from pydantic_settings import EnvSettingsSource, SettingsError
 
 from ..errors import ConfigError
@@ -38,6 +38,7 @@ from .models import ENV_DELIMITER, ENV_PREFIX, OPTION_CLASSES, Config, Problem, 
 
 CONFIG_PATH_ENV = ENV_PREFIX + "CONFIG"
 DEFAULT, FILE, ENV, ARGUMENT = "default", "file", "env", "argument"
+MASK = "**********"  # what ``describe`` / ``show`` print for a secret that is set
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,6 +315,8 @@ def load_config(path: str | os.PathLike | None = None, overrides: Mapping[str, A
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, SecretStr):
+        return MASK  # never shown, logged or written out
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, tuple):
@@ -401,12 +404,14 @@ def to_replay_settings(config: Config) -> Any:
     """The ``tiered_kv.compose.ReplaySettings`` this config describes: its spec and namespace
     name, tiers in pages as ``plan`` counts them (L1 in page payloads, L2 / L3 in padded slots), the
     L3 URL with its options written in (None: the replay's temporary file store), policies,
-    controller limits, host layout and L1 device. Run flags (simulate, verify) keep their defaults."""
+    controller limits, host layout, L1 device, tenant salt and record key. Run flags (simulate,
+    verify) keep their defaults."""
     from ..compose import ReplaySettings
 
     base = ReplaySettings(spec=config.kv_spec(), model=config.spec.namespace_name, l3_url=config.l3.effective_url,
                           policies=config.policies_value(), limits=config.controller_limits(),
-                          host_layout=config.l2.layout, device=config.l1.device)
+                          host_layout=config.l2.layout, device=config.l1.device, tenant=config.security.tenant,
+                          record_key=config.security.record_key())
     return base.with_sizes(gpu_bytes=config.l1.size, host_bytes=config.l2.size, disk_bytes=config.l3.size)
 
 

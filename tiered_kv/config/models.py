@@ -8,7 +8,8 @@
     ├── policies     PoliciesConfig    mirrors hierarchy.Policies field by field
     │   └── prefetch_timeout           mirrors hierarchy.PrefetchTimeout
     ├── controller   ControllerConfig  mirrors hierarchy.ControllerLimits
-    └── metrics      MetricsConfig     Prometheus endpoint (off by default)
+    ├── metrics      MetricsConfig     Prometheus endpoint (off by default)
+    └── security     SecurityConfig    tenant salt of the page keys, secret for keyed record tags
 
 The models only type and shape values; what a value may be is decided where it is used:
 ``Policies`` / ``PrefetchTimeout`` / ``ControllerLimits`` check each field (a mirrored section
@@ -31,8 +32,8 @@ from enum import Enum
 from typing import Annotated, Any, ClassVar, Literal, get_type_hints
 from urllib.parse import parse_qsl, urlencode
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationInfo, create_model, field_validator,
-                      model_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, SecretStr, ValidationInfo, create_model,
+                      field_validator, model_validator)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ..backends.file import FileOptions
@@ -43,6 +44,7 @@ from ..backends.url_options import HostName, options_from_url, split_url
 from ..errors import ConfigError, SpecError
 from ..hierarchy import ControllerLimits, Policies, PrefetchTimeout
 from ..ops.plan import plan_tiers
+from ..model.record_key import MIN_SECRET_BYTES, RecordKey
 from ..model.sizes import format_size, parse_size
 from ..model.spec import LATENT_DTYPES, MODEL_PRESETS, KVSpec, mha_spec, mla_spec, model_spec, nsa_spec
 
@@ -413,6 +415,30 @@ class MetricsConfig(Section):
     port: Port = 9400
 
 
+def _secret(value: Any) -> Any:
+    """A secret as text of at least MIN_SECRET_BYTES bytes; the reason never repeats the value."""
+    if isinstance(value, SecretStr):
+        value = value.get_secret_value()
+    if not isinstance(value, str):
+        raise ValueError(f"a secret is text, got {type(value).__name__}")
+    if len(value.encode("utf-8")) < MIN_SECRET_BYTES:
+        raise ValueError(f"a secret needs at least {MIN_SECRET_BYTES} bytes, got {len(value.encode('utf-8'))} "
+                         f"(e.g. python -c 'import secrets; print(secrets.token_hex(32))')")
+    return SecretStr(value)
+
+
+class SecurityConfig(Section):
+    """Tenant isolation on a shared L3 (docs/security.md): ``tenant`` salts the page keys
+    (``Namespace.tenant_salt``), so tenants' keys differ; ``secret`` seals records with a keyed tag
+    (``RecordKey``) and refuses records without it. The secret is masked wherever it is shown."""
+
+    tenant: Text = ""
+    secret: Annotated[SecretStr, BeforeValidator(_secret)] | None = None
+
+    def record_key(self) -> RecordKey | None:
+        return None if self.secret is None else RecordKey(self.secret.get_secret_value())
+
+
 # --- the whole tree ----------------------------------------------------------------------------
 class Config(BaseSettings):
     """The whole hierarchy. ``loader.load_config`` layers file < environment < explicit values and
@@ -428,6 +454,7 @@ class Config(BaseSettings):
     policies: PoliciesConfig = Field(default_factory=PoliciesConfig)
     controller: ControllerConfig = Field(default_factory=ControllerConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    security: SecurityConfig = Field(default_factory=SecurityConfig)
     # Set by loader.load_config: dotted key -> (source, origin), and the file's path.
     _sources: dict[str, tuple[str, str]] = PrivateAttr(default_factory=dict)
     _path: str | None = PrivateAttr(default=None)
@@ -477,6 +504,8 @@ class Config(BaseSettings):
         gpu, host, disk = plan_tiers(spec, gpu_bytes=self.l1.size, host_bytes=self.l2.size, disk_bytes=self.l3.size)
         l3 = self.l3.url or "file:// (temporary directory)"
         metrics = f"metrics on {self.metrics.host}:{self.metrics.port}" if self.metrics.enabled else "metrics off"
+        if self.security.secret is not None:
+            metrics += f"; records keyed (key id {self.security.record_key().key_id.hex()})"
         return (f"{self.spec.namespace_name} ({spec.kind}, layers {spec.layer_start}..{spec.layer_end}, page "
                 f"{spec.page_size}); L1 {format_size(gpu.capacity_bytes)} = {gpu.pages:,} pages, L2 "
                 f"{format_size(host.capacity_bytes)} = {host.pages:,} pages ({self.l2.layout}), L3 {l3} "
@@ -486,4 +515,4 @@ class Config(BaseSettings):
 
 __all__ = ["BACKEND_OPTIONS", "Config", "ControllerConfig", "ENV_DELIMITER", "ENV_PREFIX", "L1Config", "L2Config",
            "L3Config", "LATENT_DTYPES", "MetricsConfig", "Mirror", "OPTION_CLASSES", "PoliciesConfig",
-           "PrefetchTimeoutConfig", "Problem", "Section", "SpecConfig"]
+           "PrefetchTimeoutConfig", "Problem", "Section", "SecurityConfig", "SpecConfig"]

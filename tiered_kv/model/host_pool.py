@@ -6,6 +6,8 @@ encode / seal / verify of page records in both layouts. In ``page_first`` the sl
 ``seal(slot, key)`` writes the header after the payload has landed, ``record_view(slot)`` is the
 zero-copy buffer a backend puts or fills, and ``verify_slot(slot, key)`` checks what a backend
 wrote there. ``layer_first`` gathers a record on ``encode_record`` and scatters on ``decode_record``.
+A pool made with a ``record_key`` (a tenant's secret, ``record_key.RecordKey``) seals with keyed tags
+and takes only records tagged with that key, wherever records are sealed or verified through it.
 
 Nothing here touches the device: kernels and the transfer engine read ``chunk_view``s.
 """
@@ -22,6 +24,7 @@ from . import record
 from ..errors import ForeignSlotError, PoolError, RecordError
 from .host_layouts import LAYOUTS
 from .host_memory import HostMemory
+from .record_key import RecordKey
 from .device_pool import chunk_of
 from .slot_allocator import SlotAllocator, check_count, slot_id
 from .spec import KVSpec, check_spec
@@ -39,14 +42,19 @@ class HostPool:
         own_slots: True: this pool's ``allocate`` hands the slots out, and ``seal`` refuses a slot
             it has not handed out. False: an allocator elsewhere does (a scheduler's
             ``SlotAllocator`` in another process), so the pool cannot tell a free slot from a used one.
+        record_key: a tenant's ``RecordKey``: records are sealed with its keyed tag, and only
+            records carrying it verify (docs/security.md). None: plain xxh3 checksums.
 
     Slot ids are what ``slot_allocator.slot_id`` takes: ints, numpy integers, 0-d integer arrays or
     tensors; bools and floats are refused with ForeignSlotError.
     """
 
     def __init__(self, spec: KVSpec, num_slots: int, layout: str = "page_first", *, pin: bool | None = None,
-                 numa_node: int | None = None, own_slots: bool = True) -> None:
+                 numa_node: int | None = None, own_slots: bool = True, record_key: RecordKey | None = None) -> None:
         check_spec(spec)
+        if record_key is not None and not isinstance(record_key, RecordKey):
+            raise PoolError(f"record_key must be a RecordKey (tiered_kv.model.record_key) or None, "
+                            f"got {type(record_key).__name__}")
         try:
             layout_cls = LAYOUTS[layout]
         except (KeyError, TypeError):  # TypeError: an unhashable value (a list) is no layout name
@@ -64,6 +72,7 @@ class HostPool:
         self.own_slots = own_slots
         self._lock = threading.Lock()
         self.record_bytes = record.HEADER_BYTES + spec.page_bytes
+        self.record_key = record_key
 
     # --- geometry ----------------------------------------------------------------------------
     @property
@@ -120,15 +129,22 @@ class HostPool:
         if self.own_slots and not self.is_allocated(slot):
             raise ForeignSlotError(f"seal of slot {self.check_slot(slot)}, which is not allocated (free or being freed)")
         record.write_header(view[:record.HEADER_BYTES], fingerprint=self.spec.fingerprint, key=key,
-                            payload=view[record.HEADER_BYTES:])
+                            payload=view[record.HEADER_BYTES:], record_key=self.record_key)
 
     def is_sealed(self, slot: int, key: str) -> bool:
-        """Header-only check that a page_first slot was sealed for ``key`` under this spec."""
-        return record.is_sealed_for(self.record_view(slot), fingerprint=self.spec.fingerprint, key=key)
+        """Header-only check that a page_first slot was sealed for ``key`` under this spec (and key)."""
+        return record.is_sealed_for(self.record_view(slot), fingerprint=self.spec.fingerprint, key=key,
+                                    record_key=self.record_key)
 
     def verify_slot(self, slot: int, key: str) -> None:
         """Verify the record a backend wrote into a page_first slot; raises a RecordError."""
-        record.verify(self.record_view(slot), fingerprint=self.spec.fingerprint, key=key, payload_len=self.spec.page_bytes)
+        self.verify_record(self.record_view(slot), key)
+
+    def verify_record(self, data, key: str) -> memoryview:
+        """Verify ``data`` as this pool's record of ``key`` (spec, size and, with a record key, its
+        tag); returns the payload view. Raises a RecordError."""
+        return record.verify(data, fingerprint=self.spec.fingerprint, key=key, payload_len=self.spec.page_bytes,
+                             record_key=self.record_key)
 
     def encode_record(self, slot: int, key: str) -> bytearray:
         """A record of the page in ``slot`` (either layout), as a new buffer."""
@@ -138,7 +154,7 @@ class HostPool:
         self._layout.read_payload(self._array, slot, payload)
         view = memoryview(out)
         record.write_header(view[:record.HEADER_BYTES], fingerprint=self.spec.fingerprint, key=key,
-                            payload=view[record.HEADER_BYTES:])
+                            payload=view[record.HEADER_BYTES:], record_key=self.record_key)
         return out
 
     def decode_record(self, slot: int, data, key: str) -> None:
@@ -152,7 +168,7 @@ class HostPool:
         if self.own_slots and self.is_pending(slot):
             raise ForeignSlotError(f"decode_record into slot {slot}, which is being freed: "
                                    "a transfer of it may still be in flight")
-        payload = record.verify(data, fingerprint=self.spec.fingerprint, key=key, payload_len=self.spec.page_bytes)
+        payload = self.verify_record(data, key)
         if self.holds_records:
             self.record_view(slot)[:] = memoryview(data).cast("B")[:self.record_bytes]
         else:

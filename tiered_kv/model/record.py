@@ -5,13 +5,14 @@ layer-major; see ``spec.KVSpec.chunk_offset``). Header block, little-endian:
 
     0     8s   magic b"TIEREDKV"
     8     u16  format version
-    10    u16  checksum algorithm (1 = xxh3-128)
+    10    u16  checksum algorithm (1 = xxh3-128, 2 = keyed HMAC-SHA256-128)
     12    u16  key length in bytes
     14    u16  reserved (0)
     16    16s  spec fingerprint (raw bytes of ``KVSpec.fingerprint``)
     32    u64  payload length
-    40    16s  payload checksum
+    40    16s  payload checksum (1), or keyed tag (2)
     56    ...  page key (ASCII, at most MAX_KEY_BYTES), then zeros
+    568   8s   key id of the secret that sealed it (2), else zeros
     4080  16s  header checksum over bytes [0, 4080)
 
 Latent and indexer of a page are in one payload under one checksum, so they can only be
@@ -19,7 +20,15 @@ stored, found and lost together. ``verify`` checks everything and raises a ``Rec
 subclass, which every caller treats as a miss; it never hands back bytes it has not verified.
 
 xxh3 was chosen by measurement (docs/benchmarks.md, benchmarks/checksum.py): it releases the GIL
-and runs at tens of GB/s per core, far above any L3 tier.
+and runs at tens of GB/s per core, far above any L3 tier. It detects damage, not tampering.
+
+Keyed records (``record_key``, a ``RecordKey`` made from a tenant's secret; docs/security.md):
+the checksum field holds an HMAC-SHA256-128 tag over the header block (tag and header checksum
+zeroed) and the payload, and the header names the secret's key id. A reader with a key takes only
+records tagged with it: an untagged record, or a tag that does not match, is ForgedRecordError
+(a corrupt record: deleted); a record tagged under another key id is ForeignRecordError (another
+tenant's page: left in place). A reader without a key checks plain records as before and leaves
+keyed ones in place (ForeignRecordError): it cannot tell them intact.
 """
 
 from __future__ import annotations
@@ -29,16 +38,21 @@ from dataclasses import dataclass
 
 import xxhash
 
-from ..errors import (CorruptRecordError, ForeignRecordError, MisplacedRecordError, NotARecordError, RecordError, SpecError,
-                     TruncatedRecordError)
+from ..errors import (CorruptRecordError, ForeignRecordError, ForgedRecordError, MisplacedRecordError, NotARecordError,
+                      RecordError, SpecError, TruncatedRecordError)
 from .keys import MAX_KEY_BYTES, check_key
+from .record_key import KEY_ID_BYTES, RecordKey
 from .spec import FORMAT_VERSION
 
 HEADER_BYTES = 4096
 MAGIC = b"TIEREDKV"
 CHECKSUM_XXH3_128 = 1
+TAG_HMAC_SHA256_128 = 2
+ALGORITHMS = {CHECKSUM_XXH3_128: "xxh3-128", TAG_HMAC_SHA256_128: "hmac-sha256-128"}
 _FIXED = struct.Struct("<8sHHHH16sQ16s")  # 56 bytes
+_SUM_OFFSET = 40  # the payload checksum / keyed tag field
 _KEY_OFFSET = _FIXED.size
+_KEY_ID_OFFSET = _KEY_OFFSET + MAX_KEY_BYTES
 _HEADER_SUM_OFFSET = HEADER_BYTES - 16
 _ZEROS = bytes(HEADER_BYTES)
 
@@ -59,7 +73,13 @@ class RecordHeader:
     fingerprint: str
     key: str
     payload_len: int
-    checksum: bytes
+    checksum: bytes  # the xxh3-128 checksum, or the keyed tag
+    algorithm: int = CHECKSUM_XXH3_128
+    key_id: bytes = b""  # the sealing secret's key id (keyed records), else empty
+
+    @property
+    def keyed(self) -> bool:
+        return self.algorithm == TAG_HMAC_SHA256_128
 
 
 def _fingerprint_bytes(fingerprint: str) -> bytes:
@@ -74,10 +94,18 @@ def _fingerprint_bytes(fingerprint: str) -> bytes:
     return raw
 
 
-def write_header(header: memoryview, *, fingerprint: str, key: str, payload) -> None:
+def _tagged_header(header) -> bytearray:
+    """What a keyed tag covers of a header block: bytes [0, 4080) with the tag field zeroed."""
+    covered = bytearray(header[:_HEADER_SUM_OFFSET])
+    covered[_SUM_OFFSET:_KEY_OFFSET] = bytes(_KEY_OFFSET - _SUM_OFFSET)
+    return covered
+
+
+def write_header(header: memoryview, *, fingerprint: str, key: str, payload, record_key: RecordKey | None = None) -> None:
     """Fill the 4 KiB ``header`` block for ``payload`` (any contiguous buffer).
 
-    Written after the payload bytes have landed: this is what *sealing* a slot means.
+    Written after the payload bytes have landed: this is what *sealing* a slot means. With
+    ``record_key`` the record carries a keyed tag instead of the plain checksum.
     """
     if len(header) < HEADER_BYTES:
         raise RecordError(f"header block needs {HEADER_BYTES} bytes, got {len(header)}")
@@ -85,21 +113,27 @@ def write_header(header: memoryview, *, fingerprint: str, key: str, payload) -> 
     raw_fingerprint = _fingerprint_bytes(fingerprint)
     payload_len = _bytes_of(payload).nbytes
     header[:HEADER_BYTES] = _ZEROS
+    algorithm = CHECKSUM_XXH3_128 if record_key is None else TAG_HMAC_SHA256_128
+    checksum = payload_checksum(payload) if record_key is None else bytes(16)
     _FIXED.pack_into(
-        header, 0, MAGIC, FORMAT_VERSION, CHECKSUM_XXH3_128, len(raw_key), 0,
-        raw_fingerprint, payload_len, payload_checksum(payload),
+        header, 0, MAGIC, FORMAT_VERSION, algorithm, len(raw_key), 0,
+        raw_fingerprint, payload_len, checksum,
     )
     header[_KEY_OFFSET:_KEY_OFFSET + len(raw_key)] = raw_key
+    if record_key is not None:
+        header[_KEY_ID_OFFSET:_KEY_ID_OFFSET + KEY_ID_BYTES] = record_key.key_id
+        header[_SUM_OFFSET:_KEY_OFFSET] = record_key.tag(_tagged_header(header), payload)
     header[_HEADER_SUM_OFFSET:HEADER_BYTES] = xxhash.xxh3_128_digest(header[:_HEADER_SUM_OFFSET])
 
 
-def encode(payload, *, fingerprint: str, key: str) -> bytearray:
-    """A new record (header + copy of ``payload``)."""
+def encode(payload, *, fingerprint: str, key: str, record_key: RecordKey | None = None) -> bytearray:
+    """A new record (header + copy of ``payload``), keyed with ``record_key`` where given."""
     data = _bytes_of(payload)
     out = bytearray(HEADER_BYTES + data.nbytes)
     view = memoryview(out)
     view[HEADER_BYTES:] = data
-    write_header(view[:HEADER_BYTES], fingerprint=fingerprint, key=key, payload=view[HEADER_BYTES:])
+    write_header(view[:HEADER_BYTES], fingerprint=fingerprint, key=key, payload=view[HEADER_BYTES:],
+                 record_key=record_key)
     return out
 
 
@@ -122,20 +156,22 @@ def read_header(record) -> RecordHeader:
         raise CorruptRecordError(f"bad magic {magic!r}: not a tiered-kv page record")
     if xxhash.xxh3_128_digest(view[:_HEADER_SUM_OFFSET]) != bytes(view[_HEADER_SUM_OFFSET:HEADER_BYTES]):
         raise CorruptRecordError("header checksum mismatch: the header block is corrupted")
-    if version != FORMAT_VERSION or algo != CHECKSUM_XXH3_128 or reserved != 0:
+    if version != FORMAT_VERSION or algo not in ALGORITHMS or reserved != 0:
         raise CorruptRecordError(f"unsupported record format version {version} / checksum {algo}")
     if not 0 < key_len <= MAX_KEY_BYTES:
         raise CorruptRecordError(f"key length {key_len} out of range")
     key = bytes(view[_KEY_OFFSET:_KEY_OFFSET + key_len]).decode("ascii", errors="replace")
-    return RecordHeader(version, fp.hex(), key, payload_len, bytes(checksum))
+    key_id = bytes(view[_KEY_ID_OFFSET:_KEY_ID_OFFSET + KEY_ID_BYTES]) if algo == TAG_HMAC_SHA256_128 else b""
+    return RecordHeader(version, fp.hex(), key, payload_len, bytes(checksum), algo, key_id)
 
 
-def verify(record, *, fingerprint: str, key: str, payload_len: int) -> memoryview:
+def verify(record, *, fingerprint: str, key: str, payload_len: int, record_key: RecordKey | None = None) -> memoryview:
     """Check every field of ``record`` and return a view of its verified payload.
 
     ``record`` may be longer than the record (a padded slot); the bytes after it are ignored.
-    Raises TruncatedRecordError, CorruptRecordError (MisplacedRecordError among them) or
-    ForeignRecordError.
+    ``record_key``: the reader's key; None takes plain records only (see the module docstring).
+    Raises TruncatedRecordError, CorruptRecordError (MisplacedRecordError and ForgedRecordError among
+    them) or ForeignRecordError.
     """
     header = read_header(record)
     check_owner(header, fingerprint=fingerprint, key=key, payload_len=payload_len)
@@ -143,9 +179,29 @@ def verify(record, *, fingerprint: str, key: str, payload_len: int) -> memoryvie
     if view.nbytes < HEADER_BYTES + payload_len:
         raise TruncatedRecordError(f"record is {view.nbytes} bytes, header says {HEADER_BYTES + payload_len}")
     payload = view[HEADER_BYTES:HEADER_BYTES + payload_len]
-    if payload_checksum(payload) != header.checksum:
-        raise CorruptRecordError(f"payload checksum mismatch for page {key[:64]!r}")
+    _check_payload(header, view[:HEADER_BYTES], payload, record_key)
     return payload
+
+
+def _check_payload(header: RecordHeader, header_block, payload, record_key: RecordKey | None) -> None:
+    """Check ``payload`` against ``header`` (read from ``header_block``) as a reader holding
+    ``record_key`` (None: no secret) takes records; raises what ``verify`` names."""
+    page = header.key[:64]
+    if record_key is None:
+        if header.keyed:
+            raise ForeignRecordError(f"record of page {page!r} is sealed with a secret (key id {header.key_id.hex()}) "
+                                     "this reader does not hold: another tenant's page")
+        if payload_checksum(payload) != header.checksum:
+            raise CorruptRecordError(f"payload checksum mismatch for page {page!r}")
+        return
+    if not header.keyed:
+        raise ForgedRecordError(f"record of page {page!r} has no keyed tag (plain {ALGORITHMS[header.algorithm]} "
+                                "checksum): a reader with a secret takes only records sealed with it")
+    if header.key_id != record_key.key_id:
+        raise ForeignRecordError(f"record of page {page!r} is sealed with another secret (key id "
+                                 f"{header.key_id.hex()}, this reader's {record_key.key_id.hex()}): another tenant's page")
+    if not record_key.matches(header.checksum, _tagged_header(header_block), payload):
+        raise ForgedRecordError(f"keyed tag mismatch for page {page!r}: forged, tampered with or corrupted")
 
 
 def check_owner(header: RecordHeader, *, fingerprint: str, key: str, payload_len: int) -> None:
@@ -193,10 +249,14 @@ def other_length_error(prefix, *, length: int, expected: int, fingerprint: str, 
     return cls(f"record of page {key[:64]!r} is {size}: damaged")
 
 
-def is_sealed_for(record, *, fingerprint: str, key: str) -> bool:
-    """Cheap check (header only) that a slot was sealed for ``key``: used before every put."""
+def is_sealed_for(record, *, fingerprint: str, key: str, record_key: RecordKey | None = None) -> bool:
+    """Cheap check (header only) that a slot was sealed for ``key``, as a holder of ``record_key``
+    seals (keyed with its key id, or plain for None): used before every put, so a writer never
+    publishes a record its own readers would refuse."""
     try:
         header = read_header(record)
     except (CorruptRecordError, TruncatedRecordError):
         return False
-    return header.fingerprint == fingerprint and header.key == key
+    sealed_as = header.key_id if header.keyed else None
+    return header.fingerprint == fingerprint and header.key == key and sealed_as == (
+        None if record_key is None else record_key.key_id)

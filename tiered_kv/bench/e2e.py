@@ -120,7 +120,7 @@ class Stack:
         self.pool = model.make_pool(l1_pages + 2, self.device, (0, self.tail_page))
         self.oracle = oracle or PageOracle(self.spec, self.device)
         self.namespace = Namespace.for_spec(self.spec, model_name)
-        self.limits = limits or ControllerLimits(read_workers=8, write_workers=4)
+        self.limits = limits or ControllerLimits(read_workers=8, write_workers=4, batch_pages=8)
         self._own_host = False
         self.host_pool = None
         if setup.l2_pages:

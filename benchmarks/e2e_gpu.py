@@ -435,10 +435,12 @@ def main(argv: list[str] | None = None) -> int:
     mooncake = None
     mooncake_note = "not asked for"
     if args.mooncake_segment:
+        from tiered_kv.errors import TieredKVError
+
         try:
             mooncake = Mooncake(args.mooncake_segment)
             mooncake_note = "master + segment holder process on loopback (TCP)"
-        except Exception as exc:  # what failed is the report's, the rest of the run goes on
+        except (ImportError, OSError, RuntimeError, TieredKVError) as exc:  # the report says so; the rest runs
             mooncake_note = f"not run: {type(exc).__name__}: {exc}"
             log("mooncake", mooncake_note)
     for name in args.models.split(","):
@@ -452,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
                "calibration": calibration, "mooncake": mooncake_note, "models": {}}
         try:
             run_model(name, args, size, calibration, mooncake, out)
-        except Exception:
+        except Exception:  # one model's failure goes into its JSON, and the next model still runs
             out["error"] = traceback.format_exc()
             log(out["error"])
         (out_dir / f"e2e_gpu_{name}.json").write_text(json.dumps(out, indent=1))

@@ -9,13 +9,13 @@
 from .async_manager import AsyncCacheManager
 from .controller import ControllerLimits, ControllerStats, L3Controller
 from .index import PageIndex
-from .l1_cache import L1PrefixCache, Served
+from .l1_cache import L1PrefixCache, Prefill, Served
 from .manager import AgreeTimeout, CacheManager, LoadPlan, Match, StorePlan
 from .policies import Policies, PrefetchPolicy, PrefetchTimeout, WritePolicy
 from .worker import NullTransferHalf, TransferHalf
 
 __all__ = [
     "AgreeTimeout", "AsyncCacheManager", "CacheManager", "ControllerLimits", "ControllerStats", "L1PrefixCache", "L3Controller",
-    "LoadPlan", "Match", "NullTransferHalf", "PageIndex", "Policies", "PrefetchPolicy", "PrefetchTimeout",
+    "LoadPlan", "Match", "NullTransferHalf", "PageIndex", "Policies", "Prefill", "PrefetchPolicy", "PrefetchTimeout",
     "Served", "StorePlan", "TransferHalf", "WritePolicy",
 ]

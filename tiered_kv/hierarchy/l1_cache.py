@@ -14,6 +14,10 @@ manager and the worker the same way from its own scheduler and workers.
 
 ``fill(keys, pages)`` stands for the prefill (the model writing KV into the pages) and
 ``verify(keys, pages) -> [bool]`` checks loaded pages; both are optional (``--simulate`` has none).
+An engine whose model really computes passes ``prefill(Prefill)`` instead: it is called in ``run``
+after the load was issued and before any store, with the load's handle, so the model waits for
+each layer of the loaded prefix just before it reads it (``load.wait_layer(i)``), and the stores
+read the pages it wrote; ``verify`` then runs after it, so checking never serialises load and compute.
 """
 
 from __future__ import annotations
@@ -44,6 +48,27 @@ class Served:
     wrong_pages: int
 
 
+@dataclass(frozen=True)
+class Prefill:
+    """One request's prefill as ``L1PrefixCache.run`` hands it to the engine's model.
+
+    ``keys[i]`` is held in device page ``pages[i]``: the first ``l1_pages`` were on L1 already, the
+    next ``loaded_pages`` are being loaded (``load.wait_layer(layer)`` before reading a layer of
+    them), the rest are the model's to compute (their KV written before ``prefill`` returns).
+    """
+
+    request_id: Any
+    keys: list[str]
+    pages: list[int]
+    l1_pages: int
+    loaded_pages: int
+    load: Any
+
+    @property
+    def computed_pages(self) -> int:
+        return len(self.pages) - self.l1_pages - self.loaded_pages
+
+
 @dataclass
 class L1Stats:
     """What the requests were served from, counted in ``run`` (metrics read it at scrape time)."""
@@ -68,12 +93,14 @@ class L1PrefixCache:
 
     def __init__(self, num_pages: int, manager: CacheManager, worker: Any, *, reserved: Iterable[int] = (),
                  fill: Callable[[list[str], list[int]], None] | None = None,
-                 verify: Callable[[list[str], list[int]], list[bool]] | None = None) -> None:
+                 verify: Callable[[list[str], list[int]], list[bool]] | None = None,
+                 prefill: Callable[[Prefill], None] | None = None) -> None:
         reserved = set(reserved)
         self.manager = manager
         self.worker = worker
         self.fill = fill
         self.verify = verify
+        self.prefill = prefill
         self._free: list[int] = [p for p in range(num_pages) if p not in reserved][::-1]
         self.capacity = len(self._free)
         if self.capacity <= 0:
@@ -146,6 +173,12 @@ class L1PrefixCache:
                 rest = []
             handle = self.worker.load(plan, loaded_pages)
             self.manager.complete_load(plan, handle)
+            computed_pages = pages[len(plan):]
+            computed_keys = rest[:len(computed_pages)]
+            if self.prefill is not None:
+                held = [self._pages[k] for k in keys[:l1]]
+                self.prefill(Prefill(request_id, keys[:l1] + plan.keys + computed_keys,
+                                     held + loaded_pages + computed_pages, l1, len(plan), handle))
             wrong = verified = 0
             if self.verify is not None and len(plan):
                 sync = getattr(handle, "synchronize", None)
@@ -153,8 +186,6 @@ class L1PrefixCache:
                     sync()
                 ok = self.verify(plan.keys, loaded_pages)
                 verified, wrong = len(ok), len(ok) - sum(ok)
-            computed_pages = pages[len(plan):]
-            computed_keys = rest[:len(computed_pages)]
             if self.fill is not None and computed_keys:
                 self.fill(computed_keys, computed_pages)
             new_keys = plan.keys + computed_keys
@@ -299,4 +330,4 @@ class L1PrefixCache:
         self._reap()
 
 
-__all__ = ["L1PrefixCache", "L1Stats", "Served"]
+__all__ = ["L1PrefixCache", "L1Stats", "Prefill", "Served"]

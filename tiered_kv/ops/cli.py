@@ -3,6 +3,7 @@
     tiered-kv [--debug] [--version]
     tiered-kv plan --model deepseek-v3.2 [--layers N | --layer-range START:END] [--page-size N]
                    [--latent-dtype fp8|bf16] [--gpu-mem SIZE] [--host-mem SIZE] [--disk SIZE] [--json]
+                   [--prefill-tokens-per-s RATE [--host-gbps GBPS] [--disk-gbps GBPS]]
     tiered-kv bench storage --backend URL [--pages N] [--batch N] [--json]
     tiered-kv bench transfer [--model M] [--layers N] [--pages N] [--layout L] [--path P] [--device D] [--json]
     tiered-kv inspect URL [--verify] [--json]
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import __version__
-from .cli_args import check_latent_dtype, latent_dtype_choices, positive_int, positive_size
+from .cli_args import check_latent_dtype, latent_dtype_choices, positive_float, positive_int, positive_size
 from ..errors import ConfigError, SpecError, TieredKVError
 from ..model.sizes import format_size, parse_size
 
@@ -119,6 +120,13 @@ def plan_arguments(p: argparse.ArgumentParser, common: argparse.ArgumentParser) 
     p.add_argument("--trace", metavar="FILE", default=None,
                    help="also replay this Mooncake-format trace with --simulate at these sizes: hit rate per tier")
     p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="with --trace: its first N requests")
+    p.add_argument("--prefill-tokens-per-s", type=positive_float, default=None, metavar="RATE",
+                   help="the model's measured prefill rate on this machine: print the read bandwidth above which a "
+                        "tier's hit beats recomputing it")
+    p.add_argument("--host-gbps", type=positive_float, default=None, metavar="GBPS",
+                   help="with --prefill-tokens-per-s: the measured L2 -> GPU bandwidth (GB/s)")
+    p.add_argument("--disk-gbps", type=positive_float, default=None, metavar="GBPS",
+                   help="with --prefill-tokens-per-s: the measured L3 read bandwidth (GB/s)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run_plan)
 
@@ -142,7 +150,7 @@ _TIER_ARGUMENT = {"gpu": "--gpu-mem", "host": "--host-mem", "disk": "--disk"}
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from .plan import describe_page_sizes, plan_json, plan_tiers
+    from .plan import crossovers, describe_page_sizes, plan_json, plan_tiers
 
     spec = _plan_spec(args)
     tiers = plan_tiers(spec, gpu_bytes=args.gpu_mem, host_bytes=args.host_mem, disk_bytes=args.disk)
@@ -152,11 +160,18 @@ def run_plan(args: argparse.Namespace) -> int:
                               f"{t.bytes_per_page:,} B ({args.model}, page size {spec.page_size})")
     if args.limit is not None and args.trace is None:
         raise ConfigError("--limit slices a --trace; give --trace too")
+    if args.prefill_tokens_per_s is None and (args.host_gbps is not None or args.disk_gbps is not None):
+        raise ConfigError("--host-gbps / --disk-gbps compare a tier with recomputing: give --prefill-tokens-per-s too")
     trace = _simulate_trace(args, spec) if args.trace else None
+    versus = (crossovers(spec, args.prefill_tokens_per_s, host_gbps=args.host_gbps, disk_gbps=args.disk_gbps)
+              if args.prefill_tokens_per_s is not None else None)
     if args.json:
         out = plan_json(spec, tiers, args.model)
         if trace is not None:
             out["trace"] = trace
+        if versus is not None:
+            out["crossover"] = {"prefill_tokens_per_s": args.prefill_tokens_per_s,
+                                "tiers": {c.tier: c.as_json() for c in versus}}
         print(json.dumps(out))
         return 0
     parts = ", ".join(f"{c.name} {c.bytes_per_layer:,} B" for c in spec.components)
@@ -176,6 +191,17 @@ def run_plan(args: argparse.Namespace) -> int:
         print(f"trace         {args.trace}: {trace['requests']:,} requests, {trace['input_tokens']:,} input tokens "
               f"(replayed with --simulate at these sizes)")
         print(f"hit rate      l1 {rates['l1']:.1%}, l2 {rates['l2']:.1%}, l3 {rates['l3']:.1%}, all {rates['total']:.1%}")
+    if versus is not None:
+        print()
+        print(f"crossover     recomputing {args.prefill_tokens_per_s:,.0f} tokens/s takes "
+              f"{versus[0].recompute_s_per_1k_tokens * 1e3:.1f} ms per 1k tokens; a tier's hit beats it above:")
+        for c in versus:
+            line = f"  {c.tier:<5} {c.crossover_gbps:8.2f} GB/s ({c.bytes_per_token:,.0f} B per token)"
+            if c.gbps is not None:
+                verdict = "beats recompute" if c.beats_recompute else "slower than recompute"
+                line += (f"; at {c.gbps:.2f} GB/s a hit loads in {c.load_s_per_1k_tokens * 1e3:.1f} ms per 1k tokens: "
+                         f"{verdict} ({c.gbps / c.crossover_gbps:.2f}x)")
+            print(line)
     return 0
 
 

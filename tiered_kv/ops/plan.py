@@ -79,3 +79,49 @@ def plan_json(spec: KVSpec, tiers: list[TierPlan], model: str) -> dict:
         },
         **{t.name: {"pages": t.pages, "tokens": t.tokens(spec.page_size)} for t in tiers},
     }
+
+
+# --- load or recompute -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TierCrossover:
+    """Loading a prefix from one tier against recomputing it, per token of the prefix.
+
+    ``bytes_per_token``: what the tier moves per token (L2 -> L1 the page payload; L3 -> L2 the
+    padded slot, what the file backend reads). Loading beats recomputing when the tier delivers a
+    token's bytes faster than the model computes the token: above ``crossover_gbps``.
+    """
+
+    tier: str
+    bytes_per_token: float
+    prefill_tokens_per_s: float
+    gbps: float | None = None  # the tier's measured read bandwidth, if given
+
+    @property
+    def crossover_gbps(self) -> float:
+        return self.bytes_per_token * self.prefill_tokens_per_s / 1e9
+
+    @property
+    def recompute_s_per_1k_tokens(self) -> float:
+        return 1000 / self.prefill_tokens_per_s
+
+    @property
+    def load_s_per_1k_tokens(self) -> float | None:
+        return None if self.gbps is None else 1000 * self.bytes_per_token / (self.gbps * 1e9)
+
+    @property
+    def beats_recompute(self) -> bool | None:
+        return None if self.gbps is None else self.gbps > self.crossover_gbps
+
+    def as_json(self) -> dict:
+        return {"tier": self.tier, "bytes_per_token": self.bytes_per_token, "gbps": self.gbps,
+                "crossover_gbps": self.crossover_gbps, "load_s_per_1k_tokens": self.load_s_per_1k_tokens,
+                "recompute_s_per_1k_tokens": self.recompute_s_per_1k_tokens, "beats_recompute": self.beats_recompute}
+
+
+def crossovers(spec: KVSpec, prefill_tokens_per_s: float, *, host_gbps: float | None = None,
+               disk_gbps: float | None = None) -> list[TierCrossover]:
+    """The host (L2) and disk (L3) tiers against a model that prefills ``prefill_tokens_per_s``
+    tokens a second on this machine (at the context lengths that matter: the rate falls as
+    attention grows), each with its measured read bandwidth where given."""
+    return [TierCrossover("host", spec.page_bytes / spec.page_size, prefill_tokens_per_s, host_gbps),
+            TierCrossover("disk", slot_bytes(spec) / spec.page_size, prefill_tokens_per_s, disk_gbps)]

@@ -30,8 +30,8 @@ What the store is, and what that means here:
   time of the remove (``capabilities.compares_before_delete`` False; see ``Backend._delete_corrupt``).
 - error codes: absent / evicted / not yet readable keys are misses; an object of another length
   is read up to the slot (for a larger one, its size and header only) and classified by the base:
-  another spec's page is a foreign miss left in place, a damaged one is counted and deleted; RPC and transfer failures (master or segment holder
-  gone) raise ``BackendUnavailableError``, anything else ``BackendError``.
+  another spec's page is a foreign miss left in place, a damaged one is counted and deleted; RPC and
+  transfer failures (master or segment holder gone) raise ``BackendUnavailableError``, anything else ``BackendError``.
 - a read takes a lease (the master's ``--default_kv_lease_ttl``, 10 s by default) that blocks plain
   removal, so deletes are forced. A reader racing a forced delete gets at worst bytes that fail
   verification, i.e. a miss.

@@ -62,7 +62,8 @@ class RespConnection:
     async def _handshake(self, options: RedisOptions) -> None:
         commands = []
         if options.password:
-            auth = [b"AUTH", options.username.encode(), options.password.encode()] if options.username else [b"AUTH", options.password.encode()]
+            user = [options.username.encode()] if options.username else []
+            auth = [b"AUTH", *user, options.password.encode()]
             commands.append(auth)
         if options.db:
             commands.append([b"SELECT", str(options.db).encode()])

@@ -378,7 +378,8 @@ def report(in_dir: Path, json_out: Path, plot_out: Path) -> str:
             lines.append(f"{name}: {model.get('error', 'no result')}")
             continue
         lines.append(f"\n{model['label']}: L1 {model['l1_tokens']:,} tokens, L2 {model['l2_tokens']:,} tokens\n")
-        lines.append("| workload | tiers | TTFT p50 | TTFT p90 | req/s | hit tokens L1 / L2 / L3 | computed | wait / compute (GPU s) | pages verified / wrong |")
+        lines.append("| workload | tiers | TTFT p50 | TTFT p90 | req/s | hit tokens L1 / L2 / L3 | computed "
+                     "| wait / compute (GPU s) | pages verified / wrong |")
         lines.append("|---|---|---|---|---|---|---|---|---|")
         for wname, work in model["workloads"].items():
             for sname, s in work["setups"].items():

@@ -30,7 +30,8 @@ def main() -> None:
     if OUT.exists():
         results = json.loads(OUT.read_text())
     for url in args.urls:
-        result = asyncio.run(measure(url, pages=args.pages, batch=args.batch, concurrency=args.concurrency, raw=True, repeat=args.repeat, warmup=args.warmup))
+        result = asyncio.run(measure(url, pages=args.pages, batch=args.batch, concurrency=args.concurrency, raw=True,
+                                     repeat=args.repeat, warmup=args.warmup))
         results[url.split("://", 1)[0]] = result
         print(json.dumps({k: v for k, v in result.items() if k != "rounds"}))
     OUT.parent.mkdir(parents=True, exist_ok=True)

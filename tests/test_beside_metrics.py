@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-import transfer_gpu as tg  # noqa: E402
+import transfer_gpu as tg
 
 
 def test_a_model_that_never_waits_hides_the_whole_load_but_its_start():

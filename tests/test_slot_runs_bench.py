@@ -12,12 +12,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-import slot_runs  # noqa: E402
+import slot_runs
 
-from tiered_kv.transfers.engine import TransferEngine  # noqa: E402
-from tiered_kv.transfers.policy import STAGED_MIN_MEAN_RUN, is_scattered  # noqa: E402
+from tiered_kv.transfers.engine import TransferEngine
+from tiered_kv.transfers.policy import STAGED_MIN_MEAN_RUN, is_scattered
 
-from .kernels.pools import make_device_pool, make_host_pool, small_specs  # noqa: E402
+from .kernels.pools import make_device_pool, make_host_pool, small_specs
 
 
 @pytest.mark.parametrize("slots, want", [([1, 2, 3, 7, 8], 2.5), ([9, 3, 4, 5, 1], 5 / 3), (list(range(40, 72)), 32.0)])

@@ -75,8 +75,9 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from .model.device_pool import DeviceBuffer, DevicePool, allocate_engine_like
-    from .errors import (BackendError, ForgedRecordError, BackendNotWritableError, MisplacedRecordError, MissingExtraError, BackendTimeoutError, BackendUnavailableError, ConfigError, CorruptRecordError,
-                         DoubleFreeError, ForeignRecordError, ForeignSlotError, IndexValidationError, MetricsServerError,
+    from .errors import (BackendError, BackendNotWritableError, BackendTimeoutError, BackendUnavailableError, ConfigError,
+                         CorruptRecordError, ForgedRecordError, MisplacedRecordError, MissingExtraError, DoubleFreeError,
+                         ForeignRecordError, ForeignSlotError, IndexValidationError, MetricsServerError,
                          NoHostPoolError, NotARecordError, PageKeyError, PoolError, PoolExhaustedError, RecordError,
                          SpecError, SpecMismatchError, TieredKVError, TruncatedRecordError, UnsealedSlotError)
     from .model.host_pool import HostPool

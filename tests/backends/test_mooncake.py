@@ -19,16 +19,16 @@ import pytest
 
 if importlib.util.find_spec("mooncake") is None:
     pytest.skip("the mooncake module is not installed", allow_module_level=True)
-import mooncake.store  # noqa: E402,F401 - fail loudly when installed but broken
+import mooncake.store  # noqa: F401 - fail loudly when installed but broken
 
-from tiered_kv import HostPool, nsa_spec  # noqa: E402
-from tiered_kv.backends import open_backend  # noqa: E402
-from tiered_kv.backends.mooncake import MooncakeBackend  # noqa: E402
-from tiered_kv.ops.bench.raw_ceilings import measure_raw_ceiling, measure_raw_round  # noqa: E402
-from tiered_kv.errors import BackendError, BackendTimeoutError, BackendUnavailableError, ConfigError  # noqa: E402
+from tiered_kv import HostPool, nsa_spec
+from tiered_kv.backends import open_backend
+from tiered_kv.backends.mooncake import MooncakeBackend
+from tiered_kv.ops.bench.raw_ceilings import measure_raw_ceiling, measure_raw_round
+from tiered_kv.errors import BackendError, BackendTimeoutError, BackendUnavailableError, ConfigError
 
-from .contract import SPEC, BackendContract, fill_and_seal, new_keys  # noqa: E402
-from .mooncake_server import LOOPBACK_ENV, MooncakeMaster, RawClient, record_digest, run_reader, segment_holder  # noqa: E402
+from .contract import SPEC, BackendContract, fill_and_seal, new_keys
+from .mooncake_server import LOOPBACK_ENV, MooncakeMaster, RawClient, record_digest, run_reader, segment_holder
 
 
 @pytest.fixture(scope="module", autouse=True)

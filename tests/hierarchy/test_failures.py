@@ -167,7 +167,7 @@ def test_backend_killed_during_a_run_and_back():
                 time.sleep(0.01)
             assert stats.recoveries >= 1
             written = stats.pages_written
-            for i, keys in enumerate(chains[6:], 6):
+            for i, _keys in enumerate(chains[6:], 6):
                 fresh = keys_of(prompts(60 + i, [4])[0])
                 s.serve(("back", i), fresh)
             s.settle()

@@ -138,7 +138,7 @@ def check_copy(
     run()
     if torch.cuda.is_available():  # copies into host memory run on the device too
         torch.cuda.synchronize()
-    for (src, dst), rows in zip(pairs, expected):
+    for (_src, dst), rows in zip(pairs, expected):
         got = dst.index_select(0, dst_ids.to(dst.device)).cpu()
         assert torch.equal(got, rows), f"copied rows differ ({int((got != rows).sum())} bytes)"
     for root, old, mask in zip(dst_roots, before, written):

@@ -320,7 +320,7 @@ def test_a_backup_plans_every_table_then_uploads_once_then_gathers_each_unit(mon
         return send(parts, kernel_stream, own_stream=own_stream)
     monkeypatch.setattr(staged_copy, "upload", counted)
     monkeypatch.setattr(copier, "_send", sent)
-    for d, h in pairs:  # poison the slots, so the check below needs the backup's bytes
+    for _d, h in pairs:  # poison the slots, so the check below needs the backup's bytes
         h[slots] = 0
     copier.to_host(pairs, pages, slots)
     for d, h in pairs:

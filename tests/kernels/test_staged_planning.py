@@ -228,8 +228,9 @@ RUNS_OF_80 = (torch.arange(16)[:, None] * 128 + torch.arange(80)).flatten()
 
 def test_runs_of_layer_first_rows_go_out_as_one_batch(monkeypatch):
     """Slots in 16 runs of 4 with layer_first rows: every copy is a dense run, so a unit of many
-    copies takes the memcpy batch (a dense run counts as one copy, not one per row). page_first rows are 2-D copies of four rows each (a block of layers has the slot's other
-    layers between its rows, and whole slots are padded to 4 KiB in the host pool, so even
+    copies takes the memcpy batch (a dense run counts as one copy, not one per row). page_first rows
+    are 2-D copies of four rows each (a block of layers has the slot's other layers between its rows, and
+    whole slots are padded to 4 KiB in the host pool, so even
     DeepSeek-V3.2's 256-aligned 3,076,352-byte page is a pitched row there); up to
     ``BATCH_MAX_MEAN_ROWS`` rows on average they batch row by row too, and runs of 80 stay one
     2-D call per copy."""

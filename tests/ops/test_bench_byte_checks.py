@@ -12,11 +12,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-import transfer_gpu as tg  # noqa: E402
+import transfer_gpu as tg
 
-from tiered_kv.transfers.engine import TransferEngine  # noqa: E402
+from tiered_kv.transfers.engine import TransferEngine
 
-from ..kernels.pools import make_device_pool, make_host_pool, small_specs  # noqa: E402
+from ..kernels.pools import make_device_pool, make_host_pool, small_specs
 
 
 class DropsOnePage:

@@ -13,11 +13,11 @@ import torch
 if not torch.cuda.is_available():  # kernels through Triton's interpreter on CPU-only machines
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
+import pytest
 
-from tiered_kv import ConfigError, HostPool, IndexValidationError, PoolError, SpecMismatchError, nsa_spec  # noqa: E402
-from tiered_kv.transfers.torch_path import PageCopy, backup_pairs, load_pairs  # noqa: E402
-from tiered_kv.transfers.engine import (  # noqa: E402
+from tiered_kv import ConfigError, HostPool, IndexValidationError, PoolError, SpecMismatchError, nsa_spec
+from tiered_kv.transfers.torch_path import PageCopy, backup_pairs, load_pairs
+from tiered_kv.transfers.engine import (
     COPY_PATHS,
     BackupHandle,
     LoadHandle,
@@ -29,7 +29,7 @@ from tiered_kv.transfers.engine import (  # noqa: E402
     choose_path,
     _Issued,
 )
-from tiered_kv.transfers.policy import (  # noqa: E402
+from tiered_kv.transfers.policy import (
     AUTO_PATHS,
     KERNEL_LOADS,
     MIXED_LOADS_BESIDE_BACKUP,
@@ -45,7 +45,7 @@ from tiered_kv.transfers.policy import (  # noqa: E402
     issue_threads,
 )
 
-from ..kernels.pools import check_copy, make_device_pool, make_host_pool, random_ids, small_specs, spans  # noqa: E402
+from ..kernels.pools import check_copy, make_device_pool, make_host_pool, random_ids, small_specs, spans
 
 SPECS = small_specs()
 GPU = torch.cuda.is_available()

@@ -18,16 +18,16 @@ import torch
 if not torch.cuda.is_available():  # kernels through Triton's interpreter on CPU-only machines
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
+import pytest
 
-from tiered_kv import nsa_spec  # noqa: E402
-from tiered_kv.transfers.torch_path import validate  # noqa: E402
-from tiered_kv.transfers.engine import COPY_PATHS, TransferEngine, TransferOptions, _blocks, _head_split, _Load  # noqa: E402
-from tiered_kv.transfers.policy import CALLER_HEAD_BLOCKS, HEAD, LoadSplit  # noqa: E402
-import tiered_kv.transfers.policy as tp  # noqa: E402
+from tiered_kv import nsa_spec
+from tiered_kv.transfers.torch_path import validate
+from tiered_kv.transfers.engine import COPY_PATHS, TransferEngine, TransferOptions, _blocks, _head_split, _Load
+from tiered_kv.transfers.policy import CALLER_HEAD_BLOCKS, HEAD, LoadSplit
+import tiered_kv.transfers.policy as tp
 
-from ..fake_cuda import FakeEvent, FakeStream, patch_cuda  # noqa: E402
-from ..kernels.pools import make_device_pool, make_host_pool, random_fill, random_ids  # noqa: E402
+from ..fake_cuda import FakeEvent, FakeStream, patch_cuda
+from ..kernels.pools import make_device_pool, make_host_pool, random_fill, random_ids
 
 
 def _landed(device, host, slots, pages, layer: int) -> bool:

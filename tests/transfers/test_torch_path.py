@@ -71,7 +71,7 @@ def test_l1_l2_record_l2_l1_round_trip(name, layout):
         torch_load(host_b, dst_device, slots_b, dst_pages)
         after = snapshot(dst_device)
         untouched = [p for p in range(12) if p not in dst_pages]
-        for i, (ci, layer) in enumerate((ci, l) for ci in range(len(spec.components)) for l in range(spec.num_layers)):
+        for i, (ci, layer) in enumerate((ci, layer_) for ci in range(len(spec.components)) for layer_ in range(spec.num_layers)):
             assert torch.equal(after[i][dst_pages], src_device.chunk_view(ci, layer)[pages])
             assert torch.equal(after[i][untouched], before[i][untouched])
 

@@ -40,7 +40,8 @@ def run_show(args: argparse.Namespace) -> int:
 def add_arguments(config: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
     """The ``tiered-kv config`` parser's subcommands; ``common`` is every parser's parent (``--debug``)."""
     commands = config.add_subparsers(dest="config_command", required=True, metavar="{check,show}")
-    check = commands.add_parser("check", parents=[common], help="validate a config file (exit 0 ok, 2 bad, 1 its backend's extra not installed)")
+    check = commands.add_parser("check", parents=[common],
+                                help="validate a config file (exit 0 ok, 2 bad, 1 its backend's extra not installed)")
     check.add_argument("file", metavar="FILE", help="a YAML (.yaml, .yml) or TOML (.toml) config file")
     check.set_defaults(func=run_check)
     show_ = commands.add_parser("show", parents=[common], help="every effective value and where it came from")

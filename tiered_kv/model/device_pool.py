@@ -176,7 +176,8 @@ class DevicePool:
         return f"DevicePool({self.spec.kind}, pages={self.num_pages}, device={self.device}, reserved={sorted(self.reserved_pages)})"
 
 
-def allocate_engine_like(spec: KVSpec, num_pages: int, device: str | torch.device = "cpu", reserved_pages: Iterable[int] = (0,)) -> DevicePool:
+def allocate_engine_like(spec: KVSpec, num_pages: int, device: str | torch.device = "cpu",
+                         reserved_pages: Iterable[int] = (0,)) -> DevicePool:
     """Allocate tensors shaped the way an SGLang-style engine would and wrap them.
 
     For the embedded default (replay, benchmarks, tests): the first component is token-indexed

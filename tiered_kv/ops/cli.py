@@ -114,7 +114,8 @@ def plan_arguments(p: argparse.ArgumentParser, common: argparse.ArgumentParser) 
     p.add_argument("--page-size", type=positive_int, default=64, help="tokens per page (default 64)")
     p.add_argument("--latent-dtype", choices=latent_dtype_choices(), default=None,
                    help="latent dtype, for models with a latent (default: fp8 for NSA, bf16 for MLA)")
-    p.add_argument("--gpu-mem", type=positive_size, default=parse_size("64GiB"), metavar="SIZE", help="GPU memory for KV pages (default 64GiB)")
+    p.add_argument("--gpu-mem", type=positive_size, default=parse_size("64GiB"), metavar="SIZE",
+                   help="GPU memory for KV pages (default 64GiB)")
     p.add_argument("--host-mem", type=positive_size, default=parse_size("512GiB"), metavar="SIZE", help="pinned host pool (default 512GiB)")
     p.add_argument("--disk", type=positive_size, default=parse_size("4TiB"), metavar="SIZE", help="L3 capacity (default 4TiB)")
     p.add_argument("--trace", metavar="FILE", default=None,
@@ -366,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
-    except (Exception, KeyboardInterrupt, Terminated) as exc:  # noqa: BLE001 - the one place that turns errors into exit codes
+    except (Exception, KeyboardInterrupt, Terminated) as exc:
         code = _exit_code(exc)
         if debug:
             traceback.print_exc()

@@ -333,7 +333,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("tiered_kv_backend_misses", "counter", ("backend",), "Keys the backend read as misses (corrupt and foreign included).",
            _backend_field("misses")),
     Metric("tiered_kv_backend_corrupt_records", "counter", ("backend",),
-           "Damaged, truncated, unreadable or misplaced (another page's) records read (deleted while the medium holds them as read).", _backend_field("corrupt")),
+           "Damaged, truncated, unreadable or misplaced (another page's) records read "
+           "(deleted while the medium holds them as read).", _backend_field("corrupt")),
     Metric("tiered_kv_backend_foreign_records", "counter", ("backend",),
            "Intact records of another spec, or values that are no record (left in place).",
            _backend_field("foreign")),

@@ -99,7 +99,8 @@ def pages_from_token_indices(token_indices: IdsLike, page_size: int) -> torch.Te
     if misaligned.numel():
         p = int(misaligned[0])
         raise IndexValidationError(
-            f"token indices: index {p * page_size} (value {int(firsts[p])}) starts a page but is not a multiple of the page size {page_size}"
+            f"token indices: index {p * page_size} (value {int(firsts[p])}) starts a page but is not a multiple "
+            f"of the page size {page_size}"
         )
     expected = firsts.unsqueeze(1) + torch.arange(page_size)
     wrong = torch.nonzero((per_page != expected).flatten()).flatten()

@@ -59,7 +59,7 @@ def trace_records(conversations: int = 3, rounds: int = 4, *, tail: int = 200) -
     next_id = 1
     blocks: dict[int, list[int]] = {c: [0] for c in range(conversations)}
     t = 0
-    for r in range(rounds):
+    for _ in range(rounds):
         for c in range(conversations):
             blocks[c].append(next_id)
             next_id += 1

@@ -110,7 +110,8 @@ def file_ceiling(url: str, *, page_bytes: int, pages: int, batch: int | None = N
             parts = [range(i, chunks, streams) for i in range(streams)]
             fd = os.open(path, os.O_CREAT | os.O_WRONLY | flags, 0o644)
             try:
-                write_s = _timed_streams(lambda i: [os.pwrite(fd, buffers[i], c * chunk) for c in parts[i]], streams)
+                write_s = _timed_streams(lambda i, fd=fd, parts=parts: [os.pwrite(fd, buffers[i], c * chunk) for c in parts[i]],
+                                         streams)
                 start = time.perf_counter()
                 os.fsync(fd)
                 write_s += time.perf_counter() - start
@@ -119,7 +120,8 @@ def file_ceiling(url: str, *, page_bytes: int, pages: int, batch: int | None = N
             drop_page_cache(path)
             fd = os.open(path, os.O_RDONLY | flags)
             try:
-                read_s = _timed_streams(lambda i: [os.preadv(fd, [buffers[i]], c * chunk) for c in parts[i]], streams)
+                read_s = _timed_streams(lambda i, fd=fd, parts=parts: [os.preadv(fd, [buffers[i]], c * chunk) for c in parts[i]],
+                                        streams)
             finally:
                 os.close(fd)
             path.unlink()
@@ -296,7 +298,7 @@ def _mooncake_rounds(store: Any, buffer: mmap.mmap, page_bytes: int, pages: int,
 
         def put_bytes() -> None:
             for batch in batches:
-                values = [view[i * page_bytes:(i + 1) * page_bytes] for i in batch]
+                values = [view[i * page_bytes:(i + 1) * page_bytes] for i in batch]  # noqa: F821 (bound until the del after the last round)
                 _check(store.put_batch([f"{prefix}-b-{i}" for i in batch], values), "put_batch")
 
         def get_bytes() -> None:

@@ -254,7 +254,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"per page  {describe_page_sizes(nsa_spec())}")
     print(f"GB/s count stored records: {result['pages']} x {result['record_bytes']:,} B each way")
     print(f"{'':<16}{'put GB/s':>10}{'get GB/s':>10}")
-    print(f"{'tiered-kv':<16}{result['put_gbps']:>10.2f}{result['get_gbps']:>10.2f}   (warm get {result['get_warm_gbps']:.2f}, cold={result['get_cold']})")
+    print(f"{'tiered-kv':<16}{result['put_gbps']:>10.2f}{result['get_gbps']:>10.2f}   "
+          f"(warm get {result['get_warm_gbps']:.2f}, cold={result['get_cold']})")
     if "raw_put_gbps" in result:
         print(f"{'raw':<16}{result['raw_put_gbps']:>10.2f}{result['raw_get_gbps']:>10.2f}   ({result.get('raw_method', '')})")
         print(f"{'per-round ratio':<16}{result['put_vs_raw']:>10.2f}{result['get_vs_raw']:>10.2f}   "

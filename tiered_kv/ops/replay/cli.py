@@ -69,9 +69,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     size.add_argument("--host-mem", type=positive_size, metavar="SIZE", help="L2 capacity (with --model default 512GiB)")
     size.add_argument("--disk", type=positive_size, metavar="SIZE", help="L3 capacity (with --model default 4TiB)")
     size.add_argument("--l3", metavar="URL", help="an L3 backend URL (default: a file:// store in a temporary directory)")
-    size.add_argument("--prefetch", choices=[m.value for m in PrefetchPolicy], help="prefetch policy (default: the config's policies.prefetch; without a config "
+    size.add_argument("--prefetch", choices=[m.value for m in PrefetchPolicy],
+                      help="prefetch policy (default: the config's policies.prefetch; without a config "
                            "file wait_complete, the embedded default's)")
-    size.add_argument("--write", choices=[m.value for m in WritePolicy], help="write policy (default: the config's policies.write, write_through unless set)")
+    size.add_argument("--write", choices=[m.value for m in WritePolicy],
+                      help="write policy (default: the config's policies.write, write_through unless set)")
     run_ = p.add_argument_group("run")
     run_.add_argument("--simulate", action="store_true",
                       help="same index, policies and capacities, no bytes moved and no tier memory reserved")

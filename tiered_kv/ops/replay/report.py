@@ -195,4 +195,5 @@ def plot(result: ReplayResult, path: str, title: str = "tiered-kv replay") -> No
         plt.close(fig)
 
 
-__all__ = ["DIRECTIONS", "TIERS", "check_plot_target", "format_table", "hit_rate_series", "plot", "require_matplotlib", "summarize", "to_json"]
+__all__ = ["DIRECTIONS", "TIERS", "check_plot_target", "format_table", "hit_rate_series", "plot", "require_matplotlib",
+           "summarize", "to_json"]

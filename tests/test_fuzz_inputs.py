@@ -1,4 +1,4 @@
-"""Fuzzing the parsers of outside input: only the library's own errors may come out (issue 9).
+"""Fuzzing the parsers of outside input: only the library's own errors may come out.
 
 The backend URL and option parsers (every scheme), the size parser and the page key validator
 get random text, numbers and objects; anything but a ``TieredKVError`` fails the test. Nothing

@@ -3,7 +3,7 @@
 For memory (a shared store), file, redis (a real ``redis-server``) and mooncake (a real
 ``mooncake_master``): ``exists`` sees exactly the writer's pages, ``delete`` removes them for the
 writer too, and the data calls raise ``NoHostPoolError`` (a ``PoolError``) before anything moves.
-This is what the metadata half in a scheduler process relies on (issue 10, item 3).
+This is what the metadata half in a scheduler process relies on.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Backend URL options: every URL part and every option value is checked when the URL is parsed,
-and only ConfigError comes out, one line naming the URL, the option and the value (issue 9)."""
+and only ConfigError comes out, one line naming the URL, the option and the value."""
 
 from __future__ import annotations
 
@@ -176,7 +176,7 @@ def test_optional_fields_take_an_empty_value_as_unset():
 
 
 def test_options_dataclasses_are_fields_of_a_pydantic_model_with_the_same_constraints():
-    """The config file (issue 11) holds these dataclasses in one typed tree: pydantic reads their
+    """The config file holds these dataclasses in one typed tree: pydantic reads their
     Annotated constraints there too, so the URL and the file cannot disagree."""
 
     class Tree(BaseModel):

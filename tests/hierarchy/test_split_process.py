@@ -1,4 +1,4 @@
-"""The metadata half in a process of its own (issue 10, item 3): no host pool, no CUDA there.
+"""The metadata half in a process of its own: no host pool, no CUDA there.
 
 A worker (this test process) stores pages of a prompt on L3 through a backend over a HostPool.
 A scheduler in a second process (``SCHEDULER``, run with ``python -c``) holds a ``CacheManager``

@@ -114,7 +114,7 @@ def test_allocate_engine_like_matches_spec():
     assert pool.chunk_view(0, 0).stride(0) == 41_984
 
 
-# --- ids: one rule for slot and page ids (issue 9) ----------------------------------------------
+# --- ids: one rule for slot and page ids ----------------------------------------------------
 def test_host_pool_takes_numpy_and_tensor_ids_and_refuses_bools():
     with HostPool(NSA, 3) as pool:
         slots = pool.allocate(2)

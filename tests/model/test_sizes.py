@@ -1,4 +1,4 @@
-"""Byte sizes: exact, bounded, and only ConfigError on bad input (issue 9)."""
+"""Byte sizes: exact, bounded, and only ConfigError on bad input."""
 
 from __future__ import annotations
 

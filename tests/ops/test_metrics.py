@@ -203,7 +203,7 @@ def test_serve_metrics_answers_scrapes_and_refuses_bad_addresses():
 
 @pytest.mark.parametrize("l3", ["file", "memory"])
 def test_l3_evictions_and_capacity_are_exposed_for_backends_that_evict_themselves(l3):
-    """Issue 12's "evictions per tier": an L3 that evicts for room (a file store with a capacity, a
+    """Evictions per tier: an L3 that evicts for room (a file store with a capacity, a
     memory store) has its tier="l3" eviction series and its capacity in pages, not only the
     simulated one."""
     tiers = {**TINY_TIERS, "l3_pages": 24}  # far below the chat's ~80 distinct pages: L3 evicts

@@ -14,7 +14,7 @@ L1 <-> L2 copies and L3 writes of the run before it have landed (``Hierarchy.set
 decision the hierarchy takes (hit lengths, L2 evictions, which pages L3 holds when it is asked) sees
 the same state whatever the speed of the I/O: under ``wait_complete`` the hits per tier are a
 function of the workload and the settings alone, the same run to run and the same with
-``--simulate`` (issue 11). Bytes still move concurrently where no decision waits on them: the reads
+``--simulate``. Bytes still move concurrently where no decision waits on them: the reads
 of a whole step, and each request's writes over the controller's workers. ``best_effort`` and
 ``timeout`` run a request with what has landed by then, so their hits do depend on the I/O's speed.
 

@@ -11,7 +11,7 @@ from tiered_kv.transfers.torch_path import load_pairs
 from tiered_kv.transfers.engine import TransferEngine, _blocks, staged_groups
 from tiered_kv.transfers.policy import LoadSplit, TransferOptions
 
-from .kernels.pools import adjacent_ids, check_copy, make_device_pool, make_host_pool, random_ids, spans
+from ..kernels.pools import adjacent_ids, check_copy, make_device_pool, make_host_pool, random_ids, spans
 
 LATENT, INDEXER = 0, 1
 SIZES = [42, 8]  # bytes per layer of each component: only their order matters
@@ -124,7 +124,7 @@ def test_the_option_survives_a_caller_share_of_pages():
 def test_gpu_each_layer_holds_its_bytes_right_after_wait_layer(name, slots_kind):
     """On the device the minor blocks land before their first layer's event: every layer, read on
     a fresh stream right after ``wait_layer``, holds both of its components."""
-    from .transfers.test_engine import load_and_check_each_layer
+    from .test_engine import load_and_check_each_layer
 
     spec = nsa_spec(num_layers=12, page_size=64)
     device, host = make_device_pool(spec, 300, "cuda"), make_host_pool(spec, 260, "page_first")

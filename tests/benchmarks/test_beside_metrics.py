@@ -1,5 +1,5 @@
 """The beside-compute group's arithmetic (benchmarks/transfer_gpu.py), on hand-made timelines: the
-numbers issue 13 names (``hidden_fraction``, ``compute_slowdown``) and where the added time went.
+numbers the transfer targets name (``hidden_fraction``, ``compute_slowdown``) and where the added time went.
 The group itself needs a GPU; this is the part that decides met or not met."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import transfer_gpu as tg
 

@@ -1,5 +1,5 @@
 """The recorded GPU benchmark (``docs/benchmarks/transfer_gpu.json``, written by
-``benchmarks/transfer_gpu.py`` on the H200) holds what issue 13 asks of one run: every op with slots
+``benchmarks/transfer_gpu.py`` on the H200) holds what a run of record must: every op with slots
 in runs and scattered, load + backup at once with both, the beside-compute group, and the ceilings
 of the same run; and its derived numbers agree with the measured ones they come from. A run that
 stopped early or a writer that dropped a group or a key fails here."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-RECORD = Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "transfer_gpu.json"
+RECORD = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "transfer_gpu.json"
 LAYOUTS = ("page_first", "layer_first")
 SLOTS = ("runs", "scattered")
 

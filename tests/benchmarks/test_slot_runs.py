@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import slot_runs
 
 from tiered_kv.transfers.engine import TransferEngine
 from tiered_kv.transfers.policy import STAGED_MIN_MEAN_RUN, is_scattered
 
-from .kernels.pools import make_device_pool, make_host_pool, small_specs
+from ..kernels.pools import make_device_pool, make_host_pool, small_specs
 
 
 @pytest.mark.parametrize("slots, want", [([1, 2, 3, 7, 8], 2.5), ([9, 3, 4, 5, 1], 5 / 3), (list(range(40, 72)), 32.0)])

@@ -409,7 +409,7 @@ def main() -> int:
                 timing, nbytes = timed(load(engine, slots_kind, [spec.num_layers // 2], options)), layer_bytes
             if path == "torch":
                 # The reference copies through pageable CPU memory synchronously: the device
-                # events miss the CPU half, the caller's wall time does not.
+                # events miss the CPU share, the caller's wall time does not.
                 timing["ms"] = max(timing["ms"], timing["issue_ms"])
             frac = nbytes / timing["ms"] / 1e6 / ceiling[op]
             extra = {"frac_of_layer_copy": nbytes / timing["ms"] / 1e6 / layer_h2d["gbps"]} if op == "load1" else {}

@@ -4,7 +4,7 @@ Device pages of a transfer are usually scattered (the engine's allocator hands t
 slots come in long runs (the host pool allocates runs). A copy engine moves long host runs at the
 full PCIe rate without using an SM, but needs a dense or pitched device buffer on the other side;
 a UVA kernel handles scattered device pages but reads host memory more slowly than a copy engine.
-So this path does both halves with the tool that suits it:
+So this path does both steps with the tool that suits it:
 
     load   (host -> device):  host runs --copy engine--> staging buffer --kernel scatter--> pages
     backup (device -> host):  pages --kernel gather--> staging buffer --copy engine--> host runs

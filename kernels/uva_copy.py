@@ -3,7 +3,7 @@
 The GPU reads and writes pinned host memory directly through unified virtual addressing, so a
 launch can gather random device pages into host slots (backup, device -> host), scatter host slots
 into random device pages (load, host -> device), or move rows between two device buffers (the
-gather / scatter half of the staged path). Which of these it is depends only on where the views
+gather / scatter step of the staged path). Which of these it is depends only on where the views
 live; the kernel sees byte addresses.
 
 One launch covers any number of ``(src, dst)`` pairs: their base addresses, row pitches and chunk

@@ -292,7 +292,7 @@ def test_head_layers_go_through_the_kernel_before_the_rest(monkeypatch, head, ex
 @pytest.mark.parametrize("num_ctas", [None, 3])
 def test_the_options_cta_budget_reaches_every_kernel_launch_of_a_load(monkeypatch, num_ctas):
     """``TransferOptions.num_ctas`` is the budget of a load's UVA launches, its head's and its
-    kernel half's alike (None: each launch's measured default)."""
+    kernel part's alike (None: each launch's measured default)."""
     from tiered_kv.kernels import uva_copy
 
     budgets = []

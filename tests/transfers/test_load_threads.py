@@ -161,7 +161,7 @@ def test_loads_take_the_head_streams_in_turn_and_record_ready_on_their_own(monke
 
 @pytest.mark.parametrize(("lead", "calls"), [(1, [1, 10]), (3, [1, 1, 1, 8]), (20, [1] * 11)])
 def test_lead_blocks_plans_the_first_blocks_one_call_each(monkeypatch, lead, calls):
-    """``staged_half`` calls the ring once per lead block, then once for the rest (never an empty
+    """``staged_part`` calls the ring once per lead block, then once for the rest (never an empty
     call), and every layer is finished once, in order. 20 layers in ramped 2-layer blocks: 11
     blocks (1, then 2 each, then 1)."""
     spec = nsa_spec(num_layers=20, page_size=4)
@@ -180,12 +180,12 @@ def test_lead_blocks_plans_the_first_blocks_one_call_each(monkeypatch, lead, cal
     job = _Load(engine, list(range(20)), copy, split, TransferOptions())
     finished = []
     monkeypatch.setattr(job, "finish_layer", finished.append)
-    job.staged_half((copy.host_slots, copy.device_pages), (0, 1))
+    job.staged_part((copy.host_slots, copy.device_pages), (0, 1))
     assert seen == calls and finished == list(range(20))
 
 
 @pytest.mark.parametrize(("lead", "wave", "ctas"), [(1, None, None), (1, 1, 16), (3, 2, 32)])
-def test_staged_half_hands_its_plan_wave_and_scatter_ctas_to_every_call_into_the_ring(monkeypatch, lead, wave, ctas):
+def test_staged_part_hands_its_plan_wave_and_scatter_ctas_to_every_call_into_the_ring(monkeypatch, lead, wave, ctas):
     """``LoadSplit.plan_wave`` and ``staging_ctas`` reach the staging ring's calls (lead blocks and
     the rest alike)."""
     spec = nsa_spec(num_layers=20, page_size=4)
@@ -203,13 +203,13 @@ def test_staged_half_hands_its_plan_wave_and_scatter_ctas_to_every_call_into_the
     split = LoadSplit(1.0, layers_per_copy=2, lead_blocks=lead, plan_wave=wave, staging_ctas=ctas)
     job = _Load(engine, list(range(20)), copy, split, TransferOptions())
     monkeypatch.setattr(job, "finish_layer", lambda index: None)
-    job.staged_half((copy.host_slots, copy.device_pages), (0, 1))
+    job.staged_part((copy.host_slots, copy.device_pages), (0, 1))
     assert seen == [(wave, ctas)] * (lead + 1)
 
 
-def test_a_kernel_half_without_pages_plans_and_uploads_nothing(monkeypatch):
+def test_a_kernel_part_without_pages_plans_and_uploads_nothing(monkeypatch):
     """A ``mixed`` split whose copy engines take every page (``ce_fraction`` 1) leaves the kernel
-    half empty: no plans, no upload (about 1 ms of the body's thread on the H200's host), no launch."""
+    part empty: no plans, no upload (about 1 ms of the body's thread on the H200's host), no launch."""
     from tiered_kv.kernels import uva_copy
 
     spec = nsa_spec(num_layers=6, page_size=4)
@@ -218,9 +218,9 @@ def test_a_kernel_half_without_pages_plans_and_uploads_nothing(monkeypatch):
     copy = validate(device.pool, host, random_ids(6, 1, 20), random_ids(6, 0, 16), to_host=False)
     uploads = []
     monkeypatch.setattr(uva_copy, "upload", lambda *a, **k: uploads.append(a))
-    monkeypatch.setattr(engine, "_load_plan", lambda *a, **k: pytest.fail("planned a kernel half without pages"))
+    monkeypatch.setattr(engine, "_load_plan", lambda *a, **k: pytest.fail("planned a kernel part without pages"))
     job = _Load(engine, list(range(6)), copy, LoadSplit(1.0), TransferOptions())
-    job.kernel_half((copy.host_slots[:0], copy.device_pages[:0]), None, None)
+    job.kernel_part((copy.host_slots[:0], copy.device_pages[:0]), None, None)
     assert job.uva is None and uploads == []
 
 

@@ -1,4 +1,4 @@
-"""``LoadSplit.minor_layers_per_copy``: a staged copy-engine half moves the smaller components
+"""``LoadSplit.minor_layers_per_copy``: a staged copy-engine part moves the smaller components
 (NSA: the indexer) in blocks of adjacent layers, each block with its first layer's group."""
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def test_a_minor_block_is_one_wide_row_of_a_page_first_slot():
 SPLITS = {
     "all_ce": LoadSplit(1.0, minor_layers_per_copy=4),
     "after_a_head": LoadSplit(1.0, head_layers=2, ramp=True, ramp_step=3, minor_layers_per_copy=3),
-    "half_pages_blocks_of_layers": LoadSplit(0.5, layers_per_copy=2, ramp=True, minor_layers_per_copy=5),
+    "half_of_pages_blocks_of_layers": LoadSplit(0.5, layers_per_copy=2, ramp=True, minor_layers_per_copy=5),
     "scatter_ctas": LoadSplit(1.0, staging_ctas=2, minor_layers_per_copy=2),
     "waves": LoadSplit(1.0, plan_wave=1, lead_blocks=2, minor_layers_per_copy=3),
     "one_group_ahead": LoadSplit(1.0, head_layers=1, minor_layers_per_copy=4, minor_lead_groups=1),

@@ -82,8 +82,8 @@ from .policy import (
 
 
 @dataclass
-class _KernelHalf:
-    """A load's UVA half, uploaded: one plan and table per block of layers, the ids, which block
+class _KernelPart:
+    """A load's UVA part, uploaded: one plan and table per block of layers, the ids, which block
     each layer index is in and each block's last index, and the indices waiting for their block."""
 
     stream: torch.cuda.Stream | None
@@ -365,11 +365,11 @@ class _Load:
     events: dict[int, torch.cuda.Event] = field(default_factory=dict)  # layer -> its event, once issued
     issued: _Issued | None = None
     load_stream: torch.cuda.Stream | None = None
-    uva: _KernelHalf | None = None
+    uva: _KernelPart | None = None
     # Index of ``layers[0]`` in the whole load (a body after a head): a ``ramp_step`` ramp continues
     # from it; a doubling ramp starts again at one layer.
     first_index: int = 0
-    # A load's head (``LoadSplit.head_layers``): its kernel tables stay on the device (``kernel_half``).
+    # A load's head (``LoadSplit.head_layers``): its kernel tables stay on the device (``kernel_part``).
     head: bool = False
 
     def __post_init__(self) -> None:
@@ -380,9 +380,9 @@ class _Load:
         return self.engine._load_pairs[layer]
 
     def finish_layer(self, index: int) -> None:
-        """Launch the layer's kernel half (if any), join it, and record the layer's event.
+        """Launch the layer's kernel part (if any), join it, and record the layer's event.
 
-        The kernel half moves blocks of layers (``kernel_half``): a layer whose block is not
+        The kernel part moves blocks of layers (``kernel_part``): a layer whose block is not
         complete yet waits, and the block's launch records every waiting layer's event.
         """
         engine = self.engine
@@ -390,17 +390,17 @@ class _Load:
         if self.uva is not None:
             from ..kernels.uva_copy import launch_uva
 
-            half = self.uva
-            stream = half.stream
-            half.waiting.append(index)
-            block = half.block_of[index]
-            if index != half.last_of[block]:
+            part = self.uva
+            stream = part.stream
+            part.waiting.append(index)
+            block = part.block_of[index]
+            if index != part.last_of[block]:
                 return
-            indices, half.waiting = half.waiting, []
+            indices, part.waiting = part.waiting, []
             with on_stream(stream):
-                launch_uva(half.plans[block], half.tables[block], half.slots, half.pages, num_ctas=self.options.num_ctas)
+                launch_uva(part.plans[block], part.tables[block], part.slots, part.pages, num_ctas=self.options.num_ctas)
             if stream is not None and stream is not self.load_stream:
-                # The layer is complete only once both halves of it have landed.
+                # The layer is complete only once both parts of it have landed.
                 joined = engine._uva_done[block % len(engine._uva_done)]
                 joined.record(stream)
                 self.load_stream.wait_event(joined)
@@ -416,7 +416,7 @@ class _Load:
             if self.issued is not None:
                 self.issued.layer(layer)
 
-    def kernel_half(self, kernel_part: tuple[torch.Tensor, torch.Tensor], components, stream) -> None:
+    def kernel_part(self, kernel_part: tuple[torch.Tensor, torch.Tensor], components, stream) -> None:
         """Upload the kernel's tables (one per block of ``split.kernel_blocks`` layers, see
         ``_blocks``) and ids at once; ``finish_layer`` launches a block once its last layer is
         reached. Blocks cut the launches of a 61-layer load (about 0.1 ms of the issuing thread
@@ -445,11 +445,11 @@ class _Load:
                 uploaded = tables + engine._upload_ids(kernel_part)
             else:
                 uploaded = upload(device, [p.table for p in plans] + list(kernel_part))
-        self.uva = _KernelHalf(stream, plans, uploaded[:-2], uploaded[-2], uploaded[-1],
+        self.uva = _KernelPart(stream, plans, uploaded[:-2], uploaded[-2], uploaded[-1],
                                block_of=[b for b, block in enumerate(blocks) for _ in block],
                                last_of=[block[-1] for block in blocks])
 
-    def staged_half(self, ce_ids, ce_components) -> None:
+    def staged_part(self, ce_ids, ce_components) -> None:
         """Copy engines into the staging ring, scattered by its kernel on ``load_stream``; blocks
         of ``layers_per_copy`` layers, whose events are recorded once the whole block landed.
 
@@ -476,7 +476,7 @@ class _Load:
             copier.to_device_groups(groups[first:last], *ce_ids, copy_stream=copy_stream, kernel_stream=self.load_stream,
                                     on_group_done=finish_block, num_ctas=split.staging_ctas, first_wave=split.plan_wave)
 
-    def batched_half(self, ce_ids, ce_components) -> None:
+    def batched_part(self, ce_ids, ce_components) -> None:
         """Per layer, one memcpy batch straight into the pages on ``load_stream``."""
         from ..kernels.batch_copy import plan_copy_list, run_copy_list
 
@@ -556,7 +556,7 @@ class KernelPath(CopyPath):
     def start_load(self, job: _Load, blocks: int | None) -> Callable[[], None] | None:
         """Upload the load's tables and ids and launch its first ``blocks`` blocks of layers (None:
         all) now; returns the launches of the rest, for a library thread to make (None: none left)."""
-        job.kernel_half((job.copy.host_slots, job.copy.device_pages), None, job.load_stream)
+        job.kernel_part((job.copy.host_slots, job.copy.device_pages), None, job.load_stream)
         last_of = job.uva.last_of if job.uva is not None else [len(job.layers) - 1]
         now = len(job.layers) if blocks is None or blocks >= len(last_of) else last_of[blocks - 1] + 1
         for index in range(now):
@@ -625,7 +625,7 @@ class StagedPath(CopyPath):
                                                     copy_stream=job.done_on, kernel_stream=job.stream("backup_stream"))
 
     def load(self, job: _Load) -> None:
-        job.staged_half((job.copy.host_slots, job.copy.device_pages), job.engine._components(job.split)[1])
+        job.staged_part((job.copy.host_slots, job.copy.device_pages), job.engine._components(job.split)[1])
 
 
 class MixedPath(StagedPath):
@@ -651,7 +651,7 @@ class MixedPath(StagedPath):
             return
         fraction = split.ce_fraction
         ctas = job.options.num_ctas if job.options.num_ctas is not None else split.kernel_ctas
-        # Both halves in host-slot order, so the copy engines' share keeps whatever runs exist.
+        # Both parts in host-slot order, so the copy engines' share keeps whatever runs exist.
         (kernel_slots, kernel_pages), (ce_slots, ce_pages) = engine._split(job.copy, "mixed", fraction)
         kernel_stream, copy_stream = job.stream("backup_stream"), job.stream("backup_copy_stream")
         if len(kernel_slots):
@@ -660,18 +660,18 @@ class MixedPath(StagedPath):
         job.done_on = kernel_stream
         job.copy_rows(ce_pages, ce_slots, copy_stream)
         if kernel_stream is not None:
-            # The completion follows both halves: the kernel's stream waits for the batch.
+            # The completion follows both parts: the kernel's stream waits for the batch.
             kernel_stream.wait_stream(copy_stream)
 
     def load(self, job: _Load) -> None:
         engine = job.engine
         kernel_components, ce_components = engine._components(job.split)
         kernel_part, ce_part = engine._parts(job.copy, "mixed", job.split)
-        job.kernel_half(kernel_part, kernel_components, engine.load_uva_stream if engine.on_gpu else None)
+        job.kernel_part(kernel_part, kernel_components, engine.load_uva_stream if engine.on_gpu else None)
         if job.split.ce_path == "batch":
-            job.batched_half(ce_part, ce_components)
+            job.batched_part(ce_part, ce_components)
         else:
-            job.staged_half(ce_part, ce_components)
+            job.staged_part(ce_part, ce_components)
 
 
 #: Every path by name (``auto`` is resolved by ``transfer_policy.choose_path`` first).
@@ -693,7 +693,7 @@ class TransferEngine:
             (``staged`` / ``mixed`` paths, allocated on first use) and its kernel's CTA budget.
         timing: create the handles' events with timing enabled (benchmarks; slightly costlier).
         high_priority_loads: load streams (and the issue threads' streams) get the device's
-            highest stream priority, so the CTAs of a load's kernels (UVA half, staging scatter)
+            highest stream priority, so the CTAs of a load's kernels (UVA part, staging scatter)
             are scheduled before the model's queued CTAs as SMs free up: a load waited on layer by
             layer is on the model's critical path (docs/benchmarks.md, "Transfers on the H200").
             Backups keep the default priority.
@@ -763,7 +763,7 @@ class TransferEngine:
                 self.load_copy_stream = take(high)
                 self.backup_stream = take()
                 self.backup_copy_stream = take()
-                self.load_uva_stream = take(high)  # the kernel half of ``mixed`` loads
+                self.load_uva_stream = take(high)  # the kernel part of ``mixed`` loads
                 # Heads (``LoadSplit.head_layers``), one stream per load in turn: a handed-over head's
                 # rest is launched by a library thread after its call returned, and the next load's
                 # caller makes its head stream wait on the caller's stream (compute queued since),
@@ -1185,7 +1185,7 @@ def _head_split(split: LoadSplit) -> LoadSplit:
 
 def staged_groups(blocks: Sequence[Sequence[int]], components: Sequence[int], sizes: Sequence[int],
                   minor_layers: int | None = None, lead: int = 0) -> list[list[tuple[int, int]]]:
-    """The (layer index, component) pairs of a staged copy-engine half, one group per block of
+    """The (layer index, component) pairs of a staged copy-engine part, one group per block of
     ``blocks`` (indices into the load's layers, in order).
 
     Every group holds its block's layers of ``components``; with ``minor_layers``

@@ -76,17 +76,17 @@ class LoadSplit:
         indexer) through the kernel, so no copy engine moves small pitched rows (specs with one
         component, or components of one size, fall back to ``"pages"`` with ``ce_fraction``).
     staging_ctas: CTAs of the staging scatter (None: the copier's).
-    ce_path: how the copy-engine half moves: ``"staged"`` (2-D copies into the staging ring, then
+    ce_path: how the copy-engine part moves: ``"staged"`` (2-D copies into the staging ring, then
         a scatter kernel) or ``"batch"`` (one ``cudaMemcpyBatchAsync`` per layer, straight into
         the device pages: no staging hop, more CPU per layer).
-    layers_per_copy: adjacent layers the staged half moves as one group; with ``"components"``
+    layers_per_copy: adjacent layers the staged part moves as one group; with ``"components"``
         and ``page_first`` slots (components layer-major) that is one ``layers_per_copy`` x 42 KB
         row per slot and copy instead of one 42 KB row per layer. The events of a block's layers
         are recorded once the whole block landed, so the first layers are ready later.
     ramp: blocks grow 1, 2, 4, ... layers up to ``layers_per_copy`` (and ``kernel_blocks``), so
         the first layers are ready after one layer's copy (a model waiting on layer 0 starts
         early) and the rest move in wide rows / few launches.
-    kernel_blocks: adjacent layers the UVA kernel half (and the ``kernel`` path) moves in one
+    kernel_blocks: adjacent layers the UVA kernel part (and the ``kernel`` path) moves in one
         launch; a block's layers are ready together.
     ramp_step: with ``ramp``, the block starting at the load's layer index j has
         ``1 + j // ramp_step`` layers (up to the block size) instead of doubling: a model
@@ -97,7 +97,7 @@ class LoadSplit:
         before anything else of the load is planned or issued, so layer 0 lands about one
         layer's copy after the call (the model waits for it anyway: the kernel's SMs cost it
         nothing then); the rest follows on its path, its copies ordered after the head's.
-    lead_blocks: blocks of a staged copy-engine half that are each planned and enqueued by a
+    lead_blocks: blocks of a staged copy-engine part that are each planned and enqueued by a
         call of their own before the rest go in one call (planned whole, or in waves with
         ``plan_wave``): copying starts while the issuing thread plans what follows; each call
         costs a sort of the ids and a table upload.
@@ -105,14 +105,14 @@ class LoadSplit:
         ``ramp_step``); the body's blocks continue ``ramp_step``'s ramp from the head's end either
         way. Beside the model the head lands about as fast as the model consumes it, so a head
         block of two layers keeps the model waiting about one layer's copy at its first layer.
-    plan_wave: every call of a staged copy-engine half into the staging ring (the lead blocks'
+    plan_wave: every call of a staged copy-engine part into the staging ring (the lead blocks'
         calls and the rest's) plans, uploads and enqueues its blocks in waves of this many blocks,
         then twice as many each time, instead of planning every block before its first copy
         (None); the uploads then go on the ring's own stream. Planned whole, the body's later
         blocks kept the link idle for milliseconds while only its first block was copying.
     minor_layers_per_copy: where the copy engines take every component of a page (``by``
         ``"pages"``), the smaller components (NSA: the 8 KB indexer rows) of a staged copy-engine
-        half move in blocks of this many adjacent layers of the load, each block with the staged
+        part move in blocks of this many adjacent layers of the load, each block with the staged
         group of its first layer (None: with their own layer, like the largest component). In a
         ``page_first`` slot a component's layers lie side by side, so a block is one wide row per
         slot (8 layers: 67 KB) instead of one 8 KB row per layer, which the copy engines move
@@ -153,7 +153,7 @@ class LoadSplit:
         if self.ce_path not in ("staged", "batch"):
             raise ConfigError(f"LoadSplit.ce_path must be 'staged' or 'batch': {self}")
         if self.minor_layers_per_copy is not None and (self.by != "pages" or self.ce_path != "staged"):
-            raise ConfigError("LoadSplit.minor_layers_per_copy applies where a staged copy-engine half takes every "
+            raise ConfigError("LoadSplit.minor_layers_per_copy applies where a staged copy-engine part takes every "
                               f"component (by='pages', ce_path='staged'): {self}")
         if self.minor_lead_groups and self.minor_layers_per_copy is None:
             raise ConfigError(f"LoadSplit.minor_lead_groups applies to minor blocks: set minor_layers_per_copy as well: {self}")

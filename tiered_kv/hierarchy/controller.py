@@ -303,6 +303,15 @@ class L3Controller:
         write queue is full or the controller is closing."""
         return self._submit(WRITE, "put", list(keys), list(slots), len(keys) * self.record_bytes)
 
+    def delete(self, keys: Sequence[str]) -> concurrent.futures.Future:
+        """Future of None once ``keys`` are dropped from L3 (a key-only call outside the queues:
+        it moves no bytes). A backend error answers it with that error and degrades nothing."""
+        if self._closed or self._closing:
+            future: concurrent.futures.Future = concurrent.futures.Future()
+            future.set_exception(BackendError(f"{self.name}: the controller is closing"))
+            return future
+        return asyncio.run_coroutine_threadsafe(self.backend.delete(list(keys)), self._loop)
+
     def cancel(self, future: concurrent.futures.Future) -> bool:
         """Drop a job that has not started; True if it was dropped (its future is cancelled)."""
         if self._closed:

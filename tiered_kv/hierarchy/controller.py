@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import BackendError, ConfigError, TieredKVError
+from .l3_jobs import _NOT_FROM_L3, heard_from_l3
 
 log = logging.getLogger(__name__)
 
@@ -111,17 +112,6 @@ class ControllerStats:
     write_seconds: float = 0.0
     read_bytes_peak: int = 0  # the most bytes of reads in flight at once (<= the limit, or one page)
     write_bytes_peak: int = 0
-
-
-#: Set on a future answered without asking the backend (refused, degraded).
-_NOT_FROM_L3 = "_tiered_kv_not_from_l3"
-
-
-def heard_from_l3(future: concurrent.futures.Future) -> bool:
-    """Whether a finished future's answer came from the backend itself: a "miss" made up by the
-    controller (queue full, closing, degraded tier, cancelled) is no news about what L3 holds."""
-    return (future.done() and not future.cancelled() and future.exception() is None
-            and not getattr(future, _NOT_FROM_L3, False))
 
 
 @dataclass

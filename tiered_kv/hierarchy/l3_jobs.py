@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import TieredKVError
+from ..errors import ConfigError, TieredKVError
 from .jobs import Job, JobKind, JobResult
 
 #: Set on a future answered without asking the backend (refused, degraded, lost).
@@ -128,8 +128,16 @@ class L3Jobs:
             return False
         return bool(self.link.cancel(job_id)) and future.cancelled()
 
-    def _submit(self, kind: JobKind, keys: Sequence[str], slots: Sequence[int] = ()) -> concurrent.futures.Future:
-        job = Job(next(self._ids), kind, tuple(keys), tuple(slots))
+    def copy(self, kind: JobKind, keys: Sequence[str], slots: Sequence[int],
+             pages: Sequence[int]) -> concurrent.futures.Future:
+        """An L1 <-> L2 job (STORE or LOAD) over the same link: future of per-key booleans."""
+        if kind not in (JobKind.STORE, JobKind.LOAD):
+            raise ConfigError(f"copy takes STORE or LOAD, got {kind.name}")
+        return self._submit(kind, keys, slots, pages)
+
+    def _submit(self, kind: JobKind, keys: Sequence[str], slots: Sequence[int] = (),
+                pages: Sequence[int] = ()) -> concurrent.futures.Future:
+        job = Job(next(self._ids), kind, tuple(keys), tuple(slots), tuple(pages))
         future: concurrent.futures.Future = concurrent.futures.Future()
         if self._closed or self._lost:
             _answer(future, JobResult.failed(job, lost=self._lost))

@@ -7,7 +7,6 @@ prefix cache) in ``tiered_kv.hierarchy``, GPU kernels in ``tiered_kv.kernels``, 
 ``tiered_kv.config``.
 """
 
-from .model.device_pool import DeviceBuffer, DevicePool, allocate_engine_like
 from .errors import (
     BackendError,
     BackendTimeoutError,
@@ -31,10 +30,30 @@ from .errors import (
     TruncatedRecordError,
     UnsealedSlotError,
 )
-from .model.host_pool import HostPool
-from .model.keys import Namespace, check_key, page_keys
-from .model.spec import FORMAT_VERSION, Component, KVSpec, mha_spec, mla_spec, model_spec, nsa_spec
-from .transfers.torch_path import pages_from_token_indices, torch_backup, torch_load, torch_load_layer
+
+# The rest loads on first use (PEP 562): a scheduler process that imports only the metadata half
+# (tiered_kv.hierarchy.manager and what it needs) never loads torch through this package.
+_LAZY = {
+    "DeviceBuffer": ".model.device_pool", "DevicePool": ".model.device_pool", "allocate_engine_like": ".model.device_pool",
+    "HostPool": ".model.host_pool",
+    "Namespace": ".model.keys", "check_key": ".model.keys", "page_keys": ".model.keys",
+    "FORMAT_VERSION": ".model.spec", "Component": ".model.spec", "KVSpec": ".model.spec", "mha_spec": ".model.spec",
+    "mla_spec": ".model.spec", "model_spec": ".model.spec", "nsa_spec": ".model.spec",
+    "pages_from_token_indices": ".transfers.torch_path", "torch_backup": ".transfers.torch_path",
+    "torch_load": ".transfers.torch_path", "torch_load_layer": ".transfers.torch_path",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tiered_kv' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 

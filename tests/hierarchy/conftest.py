@@ -127,29 +127,6 @@ def count_on_l3(url: str, options: dict, keys: Sequence[str]) -> int:
     return asyncio.run(pages_on_l3(url, options, keys))
 
 
-class ControllerView:
-    """The child's controller as the parent sees it (split stacks): its stats by a call, its state
-    through the scheduler side's L3Jobs, its tasks left at close from the link."""
-
-    def __init__(self, jobs: Any) -> None:
-        self.jobs = jobs
-
-    @property
-    def stats(self) -> Any:
-        return self.jobs.link.call("controller_stats")
-
-    @property
-    def degraded(self) -> bool:
-        return self.jobs.degraded
-
-    @property
-    def closed(self) -> bool:
-        return self.jobs.closed
-
-    def pending_tasks(self) -> int:
-        return self.jobs.link.left_over_tasks
-
-
 @pytest.fixture(params=["one-process", "two-processes"])
 def stack_process(request):
     """Runs a test with ``make_stack``'s scheduler and worker sides in one process, then in two.
@@ -169,7 +146,7 @@ def make_split_stack(l3_url: str, *, host_slots: int, l1_pages: int, policies: P
     ``PipeLink``, the ``L1PrefixCache`` with a ``JobTransferHalf``), every byte in a child process."""
     from tiered_kv.hierarchy.job_transfers import JobTransferHalf
     from tiered_kv.hierarchy.l3_jobs import L3Jobs
-    from tiered_kv.hierarchy.process_link import PipeLink, stack_worker
+    from tiered_kv.hierarchy.process_link import ChildController, PipeLink, stack_worker
     from tiered_kv.model.slot_allocator import SlotAllocator
 
     link = PipeLink(stack_worker, spec, host_slots, l1_pages, l3_url, open_options or {}, limits)
@@ -181,7 +158,7 @@ def make_split_stack(l3_url: str, *, host_slots: int, l1_pages: int, policies: P
     l1 = L1PrefixCache(l1_pages + 1, manager, worker, reserved=(0,),
                        fill=lambda k, p: link.call("fill", list(k), list(p)),
                        verify=lambda k, p: link.call("verify", list(k), list(p)))
-    return Stack(alloc, ControllerView(jobs), manager, l1, None)
+    return Stack(alloc, ChildController(jobs), manager, l1, None)
 
 
 def make_stack(l3_url: str | None, *, host_slots: int = 64, l1_pages: int = 32,

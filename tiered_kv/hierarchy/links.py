@@ -15,13 +15,15 @@ Each link answers every job: with its result, or, when the worker side is gone, 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from .controller import L3Controller
-from .job_worker import JobWorker
 from .jobs import Job, JobResult
 from .l3_jobs import L3Jobs
+
+if TYPE_CHECKING:  # the worker side loads only where it runs (local_l3 imports it)
+    from .controller import L3Controller
+    from .job_worker import JobWorker
 
 OnResults = Callable[[Sequence[JobResult]], None]
 
@@ -29,12 +31,12 @@ OnResults = Callable[[Sequence[JobResult]], None]
 class LocalLink:
     """The worker side in this process."""
 
-    def __init__(self, worker: JobWorker) -> None:
+    def __init__(self, worker: "JobWorker") -> None:
         self.worker = worker
         self._on_results: OnResults | None = None
 
     @property
-    def controller(self) -> L3Controller | None:
+    def controller(self) -> "L3Controller | None":
         return self.worker.l3
 
     def start(self, on_results: OnResults, on_lost: Callable[[], None]) -> None:
@@ -87,6 +89,9 @@ class OutboxLink:
 def local_l3(controller: Any, transfers: Any = None) -> L3Jobs:
     """``L3Jobs`` over a ``JobWorker`` in this process, on ``controller``: what a ``CacheManager``
     given an ``L3Controller`` uses."""
+    from .controller import L3Controller
+    from .job_worker import JobWorker
+
     if not isinstance(controller, L3Controller):
         raise ConfigError(f"l3 must be an L3Controller (or None for a two-tier cache), got {type(controller).__name__}"
                           + (": open the backend through L3Controller(lambda: open_backend(url, pool), ...)"

@@ -211,8 +211,34 @@ class PipeLink:
         self.process.join(CLOSE_GRACE_S)
 
 
+class ChildController:
+    """The child's ``L3Controller`` as the parent sees it: ``stats`` copied by a call (read them
+    before the close), the state through ``L3Jobs``, the tasks it left at close from the link."""
+
+    def __init__(self, jobs: Any) -> None:
+        self.jobs = jobs
+
+    @property
+    def stats(self) -> Any:
+        return self.jobs.link.call("controller_stats")
+
+    @property
+    def degraded(self) -> bool:
+        return self.jobs.degraded
+
+    @property
+    def closed(self) -> bool:
+        return self.jobs.closed
+
+    def pending_tasks(self) -> int | None:
+        return self.jobs.link.left_over_tasks
+
+    def close(self, *, drain: bool = True, deadline: float | None = None) -> None:
+        self.jobs.close(drain=drain, deadline=deadline)
+
+
 def stack_worker(spec: Any, host_slots: int, l1_pages: int = 0, l3_url: str | None = None,
-                 open_options: dict | None = None, limits: Any = None) -> WorkerParts:
+                 open_options: dict | None = None, limits: Any = None, device: str = "cpu") -> WorkerParts:
     """A whole worker side in the child: an L2 ``HostPool`` of ``host_slots``, an engine-like L1
     pool of ``l1_pages`` (0: none) with its ``TransferHalf``, and an ``L3Controller`` over
     ``l3_url`` (None: none). Calls offered: ``fill`` and ``verify`` (oracle bytes on L1 pages),
@@ -233,10 +259,10 @@ def stack_worker(spec: Any, host_slots: int, l1_pages: int = 0, l3_url: str | No
                                   limits=limits or ControllerLimits())
     transfers, calls = None, {}
     if l1_pages:
-        device = allocate_engine_like(spec, l1_pages + 1)
-        transfers = TransferHalf(device, host)
-        calls = {"fill": lambda keys, pages: fill_pages(device, keys, pages),
-                 "verify": lambda keys, pages: verify_pages(device, keys, pages)}
+        pool = allocate_engine_like(spec, l1_pages + 1, device=device)
+        transfers = TransferHalf(pool, host)
+        calls = {"fill": lambda keys, pages: fill_pages(pool, keys, pages),
+                 "verify": lambda keys, pages: verify_pages(pool, keys, pages)}
     calls["controller_stats"] = lambda: None if controller is None else controller.stats
 
     def close() -> None:
@@ -245,4 +271,4 @@ def stack_worker(spec: Any, host_slots: int, l1_pages: int = 0, l3_url: str | No
     return WorkerParts(JobWorker(transfers, controller), calls, close)
 
 
-__all__ = ["CLOSE_GRACE_S", "PipeLink", "WorkerParts", "stack_worker"]
+__all__ = ["CLOSE_GRACE_S", "ChildController", "PipeLink", "WorkerParts", "stack_worker"]

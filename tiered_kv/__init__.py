@@ -35,7 +35,7 @@ from .errors import (
 # (tiered_kv.hierarchy.manager and what it needs) never loads torch through this package.
 _LAZY = {
     "DeviceBuffer": ".model.device_pool", "DevicePool": ".model.device_pool", "allocate_engine_like": ".model.device_pool",
-    "HostPool": ".model.host_pool",
+    "HostPool": ".model.host_pool", "SlotAllocator": ".model.slot_allocator",
     "Namespace": ".model.keys", "check_key": ".model.keys", "page_keys": ".model.keys",
     "FORMAT_VERSION": ".model.spec", "Component": ".model.spec", "KVSpec": ".model.spec", "mha_spec": ".model.spec",
     "mla_spec": ".model.spec", "model_spec": ".model.spec", "nsa_spec": ".model.spec",
@@ -87,6 +87,7 @@ __all__ = [
     "DeviceBuffer",
     "DevicePool",
     "HostPool",
+    "SlotAllocator",
     "KVSpec",
     "allocate_engine_like",
     "mha_spec",

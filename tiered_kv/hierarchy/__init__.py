@@ -28,7 +28,8 @@ _LAZY = {
     "LocalLink": ".links", "OutboxLink": ".links",
     "AgreeTimeout": ".manager", "CacheManager": ".manager", "LoadPlan": ".manager", "Match": ".manager",
     "StorePlan": ".manager",
-    "PipeLink": ".process_link",
+    "ChildController": ".process_link", "PipeLink": ".process_link", "WorkerParts": ".process_link",
+    "stack_worker": ".process_link",
     "Policies": ".policies", "PrefetchPolicy": ".policies", "PrefetchTimeout": ".policies", "WritePolicy": ".policies",
     "NullTransferHalf": ".worker", "TransferHalf": ".worker",
 }

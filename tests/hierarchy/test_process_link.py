@@ -91,3 +91,23 @@ def test_a_worker_killed_mid_job_leaves_its_slots_quarantined(tmp_path):
     quarantined = set(jobs.lost_slots)
     assert alloc.free_count == alloc.num_slots - len(quarantined)
     assert all(alloc.is_pending(slot) for slot in quarantined)  # held, never handed out
+
+
+def test_a_job_the_child_has_no_tier_for_fails_alone():
+    """A worker side without L3 answers an L3 job with an error and goes on serving."""
+    from tiered_kv.hierarchy.job_transfers import JobTransferHalf
+    from tiered_kv.hierarchy.l3_jobs import JobFailedError, L3Jobs
+    from tiered_kv.hierarchy.manager import StorePlan
+
+    jobs = L3Jobs(PipeLink(stack_worker, SPEC, 4, 4))  # L1 and L2, no L3
+    try:
+        with pytest.raises(JobFailedError, match="no L3"):
+            jobs.exists(["a" * 32]).result(timeout=30)
+        keys = keys_of(prompts(9, [2])[0])
+        jobs.link.call("fill", keys, [1, 2])
+        store = JobTransferHalf(jobs).store(StorePlan(keys, [0, 1], [0, 1]), [1, 2])
+        store.synchronize()
+        assert store.moved()  # the same child still moves bytes
+    finally:
+        jobs.close()
+    assert jobs.in_flight() == 0 and not jobs.lost

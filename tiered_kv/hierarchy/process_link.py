@@ -68,7 +68,11 @@ def _serve(conn: Any, factory: Callable[..., WorkerParts], args: tuple) -> None:
             message = conn.recv()
             op = message[0]
             if op == "jobs":
-                worker.submit(message[1])
+                for job in message[1]:
+                    try:
+                        worker.submit([job])
+                    except ConfigError as exc:  # no handler or tier for it here: the job fails, the worker goes on
+                        send(("results", [JobResult.failed(job, error=str(exc))]))
             elif op == "call":
                 _, call_id, name, call_args = message
                 call = worker.cancel if name == "cancel" else parts.calls[name]

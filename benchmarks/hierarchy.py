@@ -11,6 +11,11 @@ Usage: ``python benchmarks/hierarchy.py [--pages 64] [--rounds 5] [--backends fi
    ``put_from`` of the same pages in the same run, alternating per round, fresh keys per round
    (puts are put-if-absent). Redis runs on a ``redis-server`` this script starts on loopback; the
    file backend writes under a temp dir on the root disk. Target: controller >= 90% of bare.
+4. The same prefetch / backup through the job protocol, in the same rounds: ``L3Jobs`` over a
+   ``LocalLink`` (the worker side in this process: what a ``CacheManager`` given a controller
+   runs) and over a ``PipeLink`` (the worker side in a child process, jobs and results over a
+   ``multiprocessing`` pipe; the pages there live in the child's own host pool). Target: the
+   split >= 90% of one process.
 
 Prints one JSON object; the numbers go to docs/benchmarks.md ("Hierarchy").
 """
@@ -35,6 +40,9 @@ sys.path.insert(0, str(REPO))
 from tiered_kv import HostPool, model_spec  # noqa: E402
 from tiered_kv.backends import open_backend  # noqa: E402
 from tiered_kv.hierarchy import CacheManager, L3Controller  # noqa: E402
+from tiered_kv.hierarchy.l3_jobs import L3Jobs  # noqa: E402
+from tiered_kv.hierarchy.links import local_l3  # noqa: E402
+from tiered_kv.hierarchy.process_link import PipeLink, stack_worker  # noqa: E402
 from tiered_kv.model.keys import Namespace, page_keys  # noqa: E402
 from tiered_kv.model.slot_allocator import SlotAllocator  # noqa: E402
 
@@ -91,26 +99,59 @@ async def _bare(url: str, pool: HostPool, options: dict, op: str, keys, slots) -
         return elapsed
 
 
+PAYLOAD_SEED = 2
+
+
+def _seal(pool: HostPool, keys, slots) -> None:
+    """The round's pages: one random payload under fresh keys, sealed."""
+    payload = np.random.default_rng(PAYLOAD_SEED).integers(0, 256, pool.spec.page_bytes, dtype=np.uint8).tobytes()
+    for k, s in zip(keys, slots):
+        view = pool.record_view(s)
+        view[len(view) - len(payload):] = payload
+        pool.seal(s, k)
+
+
+def bench_worker(spec, slots: int, url: str, options: dict):
+    """The split's worker side (in the child): ``stack_worker`` plus a ``seal`` call for the pages."""
+    parts = stack_worker(spec, slots, 0, url, options)
+    pool = parts.worker.l3.backend.pool  # the child's host pool, which its backend reads and writes
+    parts.calls["seal"] = lambda keys, slots: _seal(pool, keys, slots)
+    return parts
+
+
+def _through_jobs(jobs: L3Jobs, keys, src, dst, pages: int) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    assert all(jobs.put_from(keys, src).result(120))
+    put_s = time.perf_counter() - t0
+    assert jobs.exists(keys).result(60) == pages
+    t0 = time.perf_counter()
+    assert all(jobs.get_into(keys, dst).result(120))
+    return put_s, time.perf_counter() - t0
+
+
 def bench_backend(name: str, url: str, options: dict, spec, pages: int, rounds: int) -> dict:
     pool = HostPool(spec, 2 * pages)
     src = pool.allocate(pages)
     dst = pool.allocate(pages)
-    payload = np.random.default_rng(2).integers(0, 256, spec.page_bytes, dtype=np.uint8).tobytes()
     controller = L3Controller(lambda: open_backend(url, pool, **options), record_bytes=pool.record_bytes)
+    one_process = local_l3(L3Controller(lambda: open_backend(url, pool, **options), record_bytes=pool.record_bytes))
+    link = PipeLink(bench_worker, spec, 2 * pages, url, options)
+    split = L3Jobs(link)
     nbytes = pages * pool.record_bytes
-    out = {"put": {"bare": [], "controller": []}, "get": {"bare": [], "controller": []}}
+    contenders = ("bare", "controller", "one_process", "split")
+    out = {op: {who: [] for who in contenders} for op in ("put", "get")}
     try:
         for rnd in range(rounds + 1):  # round 0 warms up and is not counted
-            for who in (("bare", "controller") if rnd % 2 else ("controller", "bare")):
+            for who in (contenders if rnd % 2 else contenders[::-1]):
                 keys = [secrets.token_hex(16) for _ in range(pages)]
-                for k, s in zip(keys, src):
-                    view = pool.record_view(s)
-                    view[len(view) - len(payload):] = payload
-                    pool.seal(s, k)
+                if who == "split":
+                    link.call("seal", keys, src)
+                else:
+                    _seal(pool, keys, src)
                 if who == "bare":
                     put_s = asyncio.run(_bare(url, pool, options, "put", keys, src))
                     get_s = asyncio.run(_bare(url, pool, options, "get", keys, dst))
-                else:
+                elif who == "controller":
                     t0 = time.perf_counter()
                     assert all(controller.put_from(keys, src).result(120))
                     put_s = time.perf_counter() - t0
@@ -118,22 +159,32 @@ def bench_backend(name: str, url: str, options: dict, spec, pages: int, rounds: 
                     t0 = time.perf_counter()
                     assert all(controller.get_into(keys, dst).result(120))
                     get_s = time.perf_counter() - t0
+                else:
+                    put_s, get_s = _through_jobs(one_process if who == "one_process" else split, keys, src, dst, pages)
                 if rnd:
                     out["put"][who].append(nbytes / put_s / 1e9)
                     out["get"][who].append(nbytes / get_s / 1e9)
     finally:
         controller.close()
+        one_process.close()
+        split.close()
         pool.free(src + dst)
         pool.close()
     summary = {"pages": pages, "page_bytes": pool.record_bytes}
     for op in ("get", "put"):
-        bare, ctl = statistics.median(out[op]["bare"]), statistics.median(out[op]["controller"])
-        # Paired too: the same round's two sides share the server's and the disk's state (Redis
+        medians = {who: statistics.median(out[op][who]) for who in contenders}
+        # Paired too: the same round's sides share the server's and the disk's state (Redis
         # grows its heap in the first rounds, then evicts), so their ratio varies far less than
         # either side alone; the storage bench reports its per-round ratio the same way.
-        paired = statistics.median(c / b for c, b in zip(out[op]["controller"], out[op]["bare"]))
-        summary[op] = {"bare_GBps": round(bare, 3), "controller_GBps": round(ctl, 3), "ratio": round(ctl / bare, 3),
-                       "per_round_ratio": round(paired, 3),
+        def paired(a: str, b: str, op: str = op) -> float:
+            return round(statistics.median(x / y for x, y in zip(out[op][a], out[op][b])), 3)
+
+        summary[op] = {**{f"{who}_GBps": round(v, 3) for who, v in medians.items()},
+                       "ratio": round(medians["controller"] / medians["bare"], 3),
+                       "per_round_ratio": paired("controller", "bare"),
+                       "one_process_vs_bare": paired("one_process", "bare"),
+                       "split_vs_one_process": paired("split", "one_process"),
+                       "split_vs_bare": paired("split", "bare"),
                        "rounds": {k: [round(x, 3) for x in v] for k, v in out[op].items()}}
     return summary
 

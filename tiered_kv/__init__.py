@@ -52,6 +52,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(["FORMAT_VERSION", "Component", "KVSpec", "mha_spec", "mla_spec", "model_spec", "nsa_spec"], ".model.spec"),
     **dict.fromkeys(["DeviceBuffer", "DevicePool", "allocate_engine_like"], ".model.device_pool"),
     "HostPool": ".model.host_pool",
+    "SlotAllocator": ".model.slot_allocator",
     "RecordKey": ".model.record_key",
     **dict.fromkeys(["pages_from_token_indices", "torch_backup", "torch_load", "torch_load_layer"], ".transfers.torch_path"),
     **dict.fromkeys(["TransferEngine", "TransferOptions"], ".transfers.engine"),
@@ -81,6 +82,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
                          NoHostPoolError, NotARecordError, PageKeyError, PoolError, PoolExhaustedError, RecordError,
                          SpecError, SpecMismatchError, TieredKVError, TruncatedRecordError, UnsealedSlotError)
     from .model.host_pool import HostPool
+    from .model.slot_allocator import SlotAllocator
     from .model.record_key import RecordKey
     from .model.keys import Namespace, check_key, page_keys
     from .model.spec import FORMAT_VERSION, Component, KVSpec, mha_spec, mla_spec, model_spec, nsa_spec

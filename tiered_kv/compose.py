@@ -69,6 +69,9 @@ class ReplaySettings:
     verify: bool = True  # fill computed pages with oracle bytes and check every loaded page
     tenant: str = ""  # the namespace's tenant salt: tenants sharing L3 get other page keys
     record_key: RecordKey | None = None  # keyed record tags (docs/security.md); None: plain checksums
+    # The worker side (L1 and L2 memory, every byte move, the L3 controller) in a child process,
+    # the scheduler side here: jobs and results over a multiprocessing pipe.
+    worker_process: bool = False
 
     def __post_init__(self) -> None:
         for name in ("l1_pages", "l2_pages", "l3_pages"):
@@ -77,6 +80,8 @@ class ReplaySettings:
                 raise ConfigError(f"replay: {name} must be an int > 0, got {value!r}")
         if self.l3_url is not None and self.simulate:
             raise ConfigError("replay --simulate moves no bytes and uses no L3 backend; drop the L3 URL")
+        if self.worker_process and self.simulate:
+            raise ConfigError("replay --simulate moves no bytes: there is no worker side to put in a process of its own")
 
     def with_sizes(self, *, gpu_bytes: int | None = None, host_bytes: int | None = None,
                    disk_bytes: int | None = None) -> "ReplaySettings":
@@ -160,6 +165,9 @@ class Hierarchy:
             self.manager = CacheManager(self.allocator, page_size=spec.page_size, policies=s.policies, l3=self.controller)
             self.l1 = L1PrefixCache(s.l1_pages, self.manager, self.worker)
             return
+        if s.worker_process:
+            self._build_split()
+            return
         import torch  # the worker side only
 
         from . import HostPool, allocate_engine_like
@@ -204,6 +212,44 @@ class Hierarchy:
         self.l1 = L1PrefixCache(dev.num_pages, self.manager, self.worker, reserved=dev.reserved_pages,
                                 fill=fill, verify=verify)
 
+    def _build_split(self) -> None:
+        """The scheduler side here (manager over a bare ``SlotAllocator``, ``L3Jobs`` over a
+        ``PipeLink``, the L1 prefix cache over ``JobTransferHalf``); every byte in the child."""
+        import time
+
+        from .hierarchy.job_transfers import JobTransferHalf
+        from .hierarchy.l3_jobs import L3Jobs
+        from .hierarchy.process_link import ChildController, PipeLink, stack_worker
+
+        s, spec = self.settings, self.spec
+        self.device = s.device or "cpu"
+        url = s.l3_url
+        if url is None:
+            self.tempdir = tempfile.mkdtemp(prefix="tiered-kv-replay-")
+            url = f"file://{self.tempdir}?capacity_bytes={s.l3_pages * slot_bytes(spec)}"
+        self.l3_url = url
+        link = PipeLink(stack_worker, spec, s.l2_pages, s.l1_pages, url, {}, s.limits, self.device)
+        jobs = L3Jobs(link, limits=s.limits)
+        self.allocator = SlotAllocator(s.l2_pages)
+        self.manager = manager = CacheManager(self.allocator, page_size=spec.page_size, policies=s.policies, l3=jobs)
+        self.controller = ChildController(jobs)  # type: ignore[assignment]
+        self.worker = JobTransferHalf(jobs, page_bytes=spec.page_bytes,
+                                      on_failed_store=lambda plan: manager.complete_store(plan, False))
+        fill = verify = None
+        if s.verify:
+            def fill(keys: list[str], pages: list[int]) -> None:
+                t0 = time.perf_counter()
+                link.call("fill", list(keys), list(pages))
+                self.fill_seconds += time.perf_counter() - t0
+
+            def verify(keys: list[str], pages: list[int]) -> list[bool]:
+                t0 = time.perf_counter()
+                try:
+                    return link.call("verify", list(keys), list(pages))
+                finally:
+                    self.verify_seconds += time.perf_counter() - t0
+        self.l1 = L1PrefixCache(s.l1_pages + 1, manager, self.worker, reserved=(0,), fill=fill, verify=verify)
+
     @property
     def simulate(self) -> bool:
         return self.settings.simulate
@@ -220,7 +266,7 @@ class Hierarchy:
         store still copying is not resident on L2, a put still running pins its page on L2 and is
         not on L3, a slot still read by a load is not free."""
         assert self.l1 is not None and self.manager is not None
-        if getattr(self, "device", "cpu") != "cpu":
+        if getattr(self, "device", "cpu") != "cpu" and not self.settings.worker_process:  # a child's copies: drained below
             import torch
 
             torch.cuda.synchronize(self.device)

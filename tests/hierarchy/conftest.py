@@ -31,6 +31,9 @@ from ..backends.redis_server import REDIS_SERVER, RedisServer
 PAGE = 16
 SPEC = nsa_spec(num_layers=2, page_size=PAGE, latent_dtype="fp8")
 NS = Namespace.for_spec(SPEC, "tests/hierarchy")
+#: Whether ``make_stack`` puts the worker side (L1, L2 bytes, L3 controller) in a child process;
+#: set by the ``stack_process`` fixture.
+SPLIT = {"on": False}
 
 
 def keys_of(tokens: Any, ns: Namespace = NS) -> list[str]:
@@ -55,8 +58,10 @@ def decided_lookup(manager: CacheManager, rid: Any, keys: Sequence[str], l1_page
 
 
 def prompts(seed: int, pages: Sequence[int], shared: int = 0) -> list[np.ndarray]:
-    """Token prompts of ``pages[i]`` full pages; the first ``shared`` pages are common to all."""
-    rng = np.random.default_rng(seed)
+    """Token prompts of ``pages[i]`` full pages; the first ``shared`` pages are common to all.
+    Under ``stack_process``'s two-process run the prompts differ from the one-process run's, so
+    the two never meet on a medium the session shares (Mooncake keys have no per-test prefix)."""
+    rng = np.random.default_rng([seed, 1] if SPLIT["on"] else seed)
     head = rng.integers(0, 50_000, shared * PAGE)
     return [np.concatenate([head, rng.integers(0, 50_000, (n - shared) * PAGE)]) for n in pages]
 
@@ -100,6 +105,7 @@ class Stack:
 
     def settle(self) -> None:
         """Let stores land on L2 and puts on L3."""
+        self.l1.drain_stores()  # a worker side in another process answers when it answers
         self.l1.poll()
         assert self.manager.wait_idle(30)
         self.l1.poll()
@@ -121,10 +127,47 @@ def count_on_l3(url: str, options: dict, keys: Sequence[str]) -> int:
     return asyncio.run(pages_on_l3(url, options, keys))
 
 
+@pytest.fixture(params=["one-process", "two-processes"])
+def stack_process(request):
+    """Runs a test with ``make_stack``'s scheduler and worker sides in one process, then in two.
+    A test marked ``in_process_parts`` (it reaches into the host pool or the controller itself)
+    runs in one only."""
+    if request.param == "two-processes" and request.node.get_closest_marker("in_process_parts"):
+        pytest.skip("reaches into the worker side's own objects")
+    SPLIT["on"] = request.param == "two-processes"
+    yield request.param
+    SPLIT["on"] = False
+
+
+def make_split_stack(l3_url: str, *, host_slots: int, l1_pages: int, policies: Policies, limits: ControllerLimits,
+                     max_prefetch_slots: int | None, agree: Callable[[int], int] | None, open_options: dict | None,
+                     spec: Any) -> Stack:
+    """The scheduler side here (a ``CacheManager`` over a bare ``SlotAllocator``, L3Jobs over a
+    ``PipeLink``, the ``L1PrefixCache`` with a ``JobTransferHalf``), every byte in a child process."""
+    from tiered_kv.hierarchy.job_transfers import JobTransferHalf
+    from tiered_kv.hierarchy.l3_jobs import L3Jobs
+    from tiered_kv.hierarchy.process_link import ChildController, PipeLink, stack_worker
+    from tiered_kv.model.slot_allocator import SlotAllocator
+
+    link = PipeLink(stack_worker, spec, host_slots, l1_pages, l3_url, open_options or {}, limits)
+    jobs = L3Jobs(link, limits=limits)
+    alloc = SlotAllocator(host_slots)
+    manager = CacheManager(alloc, page_size=spec.page_size, policies=policies, l3=jobs, agree=agree,
+                           max_prefetch_slots=max_prefetch_slots)
+    worker = JobTransferHalf(jobs, page_bytes=spec.page_bytes, on_failed_store=lambda plan: manager.complete_store(plan, False))
+    l1 = L1PrefixCache(l1_pages + 1, manager, worker, reserved=(0,),
+                       fill=lambda k, p: link.call("fill", list(k), list(p)),
+                       verify=lambda k, p: link.call("verify", list(k), list(p)))
+    return Stack(alloc, ChildController(jobs), manager, l1, None)
+
+
 def make_stack(l3_url: str | None, *, host_slots: int = 64, l1_pages: int = 32,
                policies: Policies = Policies(), limits: ControllerLimits = ControllerLimits(),
                max_prefetch_slots: int | None = None, agree: Callable[[int], int] | None = None,
                open_options: dict | None = None, spec: Any = SPEC) -> Stack:
+    if SPLIT["on"] and l3_url is not None:
+        return make_split_stack(l3_url, host_slots=host_slots, l1_pages=l1_pages, policies=policies, limits=limits,
+                                max_prefetch_slots=max_prefetch_slots, agree=agree, open_options=open_options, spec=spec)
     host = HostPool(spec, host_slots)
     controller = None
     if l3_url is not None:

@@ -20,6 +20,9 @@ from tiered_kv.hierarchy import ControllerLimits
 from ..backends.redis_server import DelayProxy
 from .conftest import LoopThread, keys_of, make_stack, prompts
 
+# Every test here runs with the scheduler and worker sides in one process, then in two.
+pytestmark = pytest.mark.usefixtures("stack_process")
+
 
 def test_fill_spill_evict_and_load_back(l3_kind, l3_opener):
     url, options = l3_opener
@@ -102,6 +105,7 @@ def test_many_requests_with_shared_prefixes_at_once(tmp_path):
         s.close()
 
 
+@pytest.mark.in_process_parts
 def test_prefetches_cancelled_midway(redis_server):
     """Prefetches over a slow medium aborted while their reads run: slots come back once the reads
     have returned, never earlier (no late write lands in a reused slot)."""

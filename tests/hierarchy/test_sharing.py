@@ -17,20 +17,23 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tiered_kv.hierarchy import CacheManager, Policies
 from tiered_kv.hierarchy.agree import TcpAgreement
 from tiered_kv.model.slot_allocator import SlotAllocator
 
-from .conftest import PAGE, assert_clean, count_on_l3, keys_of, make_stack, prompts
+from .conftest import PAGE, SPLIT, assert_clean, count_on_l3, keys_of, make_stack, prompts
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 3.0
 
 _CHILD = """
 import json, sys
-from tests.hierarchy.conftest import PAGE, keys_of, make_stack, prompts
+from tests.hierarchy.conftest import PAGE, SPLIT, keys_of, make_stack, prompts
 from tests.hierarchy.test_sharing import local_manager
 role, cfg = sys.argv[1], json.loads(sys.argv[2])
+SPLIT["on"] = cfg.get("split", False)  # the parent's mode: its prompts, its stacks
 if role == "agree":
     from tiered_kv.hierarchy.agree import TcpAgreement
     agree = TcpAgreement(1, 2, ("127.0.0.1", cfg["port"]), cfg["deadline"])
@@ -48,6 +51,9 @@ else:
     s.close()
     print(json.dumps({"written": written}))
 """
+
+# Every test here runs with the scheduler and worker sides in one process, then in two.
+pytestmark = pytest.mark.usefixtures("stack_process")
 
 
 def child(role: str, cfg: dict) -> subprocess.Popen:
@@ -140,7 +146,8 @@ def test_only_the_writer_rank_writes_replicated_pages(tmp_path):
 def test_a_second_process_hits_the_first_ones_pages(l3_kind, l3_opener):
     url, options = l3_opener
     sizes = [5, 7, 4]
-    first = result(child("fill", {"url": url, "options": options, "seed": 74, "sizes": sizes}), timeout_s=90)
+    first = result(child("fill", {"url": url, "options": options, "seed": 74, "sizes": sizes, "split": SPLIT["on"]}),
+                   timeout_s=90)
     assert first["written"] == sum(sizes)
     s = make_stack(url, open_options=options)
     try:

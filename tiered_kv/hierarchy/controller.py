@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import BackendError, ConfigError, TieredKVError
+from .l3_jobs import _NOT_FROM_L3, heard_from_l3
 
 log = logging.getLogger(__name__)
 
@@ -112,17 +113,6 @@ class ControllerStats:
     write_seconds: float = 0.0
     read_bytes_peak: int = 0  # the most bytes of reads in flight at once (<= the limit, or one page)
     write_bytes_peak: int = 0
-
-
-#: Set on a future answered without asking the backend (refused, degraded).
-_NOT_FROM_L3 = "_tiered_kv_not_from_l3"
-
-
-def heard_from_l3(future: concurrent.futures.Future) -> bool:
-    """Whether a finished future's answer came from the backend itself: a "miss" made up by the
-    controller (queue full, closing, degraded tier, cancelled) is no news about what L3 holds."""
-    return (future.done() and not future.cancelled() and future.exception() is None
-            and not getattr(future, _NOT_FROM_L3, False))
 
 
 @dataclass
@@ -303,6 +293,15 @@ class L3Controller:
         """Future of per-key booleans for a backup of sealed ``slots``; refused (all False) when the
         write queue is full or the controller is closing."""
         return self._submit(WRITE, "put", list(keys), list(slots), len(keys) * self.record_bytes)
+
+    def delete(self, keys: Sequence[str]) -> concurrent.futures.Future:
+        """Future of None once ``keys`` are dropped from L3 (a key-only call outside the queues:
+        it moves no bytes). A backend error answers it with that error and degrades nothing."""
+        if self._closed or self._closing:
+            future: concurrent.futures.Future = concurrent.futures.Future()
+            future.set_exception(BackendError(f"{self.name}: the controller is closing"))
+            return future
+        return asyncio.run_coroutine_threadsafe(self.backend.delete(list(keys)), self._loop)
 
     def cancel(self, future: concurrent.futures.Future) -> bool:
         """Drop a job that has not started; True if it was dropped (its future is cancelled)."""

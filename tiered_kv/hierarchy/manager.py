@@ -31,7 +31,9 @@ Rules it keeps (DESIGN.md, "What users of the anchors hit"):
   ``close`` keeps its slots until it is completed).
 
 Needs no CUDA and no host memory: ``slots`` is a ``HostPool`` in one process or a bare
-``SlotAllocator`` where the scheduler lives elsewhere; the L3 side is an ``L3Controller`` (or None).
+``SlotAllocator`` where the scheduler lives elsewhere; L3 is ``L3Jobs`` (every call a plain job for
+the worker side, every answer its result) or None. Given an ``L3Controller``, the manager runs its
+worker side in this process over a ``LocalLink``.
 One thread owns a manager: the scheduler's.
 """
 
@@ -52,7 +54,7 @@ from ..errors import ConfigError, PoolError
 from ..model.integers import as_int
 from ..model.keys import check_keys
 from .agree_deadline import AgreeTimeout, DeadlineAgree, DirectAgree, agree_with_deadline
-from .controller import L3Controller, heard_from_l3
+from .l3_jobs import L3Jobs, heard_from_l3
 from .index import RESIDENT, Entry, PageIndex, free_slot_count
 from .policies import Policies, WritePolicy
 
@@ -193,7 +195,9 @@ class CacheManager:
         page_size: tokens per page (for ``min_hit_tokens`` and the timeout policy); over a
             ``HostPool`` its ``spec.page_size`` (another is a ConfigError naming both).
         policies: write / prefetch / admission policies and their numbers.
-        l3: the controller over the L3 backend; None for a two-tier cache.
+        l3: ``L3Jobs`` over a link to the worker side (the scheduler's view of L3: every call a job);
+            or an ``L3Controller``, whose worker side then runs in this process; None for a
+            two-tier cache.
         agree: ``agree(hit_pages) -> int``, settling ranks on one hit length (the minimum); it runs
             on a thread of its own and the lookup waits for it at most ``policies.agree_deadline_s``
             (past that, or when it raises ``AgreeTimeout``: no hit, recompute).
@@ -202,7 +206,7 @@ class CacheManager:
     """
 
     def __init__(self, slots: Any, *, page_size: int, policies: Policies = Policies(),
-                 l3: L3Controller | None = None, agree: Callable[[int], int] | None = None,
+                 l3: L3Jobs | Any = None, agree: Callable[[int], int] | None = None,
                  max_prefetch_slots: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
             raise ConfigError(f"page_size must be an int > 0, got {page_size!r}")
@@ -214,10 +218,12 @@ class CacheManager:
                               "pass the pool's spec.page_size")
         if not isinstance(policies, Policies):
             raise ConfigError(f"policies must be a Policies, got {type(policies).__name__}")
-        if l3 is not None and not isinstance(l3, L3Controller):
-            raise ConfigError(f"l3 must be an L3Controller (or None for a two-tier cache), got {type(l3).__name__}"
-                              + (": open the backend through L3Controller(lambda: open_backend(url, pool), ...)"
-                                 if isinstance(l3, str) else ""))
+        if l3 is not None and not isinstance(l3, L3Jobs):
+            # A controller here: its worker side runs in this process (imported only then, so a
+            # scheduler given L3Jobs over a link never loads the controller).
+            from .links import local_l3
+
+            l3 = local_l3(l3)
         if agree is not None and not callable(agree):
             raise ConfigError(f"agree must be a callable agree(hit_pages) -> int, got {type(agree).__name__}")
         if max_prefetch_slots is not None and (isinstance(max_prefetch_slots, bool)
@@ -227,7 +233,9 @@ class CacheManager:
         self.num_slots: int = slots.num_slots
         self.page_size = page_size
         self.policies = policies
-        self.l3 = l3
+        self.l3: L3Jobs | None = l3
+        if l3 is not None:
+            l3.bind(slots)  # a slot a job names stays held until the job's result is in
         self._agree: DeadlineAgree | DirectAgree | None = None
         self.agree = agree
         self.max_prefetch_slots = self.num_slots // 2 if max_prefetch_slots is None else max_prefetch_slots

@@ -413,7 +413,7 @@ def cache_parts(*, l1: Any = None, manager: Any = None, controller: Any = None, 
     if worker is None and l1 is not None:
         worker = getattr(l1, "worker", None)
     if controller is None and manager is not None:
-        controller = manager.l3
+        controller = getattr(getattr(manager.l3, "link", None), "controller", None)  # the worker side's, in this process
     if l1 is None and manager is None and controller is None:
         raise ConfigError("metrics: give at least one of l1=, manager=, controller=")
     return CacheParts(l1=l1, manager=manager, controller=controller, worker=worker)

@@ -81,6 +81,19 @@ def test_simulate_and_byte_moving_replays_give_the_same_hits_per_tier(tmp_path):
     assert simulated["bytes"]["l2_to_l1"] == 0  # nothing moved
 
 
+def test_the_worker_side_in_a_child_process_gives_the_same_replay(tmp_path):
+    """The composition root's two ways: scheduler and worker sides in one process, or the worker
+    side (L1 and L2 memory, every move, the L3 controller) in a child; same hits, every load
+    checked byte for byte there, the same bytes moved, every slot free and no task left after."""
+    path = write_trace(tmp_path / "t.jsonl", trace_records(conversations=4, rounds=4))
+    one = checked_replay(read_trace(path), **TRACE_TIERS)
+    two = checked_replay(read_trace(path), worker_process=True, **TRACE_TIERS)
+    _all_tiers_hit(two)
+    assert two["hit_tokens"] == one["hit_tokens"]
+    assert two["pages_verified"] == one["pages_verified"] > 0 and two["pages_wrong"] == 0
+    assert two["bytes"] == one["bytes"]
+
+
 def test_synthetic_simulate_matches_bytes_serially():
     requests = synthetic_chat(TINY_CHAT)
     moved = checked_replay(requests, inflight=1, **TINY_TIERS)

@@ -77,6 +77,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     run_ = p.add_argument_group("run")
     run_.add_argument("--simulate", action="store_true",
                       help="same index, policies and capacities, no bytes moved and no tier memory reserved")
+    run_.add_argument("--worker-process", action="store_true",
+                      help="the worker side (L1 and L2 memory, every byte move, the L3 controller) in a child process; "
+                           "jobs and results over a pipe")
     run_.add_argument("--inflight", type=positive_int, default=8,
                       help="requests looked up and prefetched together, then run in arrival order (default 8; "
                            "hits per tier do not depend on timing under wait_complete)")
@@ -147,7 +150,8 @@ def settings_from_args(args: argparse.Namespace, config: Any = None) -> ReplaySe
         policies = dataclasses.replace(policies, prefetch=PrefetchPolicy(args.prefetch))
     if args.write is not None:
         policies = dataclasses.replace(policies, write=WritePolicy(args.write))
-    changes: dict[str, Any] = {"policies": policies, "simulate": bool(args.simulate)}
+    changes: dict[str, Any] = {"policies": policies, "simulate": bool(args.simulate),
+                               "worker_process": bool(args.worker_process)}
     if args.l3 is not None:
         changes["l3_url"] = args.l3
     if args.no_verify or args.simulate:

@@ -361,7 +361,8 @@ class CacheManager:
         l3_keys: list[str] = []  # read from L3 into fresh slots
         held: list[str] = []  # pages of the L3 part that L2 holds: locked and used, not read
         slots: list[int] = []
-        part = self._read_part(keys[start + run:start + match.l2_pages], keys[start + match.l2_pages:start + match.pages])
+        # match.pages counts the L1 part too: the L3 part ends there, not l1_pages past it.
+        part = self._read_part(keys[start + run:start + match.l2_pages], keys[start + match.l2_pages:match.pages])
         if part:
             l3_keys, held = self._l3_run(part, self._prefetch_budget())
             self.index.lock(held)  # before allocating: making room must not evict the tail

@@ -53,7 +53,7 @@ from ..model.integers import as_int
 from ..model.keys import check_keys
 from .agree_deadline import AgreeTimeout, DeadlineAgree, DirectAgree, agree_with_deadline
 from .controller import L3Controller, heard_from_l3
-from .index import RESIDENT, Entry, PageIndex, free_slot_count
+from .index import RESIDENT, Entry, PageIndex, free_slot_count, l3_only_bound
 from .policies import Policies, WritePolicy
 
 log = logging.getLogger(__name__)
@@ -234,7 +234,7 @@ class CacheManager:
         if not 0 <= self.max_prefetch_slots <= self.num_slots:
             raise ConfigError(f"max_prefetch_slots must be in 0..{self.num_slots}, got {self.max_prefetch_slots}")
         self.clock = clock
-        self.index = PageIndex(slots)
+        self.index = PageIndex(slots, max_l3_only=l3_only_bound(l3, self.num_slots))
         self.stats = ManagerStats()
         self._lookups: dict[Any, tuple[tuple[str, ...], concurrent.futures.Future]] = {}
         self._prefetches: dict[Any, _Prefetch] = {}

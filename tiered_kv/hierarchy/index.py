@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..model.completion import DONE, AllOf, Completion, as_completion
-from ..errors import PoolError
+from ..errors import ConfigError, PoolError
 
 STORING = "storing"
 RESIDENT = "resident"
@@ -62,15 +62,47 @@ def free_slot_count(allocator: Any) -> int:
     return count if count is not None else allocator.free_count
 
 
-class PageIndex:
-    """L2 residency, L3 presence, locks, hits and LRU order of every page the cache knows."""
+#: The most pages the index remembers as on L3 only (not on L2), whatever L3's size: at about
+#: 300 B an entry with its key (tracemalloc, CPython 3.11, 2026-12-05), 2^20 take about 300 MB.
+MAX_L3_ONLY = 1 << 20
 
-    #: Pages remembered as on L3 only (not on L2): beyond this the oldest are forgotten. L3 evicts
-    #: behind our back and never says so, so this memory is a hint (forgetting one costs at most a
-    #: put-if-absent that finds it present), and it must not grow with every page ever written.
-    MAX_L3_ONLY = 1 << 20
+#: Pages remembered as on L3 only per L2 slot, where L3 does not say its capacity in pages (Redis,
+#: Mooncake, a file L3 without ``capacity_bytes``): the index then stays within a few times L2.
+L3_ONLY_PER_L2_SLOT = 4
+
+
+def l3_only_bound(l3: Any, l2_slots: int) -> int:
+    """How many L3-only pages an index over ``l2_slots`` L2 slots and the L3 side ``l3`` (an
+    ``L3Controller`` or ``L3Jobs``) remembers: L3's capacity in pages where its backend has one (``capacity_pages``: file with
+    ``capacity_bytes``, memory, simulated), else ``L3_ONLY_PER_L2_SLOT`` per L2 slot; at most
+    ``MAX_L3_ONLY``, at least 1. L3 holds no more than its capacity, so remembering more pages
+    as on it than that only remembers pages it has already evicted."""
+    # The backend is reachable from here only where the worker side shares this process (the
+    # controller itself, or L3Jobs over a LocalLink); over a pipe the per-slot bound applies.
+    link = getattr(l3, "link", None)
+    controller = l3 if hasattr(l3, "backend") else getattr(link, "controller", None)
+    capacity = getattr(getattr(controller, "backend", None), "capacity_pages", None)
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
+        capacity = L3_ONLY_PER_L2_SLOT * l2_slots
+    return max(1, min(capacity, MAX_L3_ONLY))
+
+
+class PageIndex:
+    """L2 residency, L3 presence, locks, hits and LRU order of every page the cache knows.
+
+    Its entries are bounded by what the tiers hold, not by what was ever written: pages on L2
+    (at most the L2 slots), hit counts of pages on L1 (dropped when the engine evicts them,
+    ``forget_unused``), and at most ``max_l3_only`` pages known only as on L3 (``l3_only_bound``),
+    the least recently learned forgotten first. L3 evicts behind our back and never says so, so
+    that memory is a hint: forgetting a page costs at most a put-if-absent that finds it present,
+    never a wrong answer (a lookup asks L3 itself, ``exists``).
+    """
+
+    MAX_L3_ONLY = MAX_L3_ONLY
 
     def __init__(self, allocator: Any, *, max_l3_only: int = MAX_L3_ONLY) -> None:
+        if isinstance(max_l3_only, bool) or not isinstance(max_l3_only, int) or max_l3_only <= 0:
+            raise ConfigError(f"max_l3_only must be an int > 0, got {max_l3_only!r}")
         self.allocator = allocator
         self.entries: dict[str, Entry] = {}
         self._lru: OrderedDict[str, None] = OrderedDict()  # resident L2 pages, least recent first
@@ -108,6 +140,11 @@ class PageIndex:
     @property
     def resident_count(self) -> int:
         return len(self._lru)
+
+    @property
+    def l3_only_count(self) -> int:
+        """Pages remembered as on L3 and not on L2 (at most ``max_l3_only``)."""
+        return len(self._l3_only)
 
     @property
     def storing_count(self) -> int:
@@ -265,7 +302,7 @@ class PageIndex:
     def _forget_if_unused(self, key: str, e: Entry) -> None:
         # Entries with nothing but a hit count are dropped once nothing refers to them, so the
         # index does not grow with every key ever seen; an L3 copy keeps its entry (write_back
-        # needs to know it), bounded by what this instance has written.
+        # needs to know it), bounded by max_l3_only (the oldest learned forgotten first).
         if e.state is not None or e.locks or e.l3_put_in_flight:
             return
         if not e.on_l3:
@@ -304,4 +341,5 @@ class PageIndex:
         self._l3_only.clear()
 
 
-__all__ = ["Entry", "Eviction", "PageIndex", "RESIDENT", "STORING", "free_slot_count"]
+__all__ = ["Entry", "Eviction", "L3_ONLY_PER_L2_SLOT", "MAX_L3_ONLY", "PageIndex", "RESIDENT", "STORING", "free_slot_count",
+           "l3_only_bound"]

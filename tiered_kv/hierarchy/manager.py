@@ -55,7 +55,7 @@ from ..model.integers import as_int
 from ..model.keys import check_keys
 from .agree_deadline import AgreeTimeout, DeadlineAgree, DirectAgree, agree_with_deadline
 from .l3_jobs import L3Jobs, heard_from_l3
-from .index import RESIDENT, Entry, PageIndex, free_slot_count
+from .index import RESIDENT, Entry, PageIndex, free_slot_count, l3_only_bound
 from .policies import Policies, WritePolicy
 
 log = logging.getLogger(__name__)
@@ -242,7 +242,7 @@ class CacheManager:
         if not 0 <= self.max_prefetch_slots <= self.num_slots:
             raise ConfigError(f"max_prefetch_slots must be in 0..{self.num_slots}, got {self.max_prefetch_slots}")
         self.clock = clock
-        self.index = PageIndex(slots)
+        self.index = PageIndex(slots, max_l3_only=l3_only_bound(l3, self.num_slots))
         self.stats = ManagerStats()
         self._lookups: dict[Any, tuple[tuple[str, ...], concurrent.futures.Future]] = {}
         self._prefetches: dict[Any, _Prefetch] = {}
@@ -369,7 +369,8 @@ class CacheManager:
         l3_keys: list[str] = []  # read from L3 into fresh slots
         held: list[str] = []  # pages of the L3 part that L2 holds: locked and used, not read
         slots: list[int] = []
-        part = self._read_part(keys[start + run:start + match.l2_pages], keys[start + match.l2_pages:start + match.pages])
+        # match.pages counts the L1 part too: the L3 part ends there, not l1_pages past it.
+        part = self._read_part(keys[start + run:start + match.l2_pages], keys[start + match.l2_pages:match.pages])
         if part:
             l3_keys, held = self._l3_run(part, self._prefetch_budget())
             self.index.lock(held)  # before allocating: making room must not evict the tail

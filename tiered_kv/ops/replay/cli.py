@@ -12,9 +12,11 @@ With no config (``--config``, else ``$TIERED_KV_CONFIG``) it starts from the emb
 (``tiered_kv.compose.embedded_config``); the ``TIERED_KV_*`` environment applies over the file or the
 embedded default alike (file < environment < flags). ``--model`` switches to that preset's spec:
 without a file the tiers are then sized like ``plan`` (64GiB / 512GiB / 4TiB); a file's or the
-environment's sizes stay. Only the flags given win over the config. Exit codes: 0 ok, 1 a loaded page was wrong
-(``pages_wrong`` > 0) or the run failed, 2 bad usage or input (a malformed trace line included, and a
-``--plot`` path that cannot be written, refused before the run). Progress: a bar on a terminal,
+environment's sizes stay. Only the flags given win over the config. Exit codes: 0 ok (also a run
+served through a fault: L3 degraded and back, every request served right), 1 a loaded page was
+wrong (``pages_wrong`` > 0), a request not served, L3 still degraded at the end, or the run failed,
+2 bad usage or input (a malformed trace line included, and a ``--plot`` path that cannot be
+written, refused before the run). Progress: a bar on a terminal,
 else a plain line every ``PROGRESS_EVERY_S`` seconds on stderr (a log); none with ``--quiet``.
 ``--metrics-port`` (or the config's ``metrics`` section) serves the run's Prometheus metrics
 (``tiered_kv.ops.metrics``) while it runs and, with ``--hold-s``, that long after the summary is printed.
@@ -273,9 +275,13 @@ def _serve(h: Any, address: tuple[str, int]) -> Any:
 
 
 def exit_code(summary: dict[str, Any]) -> int:
-    """1 when a loaded page was wrong (a tier returned bytes that are not the page's) or the L3
-    backend failed during the run (its tier went degraded: unreachable, erroring), else 0."""
-    return 1 if summary["pages_wrong"] or summary.get("l3_degraded_episodes") else 0
+    """1 when the run failed: a loaded page was wrong (a tier returned bytes that are not the
+    page's), a request was not served, or L3 was still degraded at the end (its backend failed
+    and did not come back); 0 for a clean run and for one served through a fault (L3 degraded
+    and back, every request served right: ``outcome``, ``faults`` in the summary)."""
+    from .report import FAILED, outcome
+
+    return 1 if outcome(summary) == FAILED else 0
 
 
 __all__ = ["add_arguments", "exit_code", "metrics_address", "add_parser", "run", "run_config", "settings_from_args",

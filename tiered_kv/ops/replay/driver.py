@@ -83,6 +83,8 @@ class ReplayResult:
     fill_s: float = 0.0
     verify_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    unserved: int = 0  # requests of the workload that got no result
+    l3_degraded_at_end: bool = False  # L3 was still degraded when the last request was served
 
 
 @dataclass
@@ -240,6 +242,8 @@ def replay(h: Hierarchy, requests: Sequence[Request], *, inflight: int = 8,
         spec=h.spec.describe(),
         fill_s=h.fill_seconds - fill0,
         verify_s=h.verify_seconds - verify0,
+        unserved=len(requests) - len(results),
+        l3_degraded_at_end=bool(ctl is not None and ctl.degraded),
     )
 
 

@@ -7,6 +7,10 @@ engine did not compute); ``..._beyond_l1`` those of L2 and L3 alone, what the hi
 engine's own prefix cache. Latencies are cache-side, per request: ``match`` from the first lookup
 to a decided hit (L3's ``exists`` included), ``prefetch`` from its start until the policy let the
 request run, ``load`` the run minus the prefill stand-in and the verification.
+
+``outcome`` tells a run that failed (a wrong page, a request not served, an L3 still failing at
+the end: exit 1) from one served through a fault (L3 degraded during the run and back before its
+end, every request served and every page right: exit 0) and a clean one; ``faults`` counts them.
 """
 
 from __future__ import annotations
@@ -25,12 +29,39 @@ TIERS = ("l1", "l2", "l3")
 DIRECTIONS = ("l2_to_l1", "l1_to_l2", "l3_to_l2", "l2_to_l3")
 PERCENTILES = (50, 90, 99)
 
+OK = "ok"
+SERVED_THROUGH_FAULT = "served through a fault"
+FAILED = "failed"
+
 
 def _percentiles(values: list[float]) -> dict[str, float]:
     if not values:
         return {f"p{p}": 0.0 for p in PERCENTILES}
     arr = np.asarray(values) * 1000.0
     return {f"p{p}": round(float(np.percentile(arr, p)), 4) for p in PERCENTILES}
+
+
+def _faults(result: ReplayResult) -> dict[str, Any]:
+    """What went wrong with L3 during the run, from the controller's counters."""
+    c = result.controller
+    return {
+        "degraded_episodes": c.get("degraded_episodes", 0),
+        "recoveries": c.get("recoveries", 0),
+        "backend_errors": c.get("backend_errors", 0),
+        "reads_degraded": c.get("reads_degraded", 0),
+        "writes_refused": c.get("writes_refused", 0),
+        "l3_degraded_at_end": result.l3_degraded_at_end,
+    }
+
+
+def outcome(s: dict[str, Any]) -> str:
+    """``failed`` for a wrong page, a request not served or an L3 still degraded at the end (a
+    backend that failed and did not come back); ``served through a fault`` when L3 was degraded
+    during the run but every request was served right; else ``ok``."""
+    faults = s.get("faults", {})
+    if s["pages_wrong"] or s.get("requests_unserved") or faults.get("l3_degraded_at_end"):
+        return FAILED
+    return SERVED_THROUGH_FAULT if faults.get("degraded_episodes") else OK
 
 
 def summarize(result: ReplayResult, **extra: Any) -> dict[str, Any]:
@@ -41,8 +72,9 @@ def summarize(result: ReplayResult, **extra: Any) -> dict[str, Any]:
     input_tokens = sum(r.input_tokens for r in reqs)
     saved = sum(hit.values())
     wall = max(result.wall_s, 1e-9)
-    return {
+    summary = {
         "requests": len(reqs),
+        "requests_unserved": result.unserved,
         "input_tokens": input_tokens,
         "hit_tokens": hit,
         "hit_rate": {**{t: round(hit[t] / input_tokens, 6) if input_tokens else 0.0 for t in TIERS},
@@ -76,10 +108,13 @@ def summarize(result: ReplayResult, **extra: Any) -> dict[str, Any]:
         "l3_pages_written": result.controller.get("pages_written", 0),
         "l3_writes_refused": result.controller.get("writes_refused", 0),
         "l3_degraded_episodes": result.controller.get("degraded_episodes", 0),
+        "faults": _faults(result),
         "prefill_stand_in_s": round(result.fill_s, 3),
         "verify_s": round(result.verify_s, 3),
         **extra,
     }
+    summary["outcome"] = outcome(summary)
+    return summary
 
 
 def format_table(s: dict[str, Any]) -> str:
@@ -111,8 +146,15 @@ def format_table(s: dict[str, Any]) -> str:
     lines.append("")
     lines.append(f"pages verified {s['pages_verified']:,}, pages wrong {s['pages_wrong']:,}"
                  + ("" if s["simulate"] else " (must be 0)"))
-    if s.get("l3_degraded_episodes"):
-        lines.append(f"L3 degraded {s['l3_degraded_episodes']:,} time(s): the backend failed during the run")
+    faults = s.get("faults", {})
+    if s.get("requests_unserved"):
+        lines.append(f"requests not served {s['requests_unserved']:,} (must be 0)")
+    if faults.get("degraded_episodes"):
+        back = ("still degraded at the end: the backend failed and did not come back" if faults["l3_degraded_at_end"]
+                else f"back each time ({faults['recoveries']:,} recoveries)")
+        lines.append(f"L3 degraded {faults['degraded_episodes']:,} time(s), {back}; "
+                     f"{faults['reads_degraded']:,} reads answered miss, {faults['writes_refused']:,} writes refused")
+    lines.append(f"outcome: {s.get('outcome', outcome(s))}")
     return "\n".join(lines)
 
 
@@ -195,5 +237,5 @@ def plot(result: ReplayResult, path: str, title: str = "tiered-kv replay") -> No
         plt.close(fig)
 
 
-__all__ = ["DIRECTIONS", "TIERS", "check_plot_target", "format_table", "hit_rate_series", "plot", "require_matplotlib",
-           "summarize", "to_json"]
+__all__ = ["DIRECTIONS", "FAILED", "OK", "SERVED_THROUGH_FAULT", "TIERS", "check_plot_target", "format_table",
+           "hit_rate_series", "outcome", "plot", "require_matplotlib", "summarize", "to_json"]

@@ -1,0 +1,175 @@
+"""Soak: a million page operations through all three tiers, watching what the process keeps.
+
+Usage: ``python benchmarks/soak.py [--ops 1000000] [--sample-every 50000] [--out FILE.json]``.
+
+Synthetic chats (a fresh seed per batch, so new conversations keep arriving and the old ones age
+out of every tier) go through the replay's real hierarchy: an engine-like L1, a host-pool L2 and a
+file L3 with ``capacity_bytes`` in a temporary directory, bytes moved and every loaded page
+checked against its oracle bytes. Pages are small (one layer, a 128-wide latent, 16 tokens) so a
+million operations take minutes on two cores. A page operation is one page stored L1 -> L2, loaded
+L2 -> L1, written L2 -> L3 or read L3 -> L2.
+
+Every ``--sample-every`` operations it records the RSS, the open file descriptors, the process's
+threads (the kernel's count, executors' included) and the page index's entries: all of them, those
+on L2, those known only as on L3, against the tiers' capacities in pages and the index's bound
+(``PageIndex.max_l3_only``). Targets: under 1 MB of RSS growth per 100k page operations after the
+warm-up (the first ``--warmup-ops``), the index within L1 + L2 + its L3-only bound, no fd or
+thread growth after the warm-up, and never more threads than at the start plus those its pools
+start as their work overlaps (``pool_threads``). Prints (and with ``--out`` writes) one JSON object; exit 1 when a target is missed
+or a loaded page was wrong. Linux only (/proc).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tiered_kv import nsa_spec  # noqa: E402
+from tiered_kv.compose import Hierarchy  # noqa: E402
+from tiered_kv.ops.replay import ChatWorkload, build, embedded_default, replay, synthetic_chat  # noqa: E402
+
+#: One layer, a 128-wide latent, 16-token pages: about 2.5 KB a page.
+SPEC = nsa_spec(num_layers=1, page_size=16, kv_lora_rank=128)
+#: Tiers in pages: L3 is bounded (a file L3 with capacity_bytes), well below the pages written.
+TIERS = {"l1_pages": 1024, "l2_pages": 2048, "l3_pages": 4096}
+#: Per batch: 32 conversations of 8 rounds (system prompt 1,024 tokens, turns 128 + answers 96).
+BATCH = ChatWorkload(clients=32, rounds=8, system_tokens=1024, turn_tokens=128, answer_tokens=96, rate=1000.0)
+RSS_TARGET_PER_100K = 1 << 20
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def page_ops(h: Hierarchy) -> int:
+    """Pages stored L1 -> L2, loaded L2 -> L1, written to and read from L3 so far."""
+    m, c = h.manager.stats, h.controller.stats
+    return m.stores + m.load_pages + c.pages_written + c.pages_read
+
+
+def pool_threads(h: Hierarchy) -> int:
+    """Threads that pools start only as their work overlaps, at most: the file L3's executor
+    (``workers``), the controller loop's default executor (asyncio's ``min(32, cpus + 4)``) and
+    torch's intra-op threads."""
+    import torch
+
+    return h.controller.backend.options.workers + min(32, (os.cpu_count() or 1) + 4) + torch.get_num_threads()
+
+
+def sample(h: Hierarchy, ops: int, started: float) -> dict[str, Any]:
+    gc.collect()
+    index = h.manager.index
+    return {
+        "ops": ops,
+        "t_s": round(time.perf_counter() - started, 2),
+        "rss_bytes": _status("VmRSS") * 1024,
+        "fds": len(os.listdir("/proc/self/fd")),
+        "threads": _status("Threads"),
+        "index_entries": len(index.entries),
+        "index_l2_resident": index.resident_count,
+        "index_l3_only": index.l3_only_count,
+        "l3_pages_held": sum(1 for _ in os.scandir(h.tempdir)) if h.tempdir else None,
+    }
+
+
+def soak(target_ops: int, sample_every: int, warmup_ops: int) -> dict[str, Any]:
+    h = build(embedded_default(spec=SPEC, **TIERS))
+    samples: list[dict[str, Any]] = []
+    wrong = verified = requests = 0
+    try:
+        capacities = {"l1": h.l1.capacity, "l2": h.manager.num_slots,
+                      "l3": h.controller.backend.capacity_pages}
+        bound = capacities["l1"] + capacities["l2"] + h.manager.index.max_l3_only
+        started = time.perf_counter()
+        samples.append(sample(h, 0, started))
+        thread_bound = samples[0]["threads"] + pool_threads(h)
+        next_sample = sample_every
+        seed = 0
+        while page_ops(h) < target_ops:
+            result = replay(h, synthetic_chat(ChatWorkload(**{**vars(BATCH), "seed": seed})), inflight=8)
+            seed += 1
+            requests += len(result.requests)
+            wrong += sum(r.wrong_pages for r in result.requests)
+            verified += sum(r.verified_pages for r in result.requests)
+            del result
+            ops = page_ops(h)
+            if ops >= next_sample or ops >= target_ops:
+                samples.append(sample(h, ops, started))
+                next_sample = ops + sample_every
+        wall = time.perf_counter() - started
+        manager = dict(vars(h.manager.stats))
+        controller = {k: v for k, v in vars(h.controller.stats).items()
+                      if k in ("pages_read", "pages_written", "degraded_episodes", "writes_refused", "backend_errors")}
+        l3_evictions = h.controller.backend.stats.evictions
+    finally:
+        h.close()
+        h.release_memory()
+    after = [s for s in samples if s["ops"] >= warmup_ops]
+    first, last = after[0], after[-1]
+    span = max(1, last["ops"] - first["ops"])
+    growth = (last["rss_bytes"] - first["rss_bytes"]) * 100_000 / span
+    peak_entries = max(s["index_entries"] for s in samples)
+    summary = {
+        "ops": samples[-1]["ops"],
+        "requests": requests,
+        "batches": seed,
+        "wall_s": round(wall, 1),
+        "ops_per_s": round(samples[-1]["ops"] / wall),
+        "pages_verified": verified,
+        "pages_wrong": wrong,
+        "page_ops": {"l1_to_l2": manager["stores"], "l2_to_l1": manager["load_pages"],
+                     "l2_to_l3": controller["pages_written"], "l3_to_l2": controller["pages_read"]},
+        "l3_evictions": l3_evictions,
+        "prefetch_pages_missing": manager["prefetch_pages_missing"],
+        "tier_capacity_pages": capacities,
+        "index_bound": {"max_l3_only": bound - capacities["l1"] - capacities["l2"], "entries_at_most": bound},
+        "index_entries_peak": peak_entries,
+        "warmup_ops": warmup_ops,
+        "rss_bytes": {"start": samples[0]["rss_bytes"], "after_warmup": first["rss_bytes"], "end": last["rss_bytes"]},
+        "rss_growth_bytes_per_100k_ops": round(growth),
+        "fds": {"after_warmup": first["fds"], "end": last["fds"]},
+        "threads": {"start": samples[0]["threads"], "after_warmup": first["threads"], "end": last["threads"],
+                    "peak": max(s["threads"] for s in samples), "at_most": thread_bound},
+        "controller": controller,
+    }
+    summary["targets_met"] = {
+        "rss_growth_under_1MB_per_100k_ops": growth < RSS_TARGET_PER_100K,
+        "index_within_bound": peak_entries <= bound,
+        "no_fd_growth": last["fds"] <= first["fds"],
+        "no_thread_growth": last["threads"] <= first["threads"] and all(s["threads"] <= thread_bound for s in samples),
+        "no_wrong_page": wrong == 0,
+    }
+    summary["samples"] = samples
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", type=int, default=1_000_000, help="page operations to run (default 1,000,000)")
+    parser.add_argument("--sample-every", type=int, default=50_000, help="page operations between samples")
+    parser.add_argument("--warmup-ops", type=int, default=200_000, help="page operations before growth is measured")
+    parser.add_argument("--out", type=Path, help="also write the JSON here")
+    args = parser.parse_args(argv)
+    result = soak(args.ops, args.sample_every, args.warmup_ops)
+    text = json.dumps(result, indent=1)
+    print(text, flush=True)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+    return 0 if all(result["targets_met"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

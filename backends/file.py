@@ -21,6 +21,10 @@ URL: ``file:///mnt/nvme/kv?capacity_bytes=2TiB&o_direct=true&fsync=true&workers=
   pages on disk; each evicts only within its own budget.
 - A file of another length than this pool's (another spec's page) is read only as far as this
   pool's slot reaches and handed to the base as such, which leaves another reader's page alone.
+- Anything else under a page name (a FIFO, a socket, a directory, a device, a symbolic link) is
+  no page of any spec: a read answers at once with a counted foreign miss (opened with O_NOFOLLOW
+  and O_NONBLOCK, checked with ``fstat``: never a reader stuck in a FIFO's ``open``, never an
+  error that degrades the tier), and ``exists`` announces regular files only.
 - Batches are split across the backend's executor threads; many reads and writes are in flight.
 
 On open, a probe file (created and removed) checks that the directory takes new files: a read-only
@@ -200,7 +204,7 @@ class FileBackend(Backend):
                 for entry in os.scandir(sub.path):
                     if entry.name.startswith(TEMP_PREFIX):
                         self._remove_if_stale(Path(entry.path), now)
-                    elif entry.name.endswith(SUFFIX):
+                    elif entry.name.endswith(SUFFIX) and entry.is_file(follow_symlinks=False):
                         try:
                             st = entry.stat()
                         except FileNotFoundError:
@@ -274,17 +278,15 @@ class FileBackend(Backend):
     def _read_stored(path: Path, length: int | None) -> bytes | None | NotARecord:
         # Buffered and read-only: a look at the store must not need aligned buffers, nor change it.
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = open_page_file(path, 0)
         except FileNotFoundError:
             return None
+        except NotRegularFile as exc:
+            return NotARecord(str(exc))
         except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                return NotARecord(f"{path} is a symbolic link")
             raise BackendUnavailableError(f"file backend: opening {path}: {exc}") from exc
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return NotARecord(f"{path} is not a regular file")
             want = st.st_size if length is None else min(length, st.st_size)
             chunks, got = [], 0
             while got < want:
@@ -311,13 +313,13 @@ class FileBackend(Backend):
     def _read_one(self, key: str, slot: int) -> bool | OtherLength | NotARecord:
         path = self.path_of(key)
         try:
-            fd = os.open(path, os.O_RDONLY | self._open_flags())
+            fd = open_page_file(path, self._open_flags())
         except FileNotFoundError:
             return False
+        except NotRegularFile as exc:
+            return NotARecord(str(exc))
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return NotARecord(f"{path} is not a regular file")
             view = self._read_view(slot)
             # Never past the slot: a larger file is another spec's page, of which the header
             # (its first bytes) is all the base needs. One read for a short file, so direct I/O
@@ -483,7 +485,7 @@ class FileBackend(Backend):
 
     # --- primitives --------------------------------------------------------------------------
     async def _exists(self, keys: list[str]) -> list[bool]:
-        return await self.run_blocking(self._batch, lambda k, _s: self.path_of(k).exists(), keys, [0] * len(keys))
+        return await self.run_blocking(self._batch, lambda k, _s: is_page_file(self.path_of(k)), keys, [0] * len(keys))
 
     async def _get(self, keys: list[str], slots: list[int]) -> list[bool | OtherLength | NotARecord]:
         return await self._spread(self._read_one, keys, slots, hold=True)
@@ -504,6 +506,50 @@ class FileBackend(Backend):
         # The slots hold what was read until the compare: held in the pool like a get's.
         await self._spread(lambda k, s: self._delete_if_as_read(k, s, others[k]), [k for k, _, _ in found],
                            [s for _, s, _ in found], hold=True)
+
+
+class NotRegularFile(OSError):
+    """``open_page_file``'s answer for a name that holds no regular file: a FIFO, a socket, a
+    directory, a device, a symbolic link (dangling or not). The store never makes one."""
+
+
+# What open(2) answers for a name that is no regular file: a symbolic link under O_NOFOLLOW, a
+# socket, a directory (under O_DIRECT, or opened for writing), a device without its driver.
+_OPEN_NOT_A_FILE = (errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.EINVAL, errno.ENODEV, errno.EOPNOTSUPP)
+
+
+def is_page_file(path: Path) -> bool:
+    """Whether ``path`` is a regular file (not following a symbolic link): what may hold a page."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def open_page_file(path: Path, flags: int) -> int:
+    """Open ``path`` for reading (with extra ``flags``) only if it is a regular file; NotRegularFile
+    otherwise, FileNotFoundError where nothing is there.
+
+    Without following a symbolic link and without blocking: a FIFO under a page name would hold its
+    reader in ``open`` until a writer came (for ever, after the backend's close); a socket (ENXIO)
+    or a directory under O_DIRECT (EINVAL) would fail as if the medium did. ``fstat`` of the open
+    file decides, so a name swapped between the two calls is caught too.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | flags)
+    except OSError as exc:
+        if exc.errno in _OPEN_NOT_A_FILE and os.path.lexists(path) and not is_page_file(path):
+            raise NotRegularFile(exc.errno, f"{path} is not a regular file ({exc.strerror})") from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise NotRegularFile(errno.EINVAL, f"{path} is not a regular file ({stat.filemode(mode)})")
+    return fd
 
 
 def probe_store(root: Path, *, o_direct: bool) -> bool:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -232,30 +233,25 @@ async def test_stale_temp_files_are_removed_on_open(pool, tmp_path):
         assert not stale.exists() and fresh.exists()
 
 
-def block_on_fifo(backend: FileBackend, key: str) -> Path:
-    """Make the page file of ``key`` a FIFO: a read blocks in its worker thread until we write."""
-    path = backend.path_of(key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    os.mkfifo(path)
-    return path
+def hold_reads(backend: FileBackend) -> threading.Event:
+    """Hold every read of ``backend`` in its worker thread (as a stalled disk would) until the
+    returned event is set; then it reads as usual."""
+    gate = threading.Event()
+    read_one = backend._read_one
 
+    def held(key: str, slot: int):
+        gate.wait(30)
+        return read_one(key, slot)
 
-def release_fifo(path: Path) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # the reader's open returns
-    try:
-        os.write(fd, b"late bytes that must never count as a page")
-    except BrokenPipeError:
-        pass  # the reader saw a FIFO, no regular file, and closed it without reading
-    finally:
-        os.close(fd)
+    backend._read_one = held
+    return gate
 
 
 async def test_cancelled_get_keeps_its_slots_until_the_worker_returns(tmp_path):
     with HostPool(SPEC, 2) as pool:
-        # Buffered: a FIFO refuses O_DIRECT once a writer shows up.
         async with open_backend(f"file://{tmp_path}", pool, workers=1, o_direct=False) as backend:
             [key] = new_keys(1)
-            fifo = block_on_fifo(backend, key)
+            gate = hold_reads(backend)
             [slot] = pool.allocate(1)
             task = asyncio.create_task(backend.get_into([key], [slot]))
             await asyncio.sleep(0.2)
@@ -267,7 +263,7 @@ async def test_cancelled_get_keeps_its_slots_until_the_worker_returns(tmp_path):
             assert other != [slot]  # the worker may still write into `slot`
             with pytest.raises(PoolExhaustedError):
                 pool.allocate(1)
-            release_fifo(fifo)
+            gate.set()
             for _ in range(100):
                 if pool.reap():
                     break
@@ -279,14 +275,14 @@ async def test_timed_out_get_raises_our_error_and_holds_slots(tmp_path):
     with HostPool(SPEC, 2) as pool:
         async with open_backend(f"file://{tmp_path}", pool, workers=1, timeout_s=0.3, o_direct=False) as backend:
             [key] = new_keys(1)
-            fifo = block_on_fifo(backend, key)
+            gate = hold_reads(backend)
             [slot] = pool.allocate(1)
             with pytest.raises(BackendTimeoutError, match="longer than 0.3s"):
                 await backend.get_into([key], [slot])
             assert backend.stats.errors == 1
             pool.free([slot])
             assert pool.free_slots == 1
-            release_fifo(fifo)
+            gate.set()
 
 
 @pytest.mark.parametrize(

@@ -15,12 +15,13 @@ Shared semantics, implemented here once so backends cannot drift:
   or unreadable record is counted (``stats.corrupt``), deleted from the backend and reported as a
   miss; where the backend can compare (``capabilities.compares_before_delete``), only while the
   medium still holds the bytes read, so a page put again since, or an intact one whose read was
-  damaged on the way, stays (``_delete_corrupt``). An intact record of this spec that names another
-  page key (or a payload size this spec never writes) is corrupt too (``record.MisplacedRecordError``):
-  readers look for a page under its own key's name only, so it serves nobody there, and left in
-  place it would be announced by ``exists``, missed by every get and never replaced by a put. A
-  *foreign* one (intact, but of another spec fingerprint: another reader's page, e.g. a pool of
-  another model or layer range on the same medium, whatever key it names) is counted apart
+  damaged on the way, stays (``_delete_corrupt``). An intact record that names another page key,
+  of any spec (or of this spec with a payload size it never writes), is corrupt too
+  (``record.MisplacedRecordError``): readers look for a page under its own key's name only, so it
+  serves nobody there, and left in place it would be announced by ``exists``, missed by every get
+  and never replaced by a put. A *foreign* one (intact, naming this key, but of another spec
+  fingerprint: another reader's page, e.g. a pool of another model or layer range on the same
+  medium) is counted apart
   (``stats.foreign``), reported as a miss and left where it is: a reader never deletes a page it
   merely cannot use. A pool with a record key (a tenant's secret) also refuses records without
   a valid tag of that key: forged ones are counted apart (``stats.forged``) and deleted as corrupt

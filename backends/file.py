@@ -25,6 +25,12 @@ URL: ``file:///mnt/nvme/kv?capacity_bytes=2TiB&o_direct=true&fsync=true&workers=
   no page of any spec: a read answers at once with a counted foreign miss (opened with O_NOFOLLOW
   and O_NONBLOCK, checked with ``fstat``: never a reader stuck in a FIFO's ``open``, never an
   error that degrades the tier), and ``exists`` announces regular files only.
+- A put over a name that holds something no reader can use there (no regular file, a dangling
+  link, garbage, a record naming another page, of any spec) replaces it: the temp file is renamed
+  over it (an empty directory is removed first), so one bad name never stops a page from being
+  stored. What stays: this page (present is success), another reader's page (a record of another
+  spec or secret naming this key: the put reports False) and a directory with entries (not ours to
+  empty: False, with a warning).
 - Batches are split across the backend's executor threads; many reads and writes are in flight.
 
 On open, a probe file (created and removed) checks that the directory takes new files: a read-only
@@ -39,8 +45,10 @@ key-only: no directory made, no probe file, no temp file removed, nothing evicte
 from __future__ import annotations
 
 import asyncio
+import enum
 import errno
 import hashlib
+import logging
 import os
 import secrets
 import stat
@@ -55,13 +63,16 @@ from urllib.parse import unquote
 
 from pydantic import Field
 
-from ..errors import BackendError, BackendNotWritableError, BackendUnavailableError, ConfigError, PoolError
+from ..errors import BackendError, BackendNotWritableError, BackendUnavailableError, ConfigError, PoolError, RecordError
+from ..model import record
 from ..model.sizes import round_up
 from .base import Backend, Capabilities, NotARecord, OtherLength, matches_read, read_length
 from .url_options import MAX_TTL_S, ByteSize, TimeoutSeconds, Workers, check_fields, options_from_url, split_url
 
 if TYPE_CHECKING:  # annotations only: the host pool needs torch, listing a store does not
     from ..model.host_pool import HostPool
+
+log = logging.getLogger(__name__)
 
 SUFFIX = ".page"
 TEMP_PREFIX = ".tmp-"
@@ -342,8 +353,9 @@ class FileBackend(Backend):
 
     def _write_one(self, key: str, slot: int) -> bool:
         path = self.path_of(key)
-        if path.exists():
-            return True
+        occupant = self._occupant(path, key)
+        if occupant is not _Occupant.NOTHING and occupant is not _Occupant.UNUSABLE:
+            return occupant is _Occupant.THIS_PAGE  # present is success; another reader's page stays
         size = self.file_bytes
         if not self._reserve(size):
             return False
@@ -365,13 +377,22 @@ class FileBackend(Backend):
             finally:
                 os.close(fd)
             with self._lock:
-                try:
-                    os.link(temp, path)
-                except FileExistsError:
-                    pass  # another writer won: records are immutable, so that is success
-                else:
-                    # The reservation becomes the page's entry, in the same step as its name.
+                if occupant is _Occupant.UNUSABLE:
+                    # Atomically over the file, link, FIFO or socket no reader can use (an empty
+                    # directory was removed): a page another writer put meanwhile is the same page.
+                    os.rename(temp, path)
                     linked = True
+                    replaced = self._index.pop(path.name, None)
+                    self._used -= replaced or 0
+                else:
+                    try:
+                        os.link(temp, path)
+                    except FileExistsError:
+                        pass  # another writer won: records are immutable, so that is success
+                    else:
+                        linked = True
+                if linked:
+                    # The reservation becomes the page's entry, in the same step as its name.
                     self._in_flight -= size
                     self._index[path.name] = size
                     self._used += size
@@ -388,6 +409,48 @@ class FileBackend(Backend):
                     with self._lock:
                         self._in_flight -= size
         return True
+
+    def _occupant(self, path: Path, key: str) -> "_Occupant":
+        """What holds ``key``'s name now, as a put must know: nothing, this page, another reader's
+        page (a record of another spec or secret naming ``key``), or something no reader can use
+        there (no regular file, garbage, a record naming another page, a damaged length). An empty
+        directory is removed here; one with entries is ``BUSY_DIRECTORY``: not ours to empty."""
+        try:
+            fd = open_page_file(path, 0)
+        except FileNotFoundError:
+            return _Occupant.NOTHING
+        except NotRegularFile:
+            if not os.path.isdir(path) or os.path.islink(path):
+                return _Occupant.UNUSABLE
+            try:
+                os.rmdir(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                log.warning("file backend: %s is a directory with entries under a page's name; its page is not "
+                            "stored", path)
+                return _Occupant.BUSY_DIRECTORY
+            return _Occupant.NOTHING
+        try:
+            size = os.fstat(fd).st_size
+            head = os.pread(fd, record.HEADER_BYTES, 0)
+        finally:
+            os.close(fd)
+        spec, record_key = self.pool.spec, self.pool.record_key
+        if size == self.file_bytes and record.is_sealed_for(head, fingerprint=spec.fingerprint, key=key,
+                                                            record_key=record_key):
+            return _Occupant.THIS_PAGE
+        try:
+            header = record.read_header(head)
+        except RecordError:
+            return _Occupant.UNUSABLE
+        own_secret = None if record_key is None else record_key.key_id
+        if header.key == key and (header.fingerprint != spec.fingerprint
+                                  or (header.keyed and header.key_id != own_secret)):
+            return _Occupant.OTHER_READERS
+        return _Occupant.UNUSABLE
 
     def _reserve(self, size: int) -> bool:
         """Reserve ``size`` bytes for a write, evicting least recently used pages if needed.
@@ -550,6 +613,16 @@ def open_page_file(path: Path, flags: int) -> int:
         os.close(fd)
         raise NotRegularFile(errno.EINVAL, f"{path} is not a regular file ({stat.filemode(mode)})")
     return fd
+
+
+class _Occupant(enum.Enum):
+    """What a put finds under its page's name (``FileBackend._occupant``)."""
+
+    NOTHING = "nothing"
+    THIS_PAGE = "this page"
+    OTHER_READERS = "another reader's page"  # stays; the put reports False
+    BUSY_DIRECTORY = "a directory with entries"  # stays; the put reports False
+    UNUSABLE = "no record any reader looks for here"  # the put replaces it
 
 
 def probe_store(root: Path, *, o_direct: bool) -> bool:

@@ -272,8 +272,8 @@ class Backend(ABC):
     async def check_health(self, probe_key: str) -> None:
         """Raise a BackendError unless this backend serves now: what a degraded tier's health probe
         asks before it calls the tier back (``L3Controller``). Default: ``exists`` of ``probe_key``,
-        one round trip to the medium; a backend whose medium may answer reads while it refuses
-        every write also checks that it takes writes, without storing a page (``file://``)."""
+        one round trip to the medium. A medium that answers reads while it refuses writes serves:
+        its backend reports the refused puts as False (``file://``), so reads need not wait."""
         await self.exists([probe_key])
 
     # --- primitives a backend implements (distinct keys; may raise BackendError) -----------

@@ -34,8 +34,11 @@ URL: ``file:///mnt/nvme/kv?capacity_bytes=2TiB&o_direct=true&fsync=true&workers=
 - Batches are split across the backend's executor threads; many reads and writes are in flight.
 
 On open, a probe file (created and removed) checks that the directory takes new files: a read-only
-or unwritable one is ``BackendNotWritableError`` there, not a degraded tier at every write; the
-health check of a degraded tier (``check_health``) asks the same. Stale temp files (from a crash)
+or unwritable one is ``BackendNotWritableError`` there, not a store that serves nothing. A store
+that turns read-only (or loses its write permission) after open keeps serving what it holds: each
+put it refuses reports False (counted in ``put_rejected``, a warning when it starts), never an error
+that would put the tier in a degraded state and answer its reads "miss"; the health check of a
+degraded tier asks for reads alone (the base's). Stale temp files (from a crash)
 older than ``stale_temp_s`` are removed on open.
 ``FileBackend.open_for_reading(url)`` (for ``tiered-kv inspect``) opens the directory read-only and
 key-only: no directory made, no probe file, no temp file removed, nothing evicted or deleted;
@@ -166,6 +169,7 @@ class FileBackend(Backend):
         self._used = 0
         self._in_flight = 0
         self._lock = threading.Lock()
+        self._writes_refused = False  # the store refused a write for good (read-only, say): logged once
         # A store that cannot take a page is refused here, once, rather than put in a degraded
         # tier by every write of the run (BackendNotWritableError).
         self.direct_io = probe_store(self.root, o_direct=options.o_direct)
@@ -353,7 +357,12 @@ class FileBackend(Backend):
 
     def _write_one(self, key: str, slot: int) -> bool:
         path = self.path_of(key)
-        occupant = self._occupant(path, key)
+        try:
+            occupant = self._occupant(path, key)
+        except OSError as exc:
+            if exc.errno in _NOT_WRITABLE:  # an empty directory it could not remove
+                return self._refuse_write(path, exc)
+            raise
         if occupant is not _Occupant.NOTHING and occupant is not _Occupant.UNUSABLE:
             return occupant is _Occupant.THIS_PAGE  # present is success; another reader's page stays
         size = self.file_bytes
@@ -391,6 +400,9 @@ class FileBackend(Backend):
                         pass  # another writer won: records are immutable, so that is success
                     else:
                         linked = True
+                if self._writes_refused:
+                    self._writes_refused = False
+                    log.warning("file backend: %s takes pages again", self.root)
                 if linked:
                     # The reservation becomes the page's entry, in the same step as its name.
                     self._in_flight -= size
@@ -399,6 +411,8 @@ class FileBackend(Backend):
         except OSError as exc:
             if exc.errno in _FULL:
                 return False
+            if exc.errno in _NOT_WRITABLE:
+                return self._refuse_write(path, exc)
             raise BackendUnavailableError(f"file backend: writing {path}: {exc}") from exc
         finally:
             try:
@@ -409,6 +423,16 @@ class FileBackend(Backend):
                     with self._lock:
                         self._in_flight -= size
         return True
+
+    def _refuse_write(self, path: Path, exc: OSError) -> bool:
+        """A put the medium refuses for good (a read-only remount, lost permission): False, a
+        counted rejection, not an error. An error would put the tier in a degraded state, whose
+        reads answer "miss" while this store could still serve every page it holds."""
+        if not self._writes_refused:
+            self._writes_refused = True
+            log.warning("file backend: %s refuses writes (%s): puts are refused, reads go on", self.root,
+                        exc.strerror or exc)
+        return False
 
     def _occupant(self, path: Path, key: str) -> "_Occupant":
         """What holds ``key``'s name now, as a put must know: nothing, this page, another reader's
@@ -534,17 +558,6 @@ class FileBackend(Backend):
             self.run_blocking(self._batch, fn, k, s, hold_slots=s if hold else ()) for k, s in parts
         ))
         return [r for part in results for r in part]
-
-    async def check_health(self, probe_key: str) -> None:
-        """Reads, and that the directory still takes new files: a filesystem remounted read-only
-        answers ``exists`` while every put fails, and a tier called back on reads alone would go
-        degraded again at its next write."""
-        await super().check_health(probe_key)
-        if not self.read_only:
-            await self.run_blocking(self._check_writable)
-
-    def _check_writable(self) -> None:
-        probe_store(self.root, o_direct=False)
 
     # --- primitives --------------------------------------------------------------------------
     async def _exists(self, keys: list[str]) -> list[bool]:

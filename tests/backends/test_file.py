@@ -376,20 +376,31 @@ async def test_a_store_that_cannot_be_written_is_refused_at_open(pool, tmp_path,
     assert temp_files(root) == []  # no probe file left behind
 
 
-async def test_the_health_check_of_a_store_that_turned_read_only_fails(pool, tmp_path):
-    """A store remounted read-only after open answers exists, so a health check of reads alone
-    called its tier back while every write still failed. It checks that the store takes files."""
-    from tiered_kv.errors import BackendNotWritableError
-
-    from .unwritable import read_only
+async def test_a_store_that_turns_read_only_keeps_serving_reads_and_refuses_puts(pool, tmp_path):
+    """A store remounted read-only after open made every put raise, which degraded the tier: reads
+    were answered "miss" while the disk could still serve them. A put now reports False (counted in
+    ``put_rejected``, not an error), reads hit, and the health check passes (the store serves);
+    once writable again, puts store."""
+    from .unwritable import frozen
 
     root = tmp_path / "kv"
     root.mkdir()
+    keys = new_keys(4)
+    slots = pool.allocate(4)
+    records = fill_and_seal(pool, slots, keys)
     async with open_backend(f"file://{root}?fsync=false", pool) as backend:
-        await backend.check_health("probe")
-        with read_only(root):
-            assert await backend.exists(new_keys(1)) == 0  # reads still answer
-            with pytest.raises(BackendNotWritableError, match="cannot be written"):
-                await backend.check_health("probe")
-        await backend.check_health("probe")
+        assert await backend.put_from(keys[:2], slots[:2]) == [True, True]
+        with frozen(root):
+            assert await backend.put_from(keys[2:], slots[2:]) == [False, False]
+            assert (backend.stats.put_rejected, backend.stats.errors) == (2, 0)
+            dst = pool.allocate(2)
+            assert await backend.get_into(keys[:2], dst) == [True, True]
+            assert [bytes(pool.record_view(s)) for s in dst] == [records[k] for k in keys[:2]]
+            await backend.check_health("probe")
+            assert await backend.exists(keys) == 2
+        assert await backend.put_from(keys[2:], slots[2:]) == [True, True]
+        assert await backend.exists(keys) == 4
+        pool.free(dst)
+    pool.free(slots)
+    assert pool.free_slots == pool.num_slots
     assert temp_files(root) == []

@@ -372,8 +372,11 @@ class FileBackend(Backend):
         linked = False
         try:
             path.parent.mkdir(exist_ok=True)
-            temp = path.parent / f"{TEMP_PREFIX}{path.name}-{secrets.token_hex(6)}"
-            fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | self._open_flags(), 0o644)
+            name = path.parent / f"{TEMP_PREFIX}{path.name}-{secrets.token_hex(6)}"
+            fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | self._open_flags(), 0o644)
+            # Only a temp file that exists is removed below: on a read-only filesystem even the
+            # unlink of an absent name fails (EROFS), and would turn a refused put into an error.
+            temp = name
             try:
                 view = self.pool.slot_view(slot)
                 written = 0

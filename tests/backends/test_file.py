@@ -390,6 +390,7 @@ async def test_a_store_that_turns_read_only_keeps_serving_reads_and_refuses_puts
     records = fill_and_seal(pool, slots, keys)
     async with open_backend(f"file://{root}?fsync=false", pool) as backend:
         assert await backend.put_from(keys[:2], slots[:2]) == [True, True]
+        backend.path_of(keys[2]).parent.mkdir(exist_ok=True)  # one refused put meets its fan-out directory
         with frozen(root):
             assert await backend.put_from(keys[2:], slots[2:]) == [False, False]
             assert (backend.stats.put_rejected, backend.stats.errors) == (2, 0)

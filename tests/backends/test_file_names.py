@@ -153,7 +153,7 @@ def _garbage_short(_backend: FileBackend, path: Path) -> None:
     path.write_bytes(b"no page record at all")
 
 
-async def _record_of(pool_spec, key: str) -> bytes:
+def _record_of(pool_spec, key: str) -> bytes:
     with HostPool(pool_spec, 1) as other:
         slots = other.allocate(1)
         return fill_and_seal(other, slots, [key])[key]
@@ -185,7 +185,7 @@ async def test_a_put_replaces_what_no_reader_can_use_under_the_name(pool, tmp_pa
             NOT_PAGES[what](backend, path)
         else:
             spec = SPEC if what == "another_pages_record" else FOREIGN_READERS["other_layer_range"]
-            path.write_bytes(_padded(await _record_of(spec, other_key), backend.file_bytes))
+            path.write_bytes(_padded(_record_of(spec, other_key), backend.file_bytes))
         src, dst = pool.allocate(2)
         records = fill_and_seal(pool, [src], [key])
         assert await backend.put_from([key], [src]) == [True]
@@ -224,7 +224,7 @@ async def test_another_readers_page_under_the_name_stays_and_the_put_says_so(poo
         [key] = new_keys(1)
         path = backend.path_of(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        theirs = await _record_of(FOREIGN_READERS["other_layer_range"], key)
+        theirs = _record_of(FOREIGN_READERS["other_layer_range"], key)
         path.write_bytes(_padded(theirs, backend.file_bytes))
         src = pool.allocate(1)
         fill_and_seal(pool, src, [key])
@@ -269,7 +269,7 @@ async def test_reads_and_inspect_give_one_verdict(pool, tmp_path):
         fifo = place(backend, fifo_key, _fifo)
         misplaced = backend.path_of(misplaced_key)
         misplaced.parent.mkdir(parents=True, exist_ok=True)
-        misplaced.write_bytes(await _record_of(FOREIGN_READERS["other_layer_range"], its_key))
+        misplaced.write_bytes(_record_of(FOREIGN_READERS["other_layer_range"], its_key))
     async with FileBackend.open_for_reading(f"file://{tmp_path}/store") as reader:
         found = await inspect_backend(reader, verify=True)
     assert [f.name for f in found.not_records] == [reader.stored_name(fifo_key)]

@@ -15,12 +15,13 @@ Shared semantics, implemented here once so backends cannot drift:
   or unreadable record is counted (``stats.corrupt``), deleted from the backend and reported as a
   miss; where the backend can compare (``capabilities.compares_before_delete``), only while the
   medium still holds the bytes read, so a page put again since, or an intact one whose read was
-  damaged on the way, stays (``_delete_corrupt``). An intact record of this spec that names another
-  page key (or a payload size this spec never writes) is corrupt too (``record.MisplacedRecordError``):
-  readers look for a page under its own key's name only, so it serves nobody there, and left in
-  place it would be announced by ``exists``, missed by every get and never replaced by a put. A
-  *foreign* one (intact, but of another spec fingerprint: another reader's page, e.g. a pool of
-  another model or layer range on the same medium, whatever key it names) is counted apart
+  damaged on the way, stays (``_delete_corrupt``). An intact record that names another page key,
+  of any spec (or of this spec with a payload size it never writes), is corrupt too
+  (``record.MisplacedRecordError``): readers look for a page under its own key's name only, so it
+  serves nobody there, and left in place it would be announced by ``exists``, missed by every get
+  and never replaced by a put. A *foreign* one (intact, naming this key, but of another spec
+  fingerprint: another reader's page, e.g. a pool of another model or layer range on the same
+  medium) is counted apart
   (``stats.foreign``), reported as a miss and left where it is: a reader never deletes a page it
   merely cannot use. A pool with a record key (a tenant's secret) also refuses records without
   a valid tag of that key: forged ones are counted apart (``stats.forged``) and deleted as corrupt
@@ -271,8 +272,8 @@ class Backend(ABC):
     async def check_health(self, probe_key: str) -> None:
         """Raise a BackendError unless this backend serves now: what a degraded tier's health probe
         asks before it calls the tier back (``L3Controller``). Default: ``exists`` of ``probe_key``,
-        one round trip to the medium; a backend whose medium may answer reads while it refuses
-        every write also checks that it takes writes, without storing a page (``file://``)."""
+        one round trip to the medium. A medium that answers reads while it refuses writes serves:
+        its backend reports the refused puts as False (``file://``), so reads need not wait."""
         await self.exists([probe_key])
 
     # --- primitives a backend implements (distinct keys; may raise BackendError) -----------

@@ -21,11 +21,24 @@ URL: ``file:///mnt/nvme/kv?capacity_bytes=2TiB&o_direct=true&fsync=true&workers=
   pages on disk; each evicts only within its own budget.
 - A file of another length than this pool's (another spec's page) is read only as far as this
   pool's slot reaches and handed to the base as such, which leaves another reader's page alone.
+- Anything else under a page name (a FIFO, a socket, a directory, a device, a symbolic link) is
+  no page of any spec: a read answers at once with a counted foreign miss (opened with O_NOFOLLOW
+  and O_NONBLOCK, checked with ``fstat``: never a reader stuck in a FIFO's ``open``, never an
+  error that degrades the tier), and ``exists`` announces regular files only.
+- A put over a name that holds something no reader can use there (no regular file, a dangling
+  link, garbage, a record naming another page, of any spec) replaces it: the temp file is renamed
+  over it (an empty directory is removed first), so one bad name never stops a page from being
+  stored. What stays: this page (present is success), another reader's page (a record of another
+  spec or secret naming this key: the put reports False) and a directory with entries (not ours to
+  empty: False, with a warning).
 - Batches are split across the backend's executor threads; many reads and writes are in flight.
 
 On open, a probe file (created and removed) checks that the directory takes new files: a read-only
-or unwritable one is ``BackendNotWritableError`` there, not a degraded tier at every write; the
-health check of a degraded tier (``check_health``) asks the same. Stale temp files (from a crash)
+or unwritable one is ``BackendNotWritableError`` there, not a store that serves nothing. A store
+that turns read-only (or loses its write permission) after open keeps serving what it holds: each
+put it refuses reports False (counted in ``put_rejected``, a warning when it starts), never an error
+that would put the tier in a degraded state and answer its reads "miss"; the health check of a
+degraded tier asks for reads alone (the base's). Stale temp files (from a crash)
 older than ``stale_temp_s`` are removed on open.
 ``FileBackend.open_for_reading(url)`` (for ``tiered-kv inspect``) opens the directory read-only and
 key-only: no directory made, no probe file, no temp file removed, nothing evicted or deleted;
@@ -35,8 +48,10 @@ key-only: no directory made, no probe file, no temp file removed, nothing evicte
 from __future__ import annotations
 
 import asyncio
+import enum
 import errno
 import hashlib
+import logging
 import os
 import secrets
 import stat
@@ -51,13 +66,16 @@ from urllib.parse import unquote
 
 from pydantic import Field
 
-from ..errors import BackendError, BackendNotWritableError, BackendUnavailableError, ConfigError, PoolError
+from ..errors import BackendError, BackendNotWritableError, BackendUnavailableError, ConfigError, PoolError, RecordError
+from ..model import record
 from ..model.sizes import round_up
 from .base import Backend, Capabilities, NotARecord, OtherLength, matches_read, read_length
 from .url_options import MAX_TTL_S, ByteSize, TimeoutSeconds, Workers, check_fields, options_from_url, split_url
 
 if TYPE_CHECKING:  # annotations only: the host pool needs torch, listing a store does not
     from ..model.host_pool import HostPool
+
+log = logging.getLogger(__name__)
 
 SUFFIX = ".page"
 TEMP_PREFIX = ".tmp-"
@@ -151,6 +169,7 @@ class FileBackend(Backend):
         self._used = 0
         self._in_flight = 0
         self._lock = threading.Lock()
+        self._writes_refused = False  # the store refused a write for good (read-only, say): logged once
         # A store that cannot take a page is refused here, once, rather than put in a degraded
         # tier by every write of the run (BackendNotWritableError).
         self.direct_io = probe_store(self.root, o_direct=options.o_direct)
@@ -200,7 +219,7 @@ class FileBackend(Backend):
                 for entry in os.scandir(sub.path):
                     if entry.name.startswith(TEMP_PREFIX):
                         self._remove_if_stale(Path(entry.path), now)
-                    elif entry.name.endswith(SUFFIX):
+                    elif entry.name.endswith(SUFFIX) and entry.is_file(follow_symlinks=False):
                         try:
                             st = entry.stat()
                         except FileNotFoundError:
@@ -274,17 +293,15 @@ class FileBackend(Backend):
     def _read_stored(path: Path, length: int | None) -> bytes | None | NotARecord:
         # Buffered and read-only: a look at the store must not need aligned buffers, nor change it.
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = open_page_file(path, 0)
         except FileNotFoundError:
             return None
+        except NotRegularFile as exc:
+            return NotARecord(str(exc))
         except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                return NotARecord(f"{path} is a symbolic link")
             raise BackendUnavailableError(f"file backend: opening {path}: {exc}") from exc
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return NotARecord(f"{path} is not a regular file")
             want = st.st_size if length is None else min(length, st.st_size)
             chunks, got = [], 0
             while got < want:
@@ -311,13 +328,13 @@ class FileBackend(Backend):
     def _read_one(self, key: str, slot: int) -> bool | OtherLength | NotARecord:
         path = self.path_of(key)
         try:
-            fd = os.open(path, os.O_RDONLY | self._open_flags())
+            fd = open_page_file(path, self._open_flags())
         except FileNotFoundError:
             return False
+        except NotRegularFile as exc:
+            return NotARecord(str(exc))
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return NotARecord(f"{path} is not a regular file")
             view = self._read_view(slot)
             # Never past the slot: a larger file is another spec's page, of which the header
             # (its first bytes) is all the base needs. One read for a short file, so direct I/O
@@ -340,8 +357,14 @@ class FileBackend(Backend):
 
     def _write_one(self, key: str, slot: int) -> bool:
         path = self.path_of(key)
-        if path.exists():
-            return True
+        try:
+            occupant = self._occupant(path, key)
+        except OSError as exc:
+            if exc.errno in _NOT_WRITABLE:  # an empty directory it could not remove
+                return self._refuse_write(path, exc)
+            raise
+        if occupant is not _Occupant.NOTHING and occupant is not _Occupant.UNUSABLE:
+            return occupant is _Occupant.THIS_PAGE  # present is success; another reader's page stays
         size = self.file_bytes
         if not self._reserve(size):
             return False
@@ -349,8 +372,11 @@ class FileBackend(Backend):
         linked = False
         try:
             path.parent.mkdir(exist_ok=True)
-            temp = path.parent / f"{TEMP_PREFIX}{path.name}-{secrets.token_hex(6)}"
-            fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | self._open_flags(), 0o644)
+            name = path.parent / f"{TEMP_PREFIX}{path.name}-{secrets.token_hex(6)}"
+            fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | self._open_flags(), 0o644)
+            # Only a temp file that exists is removed below: on a read-only filesystem even the
+            # unlink of an absent name fails (EROFS), and would turn a refused put into an error.
+            temp = name
             try:
                 view = self.pool.slot_view(slot)
                 written = 0
@@ -363,19 +389,33 @@ class FileBackend(Backend):
             finally:
                 os.close(fd)
             with self._lock:
-                try:
-                    os.link(temp, path)
-                except FileExistsError:
-                    pass  # another writer won: records are immutable, so that is success
-                else:
-                    # The reservation becomes the page's entry, in the same step as its name.
+                if occupant is _Occupant.UNUSABLE:
+                    # Atomically over the file, link, FIFO or socket no reader can use (an empty
+                    # directory was removed): a page another writer put meanwhile is the same page.
+                    os.rename(temp, path)
                     linked = True
+                    replaced = self._index.pop(path.name, None)
+                    self._used -= replaced or 0
+                else:
+                    try:
+                        os.link(temp, path)
+                    except FileExistsError:
+                        pass  # another writer won: records are immutable, so that is success
+                    else:
+                        linked = True
+                if self._writes_refused:
+                    self._writes_refused = False
+                    log.warning("file backend: %s takes pages again", self.root)
+                if linked:
+                    # The reservation becomes the page's entry, in the same step as its name.
                     self._in_flight -= size
                     self._index[path.name] = size
                     self._used += size
         except OSError as exc:
             if exc.errno in _FULL:
                 return False
+            if exc.errno in _NOT_WRITABLE:
+                return self._refuse_write(path, exc)
             raise BackendUnavailableError(f"file backend: writing {path}: {exc}") from exc
         finally:
             try:
@@ -386,6 +426,58 @@ class FileBackend(Backend):
                     with self._lock:
                         self._in_flight -= size
         return True
+
+    def _refuse_write(self, path: Path, exc: OSError) -> bool:
+        """A put the medium refuses for good (a read-only remount, lost permission): False, a
+        counted rejection, not an error. An error would put the tier in a degraded state, whose
+        reads answer "miss" while this store could still serve every page it holds."""
+        if not self._writes_refused:
+            self._writes_refused = True
+            log.warning("file backend: %s refuses writes (%s): puts are refused, reads go on", self.root,
+                        exc.strerror or exc)
+        return False
+
+    def _occupant(self, path: Path, key: str) -> "_Occupant":
+        """What holds ``key``'s name now, as a put must know: nothing, this page, another reader's
+        page (a record of another spec or secret naming ``key``), or something no reader can use
+        there (no regular file, garbage, a record naming another page, a damaged length). An empty
+        directory is removed here; one with entries is ``BUSY_DIRECTORY``: not ours to empty."""
+        try:
+            fd = open_page_file(path, 0)
+        except FileNotFoundError:
+            return _Occupant.NOTHING
+        except NotRegularFile:
+            if not os.path.isdir(path) or os.path.islink(path):
+                return _Occupant.UNUSABLE
+            try:
+                os.rmdir(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                log.warning("file backend: %s is a directory with entries under a page's name; its page is not "
+                            "stored", path)
+                return _Occupant.BUSY_DIRECTORY
+            return _Occupant.NOTHING
+        try:
+            size = os.fstat(fd).st_size
+            head = os.pread(fd, record.HEADER_BYTES, 0)
+        finally:
+            os.close(fd)
+        spec, record_key = self.pool.spec, self.pool.record_key
+        if size == self.file_bytes and record.is_sealed_for(head, fingerprint=spec.fingerprint, key=key,
+                                                            record_key=record_key):
+            return _Occupant.THIS_PAGE
+        try:
+            header = record.read_header(head)
+        except RecordError:
+            return _Occupant.UNUSABLE
+        own_secret = None if record_key is None else record_key.key_id
+        if header.key == key and (header.fingerprint != spec.fingerprint
+                                  or (header.keyed and header.key_id != own_secret)):
+            return _Occupant.OTHER_READERS
+        return _Occupant.UNUSABLE
 
     def _reserve(self, size: int) -> bool:
         """Reserve ``size`` bytes for a write, evicting least recently used pages if needed.
@@ -470,20 +562,9 @@ class FileBackend(Backend):
         ))
         return [r for part in results for r in part]
 
-    async def check_health(self, probe_key: str) -> None:
-        """Reads, and that the directory still takes new files: a filesystem remounted read-only
-        answers ``exists`` while every put fails, and a tier called back on reads alone would go
-        degraded again at its next write."""
-        await super().check_health(probe_key)
-        if not self.read_only:
-            await self.run_blocking(self._check_writable)
-
-    def _check_writable(self) -> None:
-        probe_store(self.root, o_direct=False)
-
     # --- primitives --------------------------------------------------------------------------
     async def _exists(self, keys: list[str]) -> list[bool]:
-        return await self.run_blocking(self._batch, lambda k, _s: self.path_of(k).exists(), keys, [0] * len(keys))
+        return await self.run_blocking(self._batch, lambda k, _s: is_page_file(self.path_of(k)), keys, [0] * len(keys))
 
     async def _get(self, keys: list[str], slots: list[int]) -> list[bool | OtherLength | NotARecord]:
         return await self._spread(self._read_one, keys, slots, hold=True)
@@ -504,6 +585,60 @@ class FileBackend(Backend):
         # The slots hold what was read until the compare: held in the pool like a get's.
         await self._spread(lambda k, s: self._delete_if_as_read(k, s, others[k]), [k for k, _, _ in found],
                            [s for _, s, _ in found], hold=True)
+
+
+class NotRegularFile(OSError):
+    """``open_page_file``'s answer for a name that holds no regular file: a FIFO, a socket, a
+    directory, a device, a symbolic link (dangling or not). The store never makes one."""
+
+
+# What open(2) answers for a name that is no regular file: a symbolic link under O_NOFOLLOW, a
+# socket, a directory (under O_DIRECT, or opened for writing), a device without its driver.
+_OPEN_NOT_A_FILE = (errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.EINVAL, errno.ENODEV, errno.EOPNOTSUPP)
+
+
+def is_page_file(path: Path) -> bool:
+    """Whether ``path`` is a regular file (not following a symbolic link): what may hold a page."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def open_page_file(path: Path, flags: int) -> int:
+    """Open ``path`` for reading (with extra ``flags``) only if it is a regular file; NotRegularFile
+    otherwise, FileNotFoundError where nothing is there.
+
+    Without following a symbolic link and without blocking: a FIFO under a page name would hold its
+    reader in ``open`` until a writer came (for ever, after the backend's close); a socket (ENXIO)
+    or a directory under O_DIRECT (EINVAL) would fail as if the medium did. ``fstat`` of the open
+    file decides, so a name swapped between the two calls is caught too.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | flags)
+    except OSError as exc:
+        if exc.errno in _OPEN_NOT_A_FILE and os.path.lexists(path) and not is_page_file(path):
+            raise NotRegularFile(exc.errno, f"{path} is not a regular file ({exc.strerror})") from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise NotRegularFile(errno.EINVAL, f"{path} is not a regular file ({stat.filemode(mode)})")
+    return fd
+
+
+class _Occupant(enum.Enum):
+    """What a put finds under its page's name (``FileBackend._occupant``)."""
+
+    NOTHING = "nothing"
+    THIS_PAGE = "this page"
+    OTHER_READERS = "another reader's page"  # stays; the put reports False
+    BUSY_DIRECTORY = "a directory with entries"  # stays; the put reports False
+    UNUSABLE = "no record any reader looks for here"  # the put replaces it
 
 
 def probe_store(root: Path, *, o_direct: bool) -> bool:

@@ -23,7 +23,9 @@ What the store is, and what that means here:
   process) registers no buffer; open it with ``contribute_segment=false``, or the pages stored in
   its segment go when the scheduler does.
 - a master restart loses every object; the client reconnects and remounts by itself, so the same
-  backend object serves again (earlier pages read as misses).
+  backend object serves again (earlier pages read as misses). The master answers before the
+  segment is mounted again, so the health check of a contributing client also puts (and removes)
+  a small probe object: a tier is called back only once a put fits.
 - a put of a key already present stores nothing (the store answers OK or OBJECT_ALREADY_EXISTS):
   success, as records are immutable and put-if-absent.
 - the store has no compare-and-delete: a corrupt record is removed whatever the key holds by the
@@ -51,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import secrets
 import socket
 import threading
 from dataclasses import dataclass
@@ -104,6 +107,7 @@ _MISSING = {OBJECT_NOT_FOUND, REPLICA_IS_NOT_READY, LEASE_EXPIRED, REPLICA_NOT_F
 _NO_ROOM = {NO_AVAILABLE_HANDLE, BUFFER_OVERFLOW, SEGMENT_NOT_FOUND}
 
 DEFAULT_SEGMENT_BYTES = 1 << 30
+_PROBE_BYTES = bytes(4096)  # the health probe's object: small, staged through the local buffer
 _PROTOCOLS = ("tcp", "rdma")
 _MIN_SEGMENT_BYTES = 1024  # the store refuses anything smaller but 0
 _MAX_REPLICAS = 64  # copies of each object across segments; more is a typo
@@ -117,6 +121,13 @@ def mooncake_error(code: int, what: str) -> BackendError:
     """Our error for a negative Mooncake return ``code`` of operation ``what``."""
     cls = BackendUnavailableError if code in _UNAVAILABLE else BackendError
     return cls(f"mooncake: {what} failed with {code_name(code)}")
+
+
+def new_replicate_config() -> Any:
+    """A ``mooncake.store.ReplicateConfig`` (imported only once a store is opened)."""
+    from mooncake.store import ReplicateConfig
+
+    return ReplicateConfig()
 
 
 def _import_store_class() -> Any:
@@ -263,11 +274,10 @@ class MooncakeBackend(Backend):
         # One store batch already moves its pages in parallel; several at once contend for the
         # same cores and the same sockets (measured: four in flight on 2 cores, a third of one).
         self._transfer_slots = threading.BoundedSemaphore(options.transfers_in_flight)
+        self._probe_id = secrets.token_hex(8)  # this client's health probe object
         self._replicate = None
         if options.replica_num != 1:
-            from mooncake.store import ReplicateConfig
-
-            self._replicate = ReplicateConfig()
+            self._replicate = new_replicate_config()
             self._replicate.replica_num = options.replica_num
 
     @classmethod
@@ -363,6 +373,31 @@ class MooncakeBackend(Backend):
             else:
                 raise mooncake_error(code, f"batch_put_from of key {key[:64]!r}")
         return stored
+
+    async def check_health(self, probe_key: str) -> None:
+        """The master answers, and, for a client that contributes a segment, the store takes a put
+        again: after a master restart the master answers before the client has mounted its segment
+        again, and a tier called back then had its next puts refused for want of space. A pure
+        client mounts nothing; a put that finds no room there is a refused put, not ill health."""
+        await super().check_health(probe_key)
+        if self.options.contribute_segment:
+            await self.run_blocking(self._probe_segment)
+
+    def _probe_segment(self) -> None:
+        """Put a small probe object (preferably into this client's own segment) and remove it.
+        Blocking; BackendUnavailableError while no segment takes it."""
+        key = f"tkv-health-probe-{self._probe_id}"
+        config = new_replicate_config()
+        config.preferred_segment = self._store.get_hostname()
+        rc = self._store.put(key, _PROBE_BYTES, config)
+        if rc in _NO_ROOM:
+            raise BackendUnavailableError(f"mooncake: the master answers but takes no put yet ({code_name(rc)}): "
+                                          "this client's segment is not mounted again")
+        if rc not in (OK, OBJECT_ALREADY_EXISTS):
+            raise mooncake_error(rc, "the health probe's put")
+        rc = self._store.remove(key, True)
+        if rc not in (OK, OBJECT_NOT_FOUND):
+            raise mooncake_error(rc, "the health probe's remove")
 
     # --- for tools on this backend's own client (bench.raw_ceilings) ------------------------
     @property

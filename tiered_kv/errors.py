@@ -15,7 +15,7 @@
     ├── RecordError              a stored page record failed verification: callers treat it as a miss
     │   ├── TruncatedRecordError
     │   ├── CorruptRecordError   bad magic, header or payload checksum
-    │   │   ├── MisplacedRecordError  intact, of this spec, but naming another page or size: deleted
+    │   │   ├── MisplacedRecordError  intact, but naming another page (or, of this spec, another size): deleted
     │   │   └── ForgedRecordError    no valid keyed tag for this reader's secret (docs/security.md)
     │   ├── ForeignRecordError   intact, but of another spec fingerprint or secret: left in place
     │   └── NotARecordError      no bytes-like buffer at all (also a TypeError)
@@ -113,13 +113,13 @@ class NotARecordError(RecordError, TypeError):
 
 
 class MisplacedRecordError(CorruptRecordError):
-    """The record is intact and of this spec, but names another page key (or another payload size
-    than the spec's): stored under the wrong name, it is of use to no reader, so it is deleted as
-    any corrupt record is."""
+    """The record is intact but names another page key, whatever its spec (or, of this spec, another
+    payload size than the spec's): stored under the wrong name, it is of use to no reader, so it
+    is deleted as any corrupt record is."""
 
 
 class ForeignRecordError(RecordError):
-    """The record is intact but belongs to another spec fingerprint.
+    """The record is intact and names the page read, but belongs to another spec fingerprint.
 
     It is someone else's page: a miss for this reader, never deleted by it.
     """

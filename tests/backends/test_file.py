@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -232,30 +233,25 @@ async def test_stale_temp_files_are_removed_on_open(pool, tmp_path):
         assert not stale.exists() and fresh.exists()
 
 
-def block_on_fifo(backend: FileBackend, key: str) -> Path:
-    """Make the page file of ``key`` a FIFO: a read blocks in its worker thread until we write."""
-    path = backend.path_of(key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    os.mkfifo(path)
-    return path
+def hold_reads(backend: FileBackend) -> threading.Event:
+    """Hold every read of ``backend`` in its worker thread (as a stalled disk would) until the
+    returned event is set; then it reads as usual."""
+    gate = threading.Event()
+    read_one = backend._read_one
 
+    def held(key: str, slot: int):
+        gate.wait(30)
+        return read_one(key, slot)
 
-def release_fifo(path: Path) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # the reader's open returns
-    try:
-        os.write(fd, b"late bytes that must never count as a page")
-    except BrokenPipeError:
-        pass  # the reader saw a FIFO, no regular file, and closed it without reading
-    finally:
-        os.close(fd)
+    backend._read_one = held
+    return gate
 
 
 async def test_cancelled_get_keeps_its_slots_until_the_worker_returns(tmp_path):
     with HostPool(SPEC, 2) as pool:
-        # Buffered: a FIFO refuses O_DIRECT once a writer shows up.
         async with open_backend(f"file://{tmp_path}", pool, workers=1, o_direct=False) as backend:
             [key] = new_keys(1)
-            fifo = block_on_fifo(backend, key)
+            gate = hold_reads(backend)
             [slot] = pool.allocate(1)
             task = asyncio.create_task(backend.get_into([key], [slot]))
             await asyncio.sleep(0.2)
@@ -267,7 +263,7 @@ async def test_cancelled_get_keeps_its_slots_until_the_worker_returns(tmp_path):
             assert other != [slot]  # the worker may still write into `slot`
             with pytest.raises(PoolExhaustedError):
                 pool.allocate(1)
-            release_fifo(fifo)
+            gate.set()
             for _ in range(100):
                 if pool.reap():
                     break
@@ -279,14 +275,14 @@ async def test_timed_out_get_raises_our_error_and_holds_slots(tmp_path):
     with HostPool(SPEC, 2) as pool:
         async with open_backend(f"file://{tmp_path}", pool, workers=1, timeout_s=0.3, o_direct=False) as backend:
             [key] = new_keys(1)
-            fifo = block_on_fifo(backend, key)
+            gate = hold_reads(backend)
             [slot] = pool.allocate(1)
             with pytest.raises(BackendTimeoutError, match="longer than 0.3s"):
                 await backend.get_into([key], [slot])
             assert backend.stats.errors == 1
             pool.free([slot])
             assert pool.free_slots == 1
-            release_fifo(fifo)
+            gate.set()
 
 
 @pytest.mark.parametrize(
@@ -380,20 +376,32 @@ async def test_a_store_that_cannot_be_written_is_refused_at_open(pool, tmp_path,
     assert temp_files(root) == []  # no probe file left behind
 
 
-async def test_the_health_check_of_a_store_that_turned_read_only_fails(pool, tmp_path):
-    """A store remounted read-only after open answers exists, so a health check of reads alone
-    called its tier back while every write still failed. It checks that the store takes files."""
-    from tiered_kv.errors import BackendNotWritableError
-
-    from .unwritable import read_only
+async def test_a_store_that_turns_read_only_keeps_serving_reads_and_refuses_puts(pool, tmp_path):
+    """A store remounted read-only after open made every put raise, which degraded the tier: reads
+    were answered "miss" while the disk could still serve them. A put now reports False (counted in
+    ``put_rejected``, not an error), reads hit, and the health check passes (the store serves);
+    once writable again, puts store."""
+    from .unwritable import frozen
 
     root = tmp_path / "kv"
     root.mkdir()
+    keys = new_keys(4)
+    slots = pool.allocate(4)
+    records = fill_and_seal(pool, slots, keys)
     async with open_backend(f"file://{root}?fsync=false", pool) as backend:
-        await backend.check_health("probe")
-        with read_only(root):
-            assert await backend.exists(new_keys(1)) == 0  # reads still answer
-            with pytest.raises(BackendNotWritableError, match="cannot be written"):
-                await backend.check_health("probe")
-        await backend.check_health("probe")
+        assert await backend.put_from(keys[:2], slots[:2]) == [True, True]
+        backend.path_of(keys[2]).parent.mkdir(exist_ok=True)  # one refused put meets its fan-out directory
+        with frozen(root):
+            assert await backend.put_from(keys[2:], slots[2:]) == [False, False]
+            assert (backend.stats.put_rejected, backend.stats.errors) == (2, 0)
+            dst = pool.allocate(2)
+            assert await backend.get_into(keys[:2], dst) == [True, True]
+            assert [bytes(pool.record_view(s)) for s in dst] == [records[k] for k in keys[:2]]
+            await backend.check_health("probe")
+            assert await backend.exists(keys) == 2
+        assert await backend.put_from(keys[2:], slots[2:]) == [True, True]
+        assert await backend.exists(keys) == 4
+        pool.free(dst)
+    pool.free(slots)
+    assert pool.free_slots == pool.num_slots
     assert temp_files(root) == []

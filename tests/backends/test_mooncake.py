@@ -221,6 +221,34 @@ async def test_master_killed_mid_batch_then_restarted(own_master):
             assert await backend.exists(keys) == 0  # the master's restart lost every object
 
 
+async def test_health_passes_only_once_the_segment_is_mounted_again(own_master):
+    """After a master restart the health check passed as soon as the master answered, before the
+    client had mounted its segment again: the tier was called back and its next puts were refused
+    for want of space (364 in 0.36 s in a replay). Healthy now means a put fits: the check mounts
+    the segment again where it is missing, and the first batch after it is stored whole."""
+    with HostPool(SPEC, 40) as pool:
+        async with open_backend(own_master.url(global_segment_bytes="16MiB", timeout_s=5), pool) as backend:
+            await backend.check_health("probe")
+            await asyncio.to_thread(own_master.restart)
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    await backend.check_health("probe")
+                    break
+                except BackendError:
+                    assert time.monotonic() < deadline, "the store never passed its health check again"
+                    await asyncio.sleep(0.05)
+            keys = new_keys(32)
+            src = pool.allocate(32)
+            fill_and_seal(pool, src, keys)
+            assert await backend.put_from(keys, src) == [True] * 32
+            assert backend.stats.put_rejected == 0
+            dst = pool.allocate(8)
+            assert await backend.get_into(keys[:8], dst) == [True] * 8
+            pool.free(src + dst)
+        assert pool.free_slots == pool.num_slots
+
+
 async def test_unreachable_master_fails_fast():
     with HostPool(SPEC, 2) as pool:
         start = time.monotonic()

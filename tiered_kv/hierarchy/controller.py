@@ -13,10 +13,10 @@ once; nothing here blocks them. On the loop:
   runs to its end, and the caller frees its slots through the future, so no late write lands in a
   reused slot;
 - a ``BackendError`` puts the tier in a degraded state: reads answer "miss" at once, writes wait for
-  the tier to return, a health probe with exponential backoff brings it back (once the backend
-  answers and, where its medium can tell without storing a page, takes writes again). Workers
-  never die of it and never hang a request: every future gets an answer. Errors that are not the library's (bugs)
-  are handed to the job's future, not swallowed;
+  the tier to return, a health probe with exponential backoff brings it back (once the backend's
+  ``check_health`` passes: file:// reads, since refused writes are counted puts; mooncake://, that
+  a put fits again). Workers never die of it and never hang a request: every future gets an answer.
+  Errors that are not the library's (bugs) are handed to the job's future, not swallowed;
 - ``close()`` drains (or cancels) every job and task, then closes the backend on the loop, all
   within ``drain_timeout_s`` (a backend whose own close is still out then gets ``CLOSE_GRACE_S``
   more): a hung backend never holds a close up.
@@ -552,8 +552,8 @@ class L3Controller:
             return
 
     async def _ask_health(self) -> None:
-        """One health probe: a ``Backend``'s ``check_health`` (which also checks writes where its
-        medium can refuse them while it answers reads), else ``exists`` of the probe key, for an
+        """One health probe: a ``Backend``'s ``check_health`` (file://: reads; mooncake://: also
+        that a put fits again), else ``exists`` of the probe key, for an
         object that has only the contract's data calls (the simulated tier of ``--simulate``)."""
         check = getattr(self.backend, "check_health", None)
         if check is None:

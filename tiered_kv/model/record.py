@@ -207,16 +207,17 @@ def _check_payload(header: RecordHeader, header_block, payload, record_key: Reco
 def check_owner(header: RecordHeader, *, fingerprint: str, key: str, payload_len: int) -> None:
     """Raise unless ``header`` is of spec ``fingerprint``, page ``key`` and ``payload_len``.
 
-    Another fingerprint is ForeignRecordError: another reader's page, whatever key it names (that
-    reader's keys are its own business). This fingerprint with another key or payload size is
-    MisplacedRecordError: a reader of this spec looks for a page under its own key's name only, so
-    a record naming another page (or a size this spec never writes) serves no reader there.
+    A record naming another page than ``key`` is MisplacedRecordError, whatever its spec: every
+    reader looks for a page under its own key's name only, so a record under another page's name
+    serves no reader there (``tiered-kv inspect`` says "stored elsewhere" of it). A record naming
+    ``key`` of another fingerprint is ForeignRecordError: another reader's page. This fingerprint
+    with a payload size it never writes is MisplacedRecordError too.
     """
+    if header.key != key:
+        raise MisplacedRecordError(f"record holds page {header.key[:64]!r} under the name of "
+                                   f"{key[:64]!r}: of use to no reader")
     if header.fingerprint != fingerprint:
         raise ForeignRecordError(f"record written for spec {header.fingerprint}, expected {fingerprint}")
-    if header.key != key:
-        raise MisplacedRecordError(f"record of this spec holds page {header.key[:64]!r} under the name of "
-                                   f"{key[:64]!r}: of use to no reader")
     if header.payload_len != payload_len:
         raise MisplacedRecordError(f"record of this spec says its payload is {header.payload_len} bytes, the "
                                    f"spec's page is {payload_len}")

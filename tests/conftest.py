@@ -13,12 +13,16 @@ than itself: a backend or controller that leaves a task running would otherwise 
 from __future__ import annotations
 
 import asyncio
+import os
 import inspect
 import time
 
 import pytest
 
 from tiered_kv.model.host_pool import HostPool
+
+from .backends.mooncake_server import LOOPBACK_ENV, MooncakeMaster
+from .backends.redis_server import REDIS_SERVER, RedisServer
 
 try:  # the GPU machine has no pytest-asyncio; its GPU tests are synchronous
     import pytest_asyncio  # noqa: F401
@@ -64,3 +68,30 @@ async def _no_task_is_pending_afterwards():
     me = asyncio.current_task()
     pending = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
     assert not pending, f"an async test ended with {len(pending)} task(s) pending: {pending[:3]}"
+
+
+# Real servers on loopback, one per test run, for every suite that needs one.
+@pytest.fixture(scope="session")
+def redis_server():
+    if REDIS_SERVER is None:
+        pytest.skip("redis-server is not installed")
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def mooncake_master():
+    import importlib.util
+
+    if importlib.util.find_spec("mooncake") is None:
+        pytest.skip("the mooncake module is not installed")
+    saved = {k: os.environ.get(k) for k in LOOPBACK_ENV}
+    os.environ.update(LOOPBACK_ENV)
+    master = MooncakeMaster().start()
+    yield master
+    master.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

@@ -25,7 +25,7 @@ from tiered_kv.model import record
 from tiered_kv.model.record_key import RecordKey
 
 from .contract import SPEC, assert_settled, fill_and_seal
-from .redis_server import REDIS_SERVER, RedisServer
+from .redis_server import RedisServer
 
 PROMPT = list(range(3 * SPEC.page_size))
 
@@ -118,14 +118,6 @@ class MemoryMedium(Medium):
 
     def stored(self, backend, key):
         return backend._records.get(key)
-
-
-@pytest.fixture(scope="module")
-def redis_server():
-    if REDIS_SERVER is None:
-        pytest.skip("redis-server is not installed")
-    with RedisServer() as srv:
-        yield srv
 
 
 @pytest.fixture(params=["file", "redis", "memory"])

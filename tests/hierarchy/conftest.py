@@ -10,7 +10,6 @@ with: every host slot free and no task left on the controller's loop.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,8 +24,7 @@ from tiered_kv.hierarchy import CacheManager, ControllerLimits, L1PrefixCache, L
 from tiered_kv.hierarchy.oracle import fill_pages, verify_pages
 from tiered_kv.model.keys import Namespace, page_keys
 
-from ..backends.mooncake_server import LOOPBACK_ENV, MooncakeMaster
-from ..backends.redis_server import REDIS_SERVER, RedisServer
+from ..backends.mooncake_server import MooncakeMaster
 
 PAGE = 16
 SPEC = nsa_spec(num_layers=2, page_size=PAGE, latent_dtype="fp8")
@@ -60,7 +58,7 @@ def decided_lookup(manager: CacheManager, rid: Any, keys: Sequence[str], l1_page
 def prompts(seed: int, pages: Sequence[int], shared: int = 0) -> list[np.ndarray]:
     """Token prompts of ``pages[i]`` full pages; the first ``shared`` pages are common to all.
     Under ``stack_process``'s two-process run the prompts differ from the one-process run's, so
-    the two never meet on a medium the session shares (Mooncake keys have no per-test prefix)."""
+    the two never meet on a medium shared by the whole test run (Mooncake keys have no per-test prefix)."""
     rng = np.random.default_rng([seed, 1] if SPLIT["on"] else seed)
     head = rng.integers(0, 50_000, shared * PAGE)
     return [np.concatenate([head, rng.integers(0, 50_000, (n - shared) * PAGE)]) for n in pages]
@@ -74,6 +72,19 @@ def assert_clean(host: Any, controller: L3Controller | None) -> None:
     if controller is not None:
         assert controller.closed
         assert controller.pending_tasks() == 0
+
+
+class SlowL3:
+    """A key-only L3 whose ``exists`` answers "none" after 50 ms: a lookup sees its answer pending."""
+
+    scheme = "slow"
+
+    async def exists(self, keys):
+        await asyncio.sleep(0.05)
+        return 0
+
+    async def aclose(self):
+        pass
 
 
 @dataclass
@@ -181,32 +192,6 @@ def make_stack(l3_url: str | None, *, host_slots: int = 64, l1_pages: int = 32,
     l1 = L1PrefixCache(device.num_pages, manager, worker, reserved=device.reserved_pages,
                        fill=lambda k, p: fill_pages(device, k, p), verify=lambda k, p: verify_pages(device, k, p))
     return Stack(host, controller, manager, l1, device)
-
-
-@pytest.fixture(scope="session")
-def redis_server():
-    if REDIS_SERVER is None:
-        pytest.skip("redis-server is not installed")
-    with RedisServer() as server:
-        yield server
-
-
-@pytest.fixture(scope="session")
-def mooncake_master():
-    import importlib.util
-
-    if importlib.util.find_spec("mooncake") is None:
-        pytest.skip("the mooncake module is not installed")
-    saved = {k: os.environ.get(k) for k in LOOPBACK_ENV}
-    os.environ.update(LOOPBACK_ENV)
-    master = MooncakeMaster().start()
-    yield master
-    master.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
 
 
 def mooncake_url(master: MooncakeMaster, segment: str = "64MiB") -> str:

@@ -16,7 +16,7 @@ from tiered_kv.hierarchy import CacheManager, Policies
 from tiered_kv.hierarchy.agree import TcpAgreement
 from tiered_kv.model.slot_allocator import SlotAllocator
 
-from .conftest import PAGE, assert_clean, keys_of, prompts
+from .conftest import PAGE, SlowL3, assert_clean, keys_of, prompts
 
 KEYS = keys_of(prompts(83, [8])[0])
 
@@ -123,19 +123,8 @@ def test_a_prefetch_covers_no_more_than_the_lookup_decided():
 def test_a_request_scheduled_before_its_lookup_decided_loads_nothing():
     """lookup said "not yet" and the scheduler ran the request anyway: nothing was decided, so
     nothing loads (the pages L2 held were never checked against the minimum or the ranks)."""
-    import asyncio
 
     from tiered_kv.hierarchy import L3Controller
-
-    class SlowL3:
-        scheme = "slow"
-
-        async def exists(self, keys):
-            await asyncio.sleep(0.05)
-            return 0
-
-        async def aclose(self):
-            pass
 
     alloc = SlotAllocator(8)
     l3 = L3Controller(SlowL3(), record_bytes=4096)

@@ -14,7 +14,7 @@ from tiered_kv.hierarchy import (AgreeTimeout, CacheManager, L3Controller, PageI
 from tiered_kv.backends import open_backend
 from tiered_kv.model.slot_allocator import SlotAllocator
 
-from .conftest import PAGE, SPEC, assert_clean, keys_of, prompts
+from .conftest import PAGE, SPEC, SlowL3, assert_clean, keys_of, prompts
 
 
 class Flag:
@@ -447,17 +447,6 @@ def test_a_request_scheduled_while_its_l3_answer_was_out_leaves_nothing_pending(
     """The scheduler stops waiting for L3 (lookup said None) and runs the request: prepare_load
     with its id ends the request, its lookup included, as abort does. Before, the lookup stayed
     in the manager for good: busy() was True forever and wait_idle ran out its timeout."""
-    import asyncio
-
-    class SlowL3:
-        scheme = "slow"
-
-        async def exists(self, keys):
-            await asyncio.sleep(0.05)
-            return 0
-
-        async def aclose(self):
-            pass
 
     alloc = SlotAllocator(4)
     l3 = L3Controller(SlowL3(), record_bytes=4096)

@@ -12,7 +12,7 @@ import secrets
 
 import pytest
 
-from tests.ops.replay.conftest import TEST_SPEC, TINY_CHAT
+from tests.ops.replay.conftest import TEST_SPEC, TINY_CHAT, close_checked
 from tiered_kv.compose import build, embedded_default
 from tiered_kv.config import load_config, to_replay_settings
 from tiered_kv.model.record_key import RecordKey
@@ -30,12 +30,7 @@ def run(url: str, requests, *, tenant: str, record_key: RecordKey | None) -> tup
         result = replay(h, requests, inflight=4)
         stats = vars(h.controller.backend.stats).copy()
     finally:
-        h.close()
-    try:
-        assert h.l2_free_slots == h.manager.num_slots, "an L2 slot was not freed"
-        assert h.controller.pending_tasks() == 0, "a task was left on the controller's loop"
-    finally:
-        h.release_memory()
+        close_checked(h)
     return result.requests, stats
 
 

@@ -8,7 +8,6 @@ that, that every loaded page is verified and none is wrong, and that every L2 sl
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -21,7 +20,7 @@ from tiered_kv.ops.bench.e2e_oracle import PageOracle
 from tiered_kv.errors import ConfigError
 from tiered_kv.ops.replay.workload import ChatWorkload, synthetic_chat
 
-from ..backends.mooncake_server import LOOPBACK_ENV, MooncakeMaster, segment_holder
+from ..backends.mooncake_server import segment_holder
 
 PAGE = 16
 
@@ -50,24 +49,9 @@ def recomputed_logits(model: TinyAttentionLM, prompt: np.ndarray) -> torch.Tenso
 
 
 @pytest.fixture(scope="module")
-def mooncake_url():
-    import importlib.util
-
-    if importlib.util.find_spec("mooncake") is None:
-        pytest.skip("the mooncake module is not installed")
-    saved = {k: os.environ.get(k) for k in LOOPBACK_ENV}
-    os.environ.update(LOOPBACK_ENV)
-    master = MooncakeMaster().start()
-    try:
-        with segment_holder(master, "128MiB"):  # a second process holds the pages
-            yield master.url(contribute_segment=False, timeout_s=10)
-    finally:
-        master.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+def mooncake_url(mooncake_master):
+    with segment_holder(mooncake_master, "128MiB"):  # a second process holds the pages
+        yield mooncake_master.url(contribute_segment=False, timeout_s=10)
 
 
 def l3_url(kind: str, tmp_path, mooncake_request) -> str:

@@ -21,7 +21,7 @@ from tiered_kv.compose import Hierarchy
 from tiered_kv.ops.replay import build, embedded_default, replay, summarize
 from tiered_kv.ops.replay.workload import Request
 
-from ..ops.replay.conftest import TEST_SPEC, TINY_TIERS
+from ..ops.replay.conftest import TEST_SPEC, TINY_TIERS, close_checked
 
 log = logging.getLogger(__name__)
 
@@ -97,12 +97,7 @@ def guarded_replay(requests: Sequence[Any], l3_url: str, *, inject: Callable[[Hi
             inject(h)
         result = replay(h, requests, progress=None if during is None else (lambda r, h=h: during(h, r)))
     finally:
-        h.close()
-    try:
-        assert h.l2_free_slots == h.manager.num_slots, "an L2 slot was not freed"
-        assert h.controller.pending_tasks() == 0, "a task was left on the controller's loop"
-    finally:
-        h.release_memory()
+        close_checked(h)
     stats = h.controller.backend.stats
     del h
     extra_threads, extra_fds = _settled(threads_before, fds_before)

@@ -41,14 +41,20 @@ def checked_replay(requests: Sequence[Any], *, inflight: int = 8, after_build: C
             after_build()
         result = replay(h, requests, inflight=inflight)
     finally:
-        h.close()
+        close_checked(h)
+    return summarize(result)
+
+
+def close_checked(h: Any) -> None:
+    """Close a built hierarchy and assert what every replay must leave: every L2 slot free, no task
+    on the controller's loop, no temporary L3 directory; then give the host memory back."""
+    h.close()
     try:
         assert h.l2_free_slots == h.manager.num_slots, "an L2 slot was not freed"
         assert h.controller.pending_tasks() == 0, "a task was left on the controller's loop"
         assert h.tempdir is None or not os.path.exists(h.tempdir), "the temporary L3 directory was left behind"
     finally:
         h.release_memory()
-    return summarize(result)
 
 
 def trace_records(conversations: int = 3, rounds: int = 4, *, tail: int = 200) -> list[dict[str, Any]]:

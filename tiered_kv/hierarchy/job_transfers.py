@@ -15,10 +15,9 @@ import concurrent.futures
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import IndexValidationError
 from .jobs import JobKind
 from .l3_jobs import L3Jobs
-from .manager import LoadPlan, StorePlan
+from .manager import LoadPlan, StorePlan, check_copy_plan
 
 
 class JobHandle:
@@ -81,10 +80,7 @@ class JobTransferHalf:
         self.bytes_stored = 0
 
     def load(self, plan: LoadPlan, device_pages: Sequence[int]) -> Any:
-        if not isinstance(plan, LoadPlan):
-            raise IndexValidationError(f"load: expected the LoadPlan the cache manager made, got {type(plan).__name__}")
-        if len(device_pages) != len(plan):
-            raise IndexValidationError(f"load: {len(plan)} slots but {len(device_pages)} device pages")
+        check_copy_plan(plan, LoadPlan, device_pages, "load")
         if not len(plan):
             return _Landed()
         plan.handle = JobHandle(self.jobs.copy(JobKind.LOAD, plan.keys, plan.slots, list(device_pages)))
@@ -92,10 +88,7 @@ class JobTransferHalf:
         return plan.handle
 
     def store(self, plan: StorePlan, device_pages: Sequence[int]) -> Any:
-        if not isinstance(plan, StorePlan):
-            raise IndexValidationError(f"store: expected the StorePlan the cache manager made, got {type(plan).__name__}")
-        if len(device_pages) != len(plan):
-            raise IndexValidationError(f"store: {len(plan)} slots but {len(device_pages)} device pages")
+        check_copy_plan(plan, StorePlan, device_pages, "store")
         if not len(plan):
             return _Landed()
         handle = JobHandle(self.jobs.copy(JobKind.STORE, plan.keys, plan.slots, list(device_pages)))

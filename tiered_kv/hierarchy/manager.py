@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from ..model.completion import AllOf, as_completion
-from ..errors import ConfigError, PoolError
+from ..errors import ConfigError, IndexValidationError, PoolError
 from ..model.integers import as_int
 from ..model.keys import check_keys
 from .agree_deadline import AgreeTimeout, DeadlineAgree, DirectAgree, agree_with_deadline
@@ -140,6 +140,15 @@ class StorePlan(_CarriesHandle):
 
     def __len__(self) -> int:
         return len(self.keys)
+
+
+def check_copy_plan(plan: Any, kind: type, device_pages: Sequence[int], what: str) -> None:
+    """A worker side's check of the plan it is asked to copy: the kind of plan ``prepare_load`` /
+    ``prepare_store`` made, and one device page per key."""
+    if not isinstance(plan, kind):
+        raise IndexValidationError(f"{what}: expected the {kind.__name__} the cache manager made, got {type(plan).__name__}")
+    if len(device_pages) != len(plan):
+        raise IndexValidationError(f"{what}: {len(plan)} slots but {len(device_pages)} device pages")
 
 
 @dataclass

@@ -17,8 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..model.completion import DONE, Completion
-from ..errors import IndexValidationError
-from .manager import LoadPlan, StorePlan
+from .manager import LoadPlan, StorePlan, check_copy_plan
 
 
 class _NothingLoaded:
@@ -62,9 +61,7 @@ class TransferHalf:
 
     def load(self, plan: LoadPlan, device_pages: Sequence[int]) -> Any:
         """Every layer of ``plan``'s slots into ``device_pages``; a handle with ``wait_layer``."""
-        _check_plan(plan, LoadPlan, "load")
-        if len(device_pages) != len(plan):
-            raise IndexValidationError(f"load: {len(plan)} slots but {len(device_pages)} device pages")
+        check_copy_plan(plan, LoadPlan, device_pages, "load")
         if not len(plan):
             return NOTHING_LOADED
         self.bytes_loaded += len(plan) * self.host_pool.spec.page_bytes
@@ -74,9 +71,7 @@ class TransferHalf:
     def store(self, plan: StorePlan, device_pages: Sequence[int]) -> Completion:
         """Back ``device_pages`` (one per plan key) up into the plan's slots; returns the completion
         that gates the reuse of those device pages."""
-        _check_plan(plan, StorePlan, "store")
-        if len(device_pages) != len(plan):
-            raise IndexValidationError(f"store: {len(plan)} slots but {len(device_pages)} device pages")
+        check_copy_plan(plan, StorePlan, device_pages, "store")
         if not len(plan):
             return DONE
         handle = self.engine.backup(list(device_pages), plan.slots)
@@ -107,11 +102,6 @@ class TransferHalf:
             if sync is not None:
                 sync()
         return self.finished_stores()
-
-
-def _check_plan(plan: Any, kind: type, what: str) -> None:
-    if not isinstance(plan, kind):
-        raise IndexValidationError(f"{what}: expected the {kind.__name__} the cache manager made, got {type(plan).__name__}")
 
 
 class NullTransferHalf:

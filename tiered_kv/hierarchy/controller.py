@@ -198,6 +198,11 @@ class L3Controller:
         return self._degraded
 
     @property
+    def capacity_pages(self) -> int | None:
+        """Pages the backend holds at most, where it knows (file with a capacity, memory); else None."""
+        return getattr(self.backend, "capacity_pages", None)
+
+    @property
     def closed(self) -> bool:
         return self._closed
 

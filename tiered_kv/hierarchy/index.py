@@ -77,11 +77,7 @@ def l3_only_bound(l3: Any, l2_slots: int) -> int:
     ``capacity_bytes``, memory, simulated), else ``L3_ONLY_PER_L2_SLOT`` per L2 slot; at most
     ``MAX_L3_ONLY``, at least 1. L3 holds no more than its capacity, so remembering more pages
     as on it than that only remembers pages it has already evicted."""
-    # The backend is reachable from here only where the worker side shares this process (the
-    # controller itself, or L3Jobs over a LocalLink); over a pipe the per-slot bound applies.
-    link = getattr(l3, "link", None)
-    controller = l3 if hasattr(l3, "backend") else getattr(link, "controller", None)
-    capacity = getattr(getattr(controller, "backend", None), "capacity_pages", None)
+    capacity = getattr(l3, "capacity_pages", None)  # None over a pipe: the per-slot bound applies
     if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
         capacity = L3_ONLY_PER_L2_SLOT * l2_slots
     return max(1, min(capacity, MAX_L3_ONLY))

@@ -94,6 +94,11 @@ class L3Jobs:
         return self._closed
 
     @property
+    def capacity_pages(self) -> int | None:
+        """L3's capacity in pages where the link knows it (the worker side in this process); else None."""
+        return getattr(self.link, "capacity_pages", None)
+
+    @property
     def lost(self) -> bool:
         """The worker side went away; every job of it was answered as lost."""
         return self._lost

@@ -56,6 +56,10 @@ class LocalLink:
     def degraded(self) -> bool:
         return self.worker.l3 is not None and self.worker.l3.degraded
 
+    @property
+    def capacity_pages(self) -> int | None:
+        return None if self.worker.l3 is None else self.worker.l3.capacity_pages
+
     def close(self, *, drain: bool = True, deadline: float | None = None) -> None:
         self.worker.close(drain=drain, deadline=deadline)
 

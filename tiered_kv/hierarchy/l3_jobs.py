@@ -9,7 +9,8 @@ lost with its worker (the link broke) never says so, and its slots stay held: qu
 in ``lost_slots``, never reused while what the worker did to them is unknown.
 
 A link is any object with ``start(on_results, on_lost)``, ``send(jobs)``, ``cancel(job_id) ->
-bool`` (True only when the job is known dropped), ``degraded`` and ``close(drain, deadline)``; the
+bool`` (True only when the job is known dropped), ``degraded`` and ``close(drain, deadline)``, and
+optionally ``poll()`` (results that nothing else hands back: ``LocalLink``'s copies); the
 ones in ``tiered_kv.hierarchy.links`` run the worker side in this process or in a child process.
 
 This module must never import torch, the controller or a backend: it is what the scheduler
@@ -106,6 +107,12 @@ class L3Jobs:
     def in_flight(self) -> int:
         with self._lock:
             return len(self._open)
+
+    def poll(self) -> None:
+        """Take in the results the link holds until asked (a copy over a ``LocalLink``)."""
+        poll = getattr(self.link, "poll", None)
+        if poll is not None and not self._lost and not self._closed:
+            poll()
 
     # --- calls -------------------------------------------------------------------------------
     def exists(self, keys: Sequence[str]) -> concurrent.futures.Future:

@@ -4,7 +4,9 @@ An engine-side component written against ``TransferHalf`` (``load(plan, pages)``
 ``store(plan, pages)``, ``finished_stores()``, ``drain()``), such as ``L1PrefixCache``, runs
 unchanged when the bytes move in another process: each call becomes a LOAD or STORE job on the
 scheduler side's ``L3Jobs`` link, and each handle is the job's future. Per-layer waits do not
-cross a process: ``wait_layer`` waits for the whole load (in one process, use ``TransferHalf``).
+cross a process, and need not: the load's bytes land in the worker's process (L1 is there), where
+the engine's model runner waits on each layer through ``JobWorker.load_handle(job_id)``; here
+``wait_layer`` waits for the whole load, which is what the scheduler side needs to know.
 
 Plain data only: this module must never import torch, the controller or a backend.
 """

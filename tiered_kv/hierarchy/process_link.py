@@ -204,6 +204,13 @@ class PipeLink:
             self._kill()
         self._conn.close()
 
+    @property
+    def worker_gone(self) -> bool:
+        """Whether the child has exited (reaped): nothing of it can still write a slot."""
+        if self.process.exitcode is None and not self.process.is_alive():
+            self.process.join(CLOSE_GRACE_S)
+        return self.process.exitcode is not None
+
     def kill(self) -> None:
         """SIGKILL the child (tests: a worker that dies mid-job)."""
         self.process.kill()

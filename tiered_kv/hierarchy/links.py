@@ -36,7 +36,7 @@ class LocalLink:
     def __init__(self, worker: "JobWorker") -> None:
         self.worker = worker
         self._on_results: OnResults | None = None
-        self._polling = threading.Lock()  # the worker's polled copies are not thread-safe
+        self._polling = threading.RLock()  # the worker's polled copies are not thread-safe; a result's callback may send again
 
     @property
     def controller(self) -> "L3Controller | None":

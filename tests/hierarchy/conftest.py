@@ -21,6 +21,7 @@ import pytest
 from tiered_kv import HostPool, allocate_engine_like, nsa_spec
 from tiered_kv.backends import open_backend
 from tiered_kv.hierarchy import CacheManager, ControllerLimits, L1PrefixCache, L3Controller, Policies, TransferHalf
+from tiered_kv.hierarchy.index import free_slot_count
 from tiered_kv.hierarchy.oracle import fill_pages, verify_pages
 from tiered_kv.model.keys import Namespace, page_keys
 
@@ -97,6 +98,7 @@ class Stack:
     l1: L1PrefixCache
     device: Any
     served: list = field(default_factory=list)
+    link: Any = None  # the PipeLink to the worker side in a child process, if there is one
 
     def serve(self, request_id: Any, keys: list[str], *, timeout_s: float = 20.0):
         """One request through lookup / start / (wait for the prefetch) / run; asserts its bytes."""
@@ -120,6 +122,25 @@ class Stack:
         self.l1.poll()
         assert self.manager.wait_idle(30)
         self.l1.poll()
+
+    def seal(self, slots: Sequence[int], keys: Sequence[str]) -> None:
+        """Seal L2 ``slots`` for ``keys`` where the bytes live (this process or the worker's)."""
+        if self.link is not None:
+            self.link.call("seal", list(keys), list(slots))
+            return
+        for key, slot in zip(keys, slots):
+            self.host.seal(slot, key)
+
+    def put_from(self, keys: Sequence[str], slots: Sequence[int]):
+        """An L3 put of sealed ``slots`` behind the manager's back (a write flood): its future."""
+        if self.link is not None:
+            return self.manager.l3.put_from(keys, slots)
+        return self.controller.put_from(keys, slots)
+
+    def free_slots(self) -> int:
+        """L2 slots free now (a HostPool's or the scheduler's SlotAllocator's)."""
+        self.host.reap()
+        return free_slot_count(self.host)
 
     def close(self) -> None:
         self.l1.close()
@@ -169,7 +190,7 @@ def make_split_stack(l3_url: str, *, host_slots: int, l1_pages: int, policies: P
     l1 = L1PrefixCache(l1_pages + 1, manager, worker, reserved=(0,),
                        fill=lambda k, p: link.call("fill", list(k), list(p)),
                        verify=lambda k, p: link.call("verify", list(k), list(p)))
-    return Stack(alloc, ChildController(jobs), manager, l1, None)
+    return Stack(alloc, ChildController(jobs), manager, l1, None, link=link)
 
 
 def make_stack(l3_url: str | None, *, host_slots: int = 64, l1_pages: int = 32,

@@ -90,7 +90,6 @@ def _prefetch_latency(s, keys, rid) -> float:
     return elapsed
 
 
-@pytest.mark.in_process_parts
 def test_a_write_flood_does_not_delay_a_waiting_prefetch(tmp_path):
     url = f"file://{tmp_path / 'l3'}"
     runs = 7
@@ -124,9 +123,8 @@ def test_a_write_flood_does_not_delay_a_waiting_prefetch(tmp_path):
             idle.append(_prefetch_latency(s, chains[i], ("idle", i)))
             # fresh keys every round: put-if-absent would skip pages already written
             keys = [secrets.token_hex(16) for _ in flood_slots]
-            for k, slot in zip(keys, flood_slots):
-                s.host.seal(slot, k)
-            puts = [s.controller.put_from(keys[j:j + 16], flood_slots[j:j + 16]) for j in range(0, flood_pages, 16)]
+            s.seal(flood_slots, keys)
+            puts = [s.put_from(keys[j:j + 16], flood_slots[j:j + 16]) for j in range(0, flood_pages, 16)]
             time.sleep(0.002)  # the flood is under way
             busy.append(_prefetch_latency(s, chains[runs + i], ("busy", i)))
             # Served ahead of the flood's queue: writes of the flood are still waiting when the

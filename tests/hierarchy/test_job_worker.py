@@ -132,3 +132,36 @@ def test_l3_results_come_back_through_the_listener(tmp_path):
         worker.close()
     assert_clean(host, controller)
     host.close()
+
+
+def test_a_load_jobs_worker_side_handle_completes_layer_by_layer():
+    """The model runner lives with the worker side: it waits on each layer of a LOAD job through
+    ``load_handle``, while the scheduler side only ever hears of the whole load."""
+    from tiered_kv.errors import IndexValidationError
+
+    host = HostPool(SPEC, 4)
+    device = allocate_engine_like(SPEC, 4)
+    worker = JobWorker(TransferHalf(device, host))
+    keys = [f"{i:064x}" for i in range(11, 14)]
+    try:
+        fill_pages(device, keys, [1, 2, 3])
+        slots = host.allocate(3)
+        worker.submit([Job(1, JobKind.STORE, keys, slots, (1, 2, 3))])
+        _wait_results(worker, 1)
+        fill_pages(device, [f"{i:064x}" for i in range(21, 24)], [1, 2, 3])
+        worker.submit([Job(2, JobKind.LOAD, keys, slots, (3, 2, 1))])
+        handle = worker.load_handle(2)
+        assert handle.layers == tuple(range(SPEC.num_layers))
+        for layer in handle.layers:
+            handle.wait_layer(layer)  # the runner's wait before computing that layer
+            assert handle.layer_done(layer)
+        with pytest.raises(IndexValidationError, match="not part of this load"):
+            handle.wait_layer(SPEC.num_layers)
+        assert verify_pages(device, keys, [3, 2, 1]) == [True] * 3
+        assert _wait_results(worker, 1)[2].ok == (True,) * 3
+        assert worker.load_handle(2) is None  # gone once its result was handed back
+        host.free(slots)
+    finally:
+        worker.close()
+    assert_clean(host, None)
+    host.close()

@@ -16,7 +16,6 @@ hits and copy completions, and checks after every step:
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from hypothesis import HealthCheck, settings
@@ -27,49 +26,11 @@ from tiered_kv.hierarchy import CacheManager, ControllerLimits, L3Controller, Po
 from tiered_kv.model.slot_allocator import SlotAllocator
 
 from .conftest import PAGE, assert_clean, keys_of, prompts
+from .stateful_sim import SimL3, sim_worker
 
 CHAINS = [keys_of(t) for t in prompts(21, [6, 6, 5, 4], shared=2)]
 NUM_SLOTS = 10
-
-
-class SimL3:
-    """Key-only L3: remembers which page's bytes each key holds; reads land after a delay."""
-
-    def __init__(self, shadow: dict[int, str]) -> None:
-        self.shadow = shadow
-        self.store: dict[str, str] = {}
-
-    async def exists(self, keys):
-        run = 0
-        for k in keys:
-            if k not in self.store:
-                break
-            run += 1
-        return run
-
-    async def get_into(self, keys, slots):
-        await asyncio.sleep(0.001)
-        out = []
-        for k, s in zip(keys, slots):
-            if k not in self.store or (out and not out[-1]):
-                out.append(False)
-                continue
-            self.shadow[s] = self.store[k]
-            out.append(True)
-        return out
-
-    async def put_from(self, keys, slots):
-        await asyncio.sleep(0.0005)
-        for k, s in zip(keys, slots):
-            self.store.setdefault(k, self.shadow.get(s))
-        return [True] * len(keys)
-
-    async def delete(self, keys):
-        for k in keys:
-            self.store.pop(k, None)
-
-    async def aclose(self):
-        pass
+LIMITS = ControllerLimits(read_workers=2, write_workers=1)
 
 
 class Flag:
@@ -84,16 +45,34 @@ class HierarchyMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.alloc = SlotAllocator(NUM_SLOTS)
-        self.shadow: dict[int, str] = {}
-        self.sim = SimL3(self.shadow)
-        self.ctl = L3Controller(self.sim, record_bytes=1, limits=ControllerLimits(read_workers=2, write_workers=1))
         self.policy = WritePolicy.WRITE_THROUGH
-        self.mgr = CacheManager(self.alloc, page_size=PAGE, policies=Policies(write=self.policy), l3=self.ctl,
+        self.mgr = CacheManager(self.alloc, page_size=PAGE, policies=Policies(write=self.policy), l3=self.open_l3(),
                                 max_prefetch_slots=NUM_SLOTS // 2)
         self.inserted: set[str] = set()
         self.copies: list[tuple[Flag, list[int]]] = []  # copies in flight and the slots they touch
         self.prefetching: set[int] = set()
         self.next_rid = 0
+
+    # --- the worker side: L2's bytes (the shadow map) and L3 ----------------------------------
+    def open_l3(self):
+        """What the manager is given as L3; sets ``self.ctl`` (checked at teardown)."""
+        self.shadow: dict[int, str] = {}
+        self.sim = SimL3(self.shadow)
+        self.ctl = L3Controller(self.sim, record_bytes=1, limits=LIMITS)
+        return self.ctl
+
+    def land(self, slots, keys) -> None:
+        """A store's copy L1 -> L2 lands: ``slots`` hold ``keys``' bytes."""
+        self.shadow.update(zip(slots, keys))
+
+    def shadow_now(self) -> dict[int, str]:
+        return self.shadow
+
+    def l3_now(self) -> dict[str, str]:
+        return dict(self.sim.store)
+
+    def l3_drop(self, key: str) -> None:
+        self.ctl._loop.call_soon_threadsafe(self.sim.store.pop, key, None)
 
     # --- rules -------------------------------------------------------------------------------
     @rule(chain=st.integers(0, len(CHAINS) - 1), n=st.integers(1, 6), fail=st.lists(st.booleans(), max_size=6),
@@ -102,8 +81,7 @@ class HierarchyMachine(RuleBasedStateMachine):
         keys = CHAINS[chain][:n]
         plan = self.mgr.prepare_store(keys)
         flags = [not (fail[i] if i < len(fail) else False) for i in range(len(plan))]
-        for k, s in zip(plan.keys, plan.slots):
-            self.shadow[s] = k  # the worker's copy L1 -> L2 lands
+        self.land(plan.slots, plan.keys)  # the worker's copy L1 -> L2 lands
         done = Flag()
         if in_flight:
             # a failed page's slot may still be written by its copy: track it until done
@@ -136,8 +114,9 @@ class HierarchyMachine(RuleBasedStateMachine):
                 time.sleep(0.0002)
         plan = self.mgr.prepare_load(hit, rid)
         assert plan.keys == hit[:len(plan)]
+        shadow = self.shadow_now()
         for k, s in zip(plan.keys, plan.slots):
-            assert self.shadow.get(s) == k, "a load would read another page's bytes"
+            assert shadow.get(s) == k, "a load would read another page's bytes"
         done = Flag()
         self.copies.append((done, list(zip(plan.slots, plan.keys))))
         self.mgr.complete_load(plan, done)
@@ -149,7 +128,7 @@ class HierarchyMachine(RuleBasedStateMachine):
     @rule(chain=st.integers(0, len(CHAINS) - 1), i=st.integers(0, 5))
     def l3_loses_a_page(self, chain, i):
         key = CHAINS[chain][min(i, len(CHAINS[chain]) - 1)]
-        self.ctl._loop.call_soon_threadsafe(self.sim.store.pop, key, None)
+        self.l3_drop(key)
 
     @precondition(lambda self: self.copies)
     @rule(data=st.data())
@@ -166,6 +145,7 @@ class HierarchyMachine(RuleBasedStateMachine):
     @invariant()
     def consistent(self):
         self.mgr.poll()
+        shadow = self.shadow_now()
         free = {s for a, b in self.alloc.runs() for s in range(a, b)}
         busy: dict[int, str | None] = {}
         for flag, touched in self.copies:
@@ -173,7 +153,7 @@ class HierarchyMachine(RuleBasedStateMachine):
                 for slot, key in touched:
                     assert slot not in free, "a slot was freed while a copy may still touch it"
                     # a load still reads the page: nothing may have overwritten the slot
-                    assert key is None or self.shadow.get(slot) == key, "a slot was reused under a load"
+                    assert key is None or shadow.get(slot) == key, "a slot was reused under a load"
                     busy[slot] = key
         index = self.mgr.index
         owners: dict[int, str] = {}
@@ -187,10 +167,10 @@ class HierarchyMachine(RuleBasedStateMachine):
             owners[e.slot] = key
             if e.state == "resident":
                 resident += 1
-                assert self.shadow.get(e.slot) == key, "L2 holds another page's bytes"
+                assert shadow.get(e.slot) == key, "L2 holds another page's bytes"
             else:
                 storing += 1
-        for key, holds in list(self.sim.store.items()):
+        for key, holds in self.l3_now().items():
             assert holds == key, "L3 holds another page's bytes"
         held = sum(len(p.slots) for p in self.mgr._prefetches.values() if p.future is not None)
         assert self.alloc.free_count + self.alloc.pending_count + resident + storing + held == NUM_SLOTS
@@ -205,3 +185,40 @@ class HierarchyMachine(RuleBasedStateMachine):
 HierarchyMachine.TestCase.settings = settings(max_examples=50, stateful_step_count=30, deadline=None,
                                               suppress_health_check=[HealthCheck.too_slow])
 TestHierarchy = HierarchyMachine.TestCase
+
+
+class SplitHierarchyMachine(HierarchyMachine):
+    """The same rules and checks with the worker side (the shadow map, L3's controller) in a child
+    process over a ``PipeLink``: every L3 call a job over the pipe, every answer a result back."""
+
+    def open_l3(self):
+        from tiered_kv.hierarchy.l3_jobs import L3Jobs
+        from tiered_kv.hierarchy.process_link import ChildController, PipeLink
+
+        self.link = PipeLink(sim_worker, LIMITS)
+        jobs = L3Jobs(self.link, limits=LIMITS)
+        self.ctl = ChildController(jobs)
+        return jobs
+
+    def land(self, slots, keys) -> None:
+        self.link.call("land", list(slots), list(keys))
+
+    def shadow_now(self) -> dict[int, str]:
+        return self.link.call("shadow")
+
+    def l3_now(self) -> dict[str, str]:
+        return self.link.call("l3_store")
+
+    def l3_drop(self, key: str) -> None:
+        self.link.call("l3_drop", key)
+
+    def teardown(self):
+        super().teardown()
+        assert self.mgr.l3.in_flight() == 0 and not self.mgr.l3.lost
+        assert self.link.process.exitcode == 0
+
+
+# A child process per example (about 0.1 s to start on a 2-core VM): the same bound as in one process.
+SplitHierarchyMachine.TestCase.settings = settings(max_examples=50, stateful_step_count=30, deadline=None,
+                                                   suppress_health_check=[HealthCheck.too_slow])
+TestHierarchyTwoProcesses = SplitHierarchyMachine.TestCase

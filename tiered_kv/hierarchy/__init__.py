@@ -18,6 +18,7 @@ import importlib
 
 _LAZY = {
     "AsyncCacheManager": ".async_manager",
+    "attach_worker": ".reattach",
     "ControllerLimits": ".controller", "ControllerStats": ".controller", "L3Controller": ".controller",
     "PageIndex": ".index",
     "Job": ".jobs", "JobKind": ".jobs", "JobResult": ".jobs", "Tier": ".jobs",

@@ -4,7 +4,9 @@ An engine-side component written against ``TransferHalf`` (``load(plan, pages)``
 ``store(plan, pages)``, ``finished_stores()``, ``drain()``), such as ``L1PrefixCache``, runs
 unchanged when the bytes move in another process: each call becomes a LOAD or STORE job on the
 scheduler side's ``L3Jobs`` link, and each handle is the job's future. Per-layer waits do not
-cross a process: ``wait_layer`` waits for the whole load (in one process, use ``TransferHalf``).
+cross a process, and need not: the load's bytes land in the worker's process (L1 is there), where
+the engine's model runner waits on each layer through ``JobWorker.load_handle(job_id)``; here
+``wait_layer`` waits for the whole load, which is what the scheduler side needs to know.
 
 Plain data only: this module must never import torch, the controller or a backend.
 """
@@ -20,19 +22,32 @@ from .l3_jobs import L3Jobs
 from .manager import LoadPlan, StorePlan, check_copy_plan
 
 
-class JobHandle:
-    """A copy's handle: its job's future (``done``), waited on whole."""
+#: How often a wait on a copy asks the link for results that nothing else hands back.
+POLL_S = 0.0005
 
-    def __init__(self, future: concurrent.futures.Future) -> None:
+
+class JobHandle:
+    """A copy's handle: its job's future (``done``), waited on whole. ``pump``: asks the link for
+    results it holds until asked (``L3Jobs.poll``); without it a copy over a ``LocalLink`` that
+    landed after its job was sent would never be answered."""
+
+    def __init__(self, future: concurrent.futures.Future, pump: Callable[[], None] | None = None) -> None:
         self.future = future
+        self.pump = pump
 
     def done(self) -> bool:
+        if not self.future.done() and self.pump is not None:
+            self.pump()
         return self.future.done()
 
     query = done
 
     def synchronize(self) -> None:
-        concurrent.futures.wait([self.future])
+        if self.pump is None:
+            concurrent.futures.wait([self.future])
+            return
+        while not self.done():
+            concurrent.futures.wait([self.future], timeout=POLL_S)
 
     def wait_layer(self, layer: int, stream: Any = None) -> None:
         self.synchronize()
@@ -83,7 +98,8 @@ class JobTransferHalf:
         check_copy_plan(plan, LoadPlan, device_pages, "load")
         if not len(plan):
             return _Landed()
-        plan.handle = JobHandle(self.jobs.copy(JobKind.LOAD, plan.keys, plan.slots, list(device_pages)))
+        plan.handle = JobHandle(self.jobs.copy(JobKind.LOAD, plan.keys, plan.slots, list(device_pages)),
+                                self.jobs.poll)
         self.bytes_loaded += len(plan) * self.page_bytes
         return plan.handle
 
@@ -91,7 +107,7 @@ class JobTransferHalf:
         check_copy_plan(plan, StorePlan, device_pages, "store")
         if not len(plan):
             return _Landed()
-        handle = JobHandle(self.jobs.copy(JobKind.STORE, plan.keys, plan.slots, list(device_pages)))
+        handle = JobHandle(self.jobs.copy(JobKind.STORE, plan.keys, plan.slots, list(device_pages)), self.jobs.poll)
         plan.handle = handle
         self.bytes_stored += len(plan) * self.page_bytes
         self._stores.append((plan, handle))
@@ -100,6 +116,8 @@ class JobTransferHalf:
     def finished_stores(self) -> list[StorePlan]:
         """Plans whose stores landed (the worker side sealed their slots); failed ones go to
         ``on_failed_store``."""
+        if self._stores:
+            self.jobs.poll()
         done, still = [], []
         for plan, handle in self._stores:
             (done if handle.done() else still).append((plan, handle))

@@ -8,8 +8,14 @@ is done with them, so a slot freed under a running prefetch or put is not handed
 lost with its worker (the link broke) never says so, and its slots stay held: quarantined, counted
 in ``lost_slots``, never reused while what the worker did to them is unknown.
 
+``attach(link)`` puts a new worker side in place of a lost one, and L3 serves again. The
+quarantined slots are released then only where the old link proves its worker can touch them no
+more (``worker_gone``: its process has exited, so no write of it can still land); otherwise they
+stay held for good.
+
 A link is any object with ``start(on_results, on_lost)``, ``send(jobs)``, ``cancel(job_id) ->
-bool`` (True only when the job is known dropped), ``degraded`` and ``close(drain, deadline)``; the
+bool`` (True only when the job is known dropped), ``degraded`` and ``close(drain, deadline)``, and
+optionally ``poll()`` (results that nothing else hands back: ``LocalLink``'s copies); the
 ones in ``tiered_kv.hierarchy.links`` run the worker side in this process or in a child process.
 
 This module must never import torch, the controller or a backend: it is what the scheduler
@@ -71,6 +77,8 @@ class L3Jobs:
         self.limits = limits
         self.allocator: Any = None
         self.lost_slots: list[int] = []
+        self.released_slots = 0  # quarantined slots released by ``attach`` once provably unused
+        self._lost_holds: list[_ResultIn] = []
         self.jobs_sent = 0
         self.jobs_lost = 0
         self._ids = itertools.count(1)
@@ -106,6 +114,12 @@ class L3Jobs:
     def in_flight(self) -> int:
         with self._lock:
             return len(self._open)
+
+    def poll(self) -> None:
+        """Take in the results the link holds until asked (a copy over a ``LocalLink``)."""
+        poll = getattr(self.link, "poll", None)
+        if poll is not None and not self._lost and not self._closed:
+            poll()
 
     # --- calls -------------------------------------------------------------------------------
     def exists(self, keys: Sequence[str]) -> concurrent.futures.Future:
@@ -182,10 +196,44 @@ class L3Jobs:
             entries = list(self._open.values())
             self._open.clear()
             self._by_future.clear()
-        for job, future, _ in entries:
+        for job, future, held in entries:
             self.lost_slots.extend(job.slots)
+            if job.slots:
+                self._lost_holds.append(held)
             self.jobs_lost += 1
             _answer(future, JobResult.failed(job, lost=True))
+
+    def attach(self, link: Any) -> int:
+        """Serve L3 (and copies) through ``link``, a new worker side, in place of the lost one.
+
+        The old link is closed. Returns how many quarantined slots were released: all of them when
+        the old link says ``worker_gone`` (its process exited: nothing of it can still write a
+        slot), else none (they stay held). Raises ``ConfigError`` while the old worker side is not
+        lost, or after ``close``.
+        """
+        if self._closed:
+            raise ConfigError("attach after close: this L3Jobs is closed")
+        if not self._lost:
+            raise ConfigError("attach takes a new worker side only once the old one was lost")
+        old = self.link
+        try:
+            old.close(drain=False, deadline=0.0)
+        except (OSError, EOFError):
+            pass
+        released = 0
+        if getattr(old, "worker_gone", False):
+            for held in self._lost_holds:
+                held._done = True
+            released = len(self.lost_slots)
+            self.released_slots += released
+            self.lost_slots, self._lost_holds = [], []
+            if self.allocator is not None and hasattr(self.allocator, "reap"):
+                self.allocator.reap()
+        self.link = link
+        with self._lock:
+            self._lost = False
+        link.start(self.on_results, self.on_lost)
+        return released
 
     def close(self, *, drain: bool = True, deadline: float | None = None) -> None:
         """Close the link (the worker side answers or refuses every job first); a job still open

@@ -1,7 +1,8 @@
 """Links between the scheduler side (``L3Jobs``) and the worker side (``JobWorker``).
 
 - ``LocalLink``: the worker side in this process; jobs are submitted at once and results come back
-  on the completing thread (the controller's), so the one-process cache behaves as before.
+  on the completing thread (the controller's), so the one-process cache behaves as before. Copies
+  (L1 <-> L2) do not call back: their results come in when the scheduler side sends or ``poll``s.
 - ``OutboxLink``: jobs wait in an outbox for the engine's own transport (``take_jobs()``); the
   engine hands the worker side's ``get_finished()`` back through ``L3Jobs.on_results``. This is
   what vLLM's connector would use: jobs ride in the scheduler's output to the workers, results in
@@ -14,6 +15,7 @@ Each link answers every job: with its result, or, when the worker side is gone, 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +36,7 @@ class LocalLink:
     def __init__(self, worker: "JobWorker") -> None:
         self.worker = worker
         self._on_results: OnResults | None = None
+        self._polling = threading.RLock()  # the worker's polled copies are not thread-safe; a result's callback may send again
 
     @property
     def controller(self) -> "L3Controller | None":
@@ -44,8 +47,14 @@ class LocalLink:
         self.worker.listener = lambda result: on_results([result])
 
     def send(self, jobs: Sequence[Job]) -> None:
-        self.worker.submit(jobs)
-        finished = self.worker.get_finished()  # jobs without a callback (copies), if any are done
+        with self._polling:
+            self.worker.submit(jobs)
+        self.poll()
+
+    def poll(self) -> None:
+        """Hand back the results of the jobs without a callback (copies) that finished."""
+        with self._polling:
+            finished = self.worker.get_finished()
         if finished and self._on_results is not None:
             self._on_results(finished)
 

@@ -204,6 +204,13 @@ class PipeLink:
             self._kill()
         self._conn.close()
 
+    @property
+    def worker_gone(self) -> bool:
+        """Whether the child has exited (reaped): nothing of it can still write a slot."""
+        if self.process.exitcode is None and not self.process.is_alive():
+            self.process.join(CLOSE_GRACE_S)
+        return self.process.exitcode is not None
+
     def kill(self) -> None:
         """SIGKILL the child (tests: a worker that dies mid-job)."""
         self.process.kill()
@@ -246,7 +253,8 @@ def stack_worker(spec: Any, host_slots: int, l1_pages: int = 0, l3_url: str | No
     """A whole worker side in the child: an L2 ``HostPool`` of ``host_slots``, an engine-like L1
     pool of ``l1_pages`` (0: none) with its ``TransferHalf``, and an ``L3Controller`` over
     ``l3_url`` (None: none). Calls offered: ``fill`` and ``verify`` (oracle bytes on L1 pages),
-    ``controller_stats``."""
+    ``seal`` (keys, slots: L2 slots the caller filled are sealed for those keys, as a landed
+    store's are), ``controller_stats``."""
     from .. import HostPool, allocate_engine_like
     from ..backends import open_backend
     from .controller import ControllerLimits, L3Controller
@@ -268,6 +276,7 @@ def stack_worker(spec: Any, host_slots: int, l1_pages: int = 0, l3_url: str | No
         calls = {"fill": lambda keys, pages: fill_pages(pool, keys, pages),
                  "verify": lambda keys, pages: verify_pages(pool, keys, pages)}
     calls["controller_stats"] = lambda: None if controller is None else controller.stats
+    calls["seal"] = lambda keys, slots: [host.seal(slot, key) for key, slot in zip(keys, slots)] and None
 
     def close() -> None:
         host.close()

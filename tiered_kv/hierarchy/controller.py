@@ -173,6 +173,7 @@ class L3Controller:
         self._tasks: list[asyncio.Task] = []
         self._probe: asyncio.Task | None = None
         self._lane: set[asyncio.Task] = set()  # exists calls running (their lane)
+        self._deletes: set[asyncio.Task] = set()  # deletes running: a later exists waits for them
         self._running_reads: dict[int, _Job] = {}  # id(future) -> a get running, to cancel it
         self._thread = threading.Thread(target=self._run_loop, name=f"tkv-{name}-controller", daemon=True)
         started: concurrent.futures.Future = concurrent.futures.Future()
@@ -280,7 +281,7 @@ class L3Controller:
         # as its awaitable completes (a wake-up at close), and the worker would loop on forever.
         self._stopping = True
         self._wake_workers()
-        lane = list(self._lane)
+        lane = list(self._lane) + list(self._deletes)
         for task in self._tasks + lane + ([self._probe] if self._probe else []):
             task.cancel()
         await asyncio.gather(*self._tasks, *lane, *([self._probe] if self._probe else []), return_exceptions=True)
@@ -317,7 +318,29 @@ class L3Controller:
             future: concurrent.futures.Future = concurrent.futures.Future()
             future.set_exception(BackendError(f"{self.name}: the controller is closing"))
             return future
-        return asyncio.run_coroutine_threadsafe(self.backend.delete(list(keys)), self._loop)
+        future = concurrent.futures.Future()
+        self._loop.call_soon_threadsafe(self._start_delete, list(keys), future)
+        return future
+
+    def _start_delete(self, keys: list[str], future: concurrent.futures.Future) -> None:
+        """Start a delete on the loop, registered at once: an ``exists`` submitted after it waits
+        for it (it runs at once in its lane and would otherwise race the delete)."""
+        if future.cancelled():
+            return
+        task = self._loop.create_task(self.backend.delete(keys), name=f"{self.name}-delete")
+        self._deletes.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            self._deletes.discard(t)
+            if future.cancelled():
+                return
+            if t.cancelled():
+                future.cancel()
+            elif t.exception() is not None:
+                future.set_exception(t.exception())
+            else:
+                future.set_result(None)
+        task.add_done_callback(done)
 
     def cancel(self, future: concurrent.futures.Future) -> bool:
         """Drop a read (``exists``, get) queued or running, or a write not started; True if it was
@@ -382,15 +405,19 @@ class L3Controller:
             self.stats.reads_refused += 1
             self._answer_miss(job)
             return
-        task = asyncio.get_running_loop().create_task(self._run_tracked(job), name=f"{self.name}-exists")
+        task = asyncio.get_running_loop().create_task(self._run_tracked(job, after=tuple(self._deletes)),
+                                                      name=f"{self.name}-exists")
         job.task = task
         self._lane.add(task)
         task.add_done_callback(self._lane.discard)
 
-    async def _run_tracked(self, job: _Job) -> None:
-        """Run a read in the task it was given, findable by its future for ``cancel``."""
+    async def _run_tracked(self, job: _Job, after: Sequence[asyncio.Task] = ()) -> None:
+        """Run a read in the task it was given, findable by its future for ``cancel``, once the
+        tasks ``after`` (deletes submitted before it) are done."""
         self._running_reads[id(job.future)] = job
         try:
+            if after:
+                await asyncio.wait(after)
             await self._run(job)
         finally:
             self._running_reads.pop(id(job.future), None)

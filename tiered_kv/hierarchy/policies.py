@@ -93,7 +93,10 @@ class Policies:
     min_hit_tokens: int = 0  # an L2 / L3 hit shorter than this is not worth loading: recompute
     l3_writer: bool = True  # replicated MLA / NSA caches: only one rank writes L3
     agree_deadline_s: float = 2.0  # the agree hook's answer is waited for this long; then no hit, recompute
-    lookup_wait_s: float = 0.05  # best_effort / timeout: L3's exists is waited for this long; then no L3 hit
+    # best_effort / timeout: L3's exists is waited for this long, then the lookup decides without
+    # L3. As long as the timeout policy's longest wait (PrefetchTimeout.max_s) and far above an
+    # exists' usual milliseconds, so a loaded host or a server back from a pause keeps its hits.
+    lookup_wait_s: float = 1.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "write", _enum(WritePolicy, self.write, "write policy"))

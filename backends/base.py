@@ -177,6 +177,10 @@ class Backend(ABC):
 
     scheme: ClassVar[str]
     capabilities: ClassVar[Capabilities]
+    #: A cancelled ``get_into`` never writes into its slots afterwards (blocking reads hold them in
+    #: the pool until their thread returned, loop-side receives stop): a controller may cancel a
+    #: running read and let its slots go at once.
+    cancels_reads_safely: ClassVar[bool] = True
 
     def __init__(self, pool: HostPool | None, *, max_workers: int = 4, timeout_s: float | None = 30.0) -> None:
         if pool is not None:

@@ -13,7 +13,9 @@ request, send to last byte), ``connect_timeout_s``, ``zero_copy`` (default on; f
 
 How it talks to the server:
 - Control commands (``EXISTS`` pipelined per batch, ``DEL``) go through ``redis.asyncio`` and its
-  connection pool.
+  connection pool, in a lane of their own: up to ``max_in_flight`` control commands and as many
+  values at once, so a lookup's ``EXISTS`` never waits for a connection behind slow page values
+  (the pool holds up to twice ``max_in_flight`` connections).
 - Page values (~3 MB each) go through a small RESP client on raw non-blocking sockets: a ``GET``
   reply's bulk string is received with ``sock_recv_into`` straight into the slot's record view, and
   ``SET key <value> NX`` is sent from the slot's memoryview without joining it into a bytes object.
@@ -154,7 +156,8 @@ class RedisBackend(Backend):
         if not options.zero_copy:
             self.capabilities = replace(type(self).capabilities, zero_copy=False)
         self._prefix = options.prefix.encode()
-        self._gate = asyncio.Semaphore(options.max_in_flight)
+        self._gate = asyncio.Semaphore(options.max_in_flight)  # page values
+        self._control_gate = asyncio.Semaphore(options.max_in_flight)  # EXISTS, DEL, CONFIG, SCAN...
         self._idle: list[RespConnection] = []
         self._client = redis.asyncio.Redis.from_pool(self._redis_py_pool(options))  # owns and closes the pool
         self._server_checked = False
@@ -178,7 +181,7 @@ class RedisBackend(Backend):
         common: dict[str, Any] = dict(
             db=options.db, username=options.username or None, password=options.password or None,
             socket_timeout=options.socket_timeout_s, socket_connect_timeout=options.connect_timeout_s,
-            max_connections=options.max_in_flight,
+            max_connections=2 * options.max_in_flight,  # the control lane's and the copied values'
             # One immediate retry on a fresh connection: a pooled one may be stale after a server
             # restart. Safe, every command we send is idempotent (SET NX included). Timeouts are
             # not retried; our own timeout bounds the whole call anyway.
@@ -311,9 +314,10 @@ class RedisBackend(Backend):
         if self._closed:
             raise BackendError(f"redis backend for {self.options.address} is closed")
 
-    async def _py(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+    async def _py(self, what: str, call: Callable[[], Awaitable[T]], *, value: bool = False) -> T:
+        """One redis-py request: in the values' lane (``value``: a copied GET or SET) or the control lane."""
         self._check_open()
-        async with self._gate:
+        async with self._gate if value else self._control_gate:
             return await self._mapped(what, call)
 
     async def _check_server_once(self) -> None:
@@ -327,7 +331,7 @@ class RedisBackend(Backend):
         import redis.exceptions as rex
 
         try:
-            async with self._gate, asyncio.timeout(self.options.socket_timeout_s):  # one of max_in_flight
+            async with self._control_gate, asyncio.timeout(self.options.socket_timeout_s):
                 raw = await self._client.config_get("maxmemory*")
         except (rex.RedisError, OSError, TimeoutError):
             return
@@ -430,7 +434,7 @@ class RedisBackend(Backend):
                     return _NOT_A_STRING
                 raise
 
-        value = await self._py("GET", run)
+        value = await self._py("GET", run, value=True)
         if value is None or isinstance(value, NotARecord):
             return False if value is None else value
         view = self.pool.record_view(slot)
@@ -473,7 +477,7 @@ class RedisBackend(Backend):
             except rex.OutOfMemoryError:
                 return False
             return True
-        return await self._py("SET", run)
+        return await self._py("SET", run, value=True)
 
     def _server_error(self, what: str, message: str) -> Exception:
         if _config_problem(message):

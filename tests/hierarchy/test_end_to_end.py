@@ -106,8 +106,9 @@ def test_many_requests_with_shared_prefixes_at_once(tmp_path):
 
 
 def test_prefetches_cancelled_midway(redis_server):
-    """Prefetches over a slow medium aborted while their reads run: slots come back once the reads
-    have returned, never earlier (no late write lands in a reused slot)."""
+    """Prefetches over a slow medium aborted while their reads run: queued reads are dropped and
+    the running one is cancelled (a Backend's cancelled get never writes into its slots later), so
+    every slot comes back at once, and what is left is served right."""
     import secrets
 
     prefix = f"t{secrets.token_hex(4)}:"
@@ -138,11 +139,11 @@ def test_prefetches_cancelled_midway(redis_server):
         held = s.host.num_slots - s.free_slots()
         assert held == sum(map(len, all_keys))
         for rid in range(len(all_keys)):
-            s.l1.abort(rid)  # queued ones are dropped, the running one is orphaned
+            s.l1.abort(rid)  # queued ones are dropped, the running one is cancelled
         st = s.manager.stats
-        assert st.prefetches_timed_out >= 1 and st.prefetches_cancelled >= 1
-        assert st.prefetches_cancelled + st.prefetches_timed_out == len(all_keys)
-        assert s.free_slots() < s.host.num_slots  # the orphan's slots wait for its reads
+        assert st.prefetches_cancelled == len(all_keys) and st.prefetches_timed_out == 0
+        if s.controller is not None:  # the controller lives in this process: its reads were cancelled
+            assert s.controller.stats.reads_cancelled == len(all_keys)
         assert s.manager.wait_idle(20)
         assert s.free_slots() == s.host.num_slots
         # what is left is served right

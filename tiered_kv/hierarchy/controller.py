@@ -3,15 +3,22 @@
 Callers on plain threads (the scheduler) submit work and get ``concurrent.futures.Future``s back at
 once; nothing here blocks them. On the loop:
 
-- reads (``exists``, prefetches L3 -> L2) and writes (backups L2 -> L3) wait in two bounded queues
+- an ``exists`` (a lookup waits on it) starts at once in a lane of its own, never behind the
+  reads and writes of pages (a slow or hung medium held lookups behind prefetch reads); at most
+  ``queue_depth`` at once, beyond that answered "miss" at once and counted;
+- reads (prefetches L3 -> L2) and writes (backups L2 -> L3) wait in two bounded queues
   (beyond ``queue_depth`` a read is answered "miss" and a write refused, at once and counted);
   workers always take a read first, and a write starts only while no read is waiting, so a flood of
   writes never delays a read a request waits on (SGLang 31398, LMCache 4983);
 - bytes in flight are limited per direction, per backend call: a job larger than the limit goes in
   calls that fit it (one page at a time at worst), never over it;
-- a prefetch cancelled before it started is dropped (its future is cancelled); one already reading
-  runs to its end, and the caller frees its slots through the future, so no late write lands in a
-  reused slot;
+- a prefetch or ``exists`` cancelled is dropped (its future is cancelled), also while it runs:
+  its backend call is cancelled and ``cancel`` returns once it has stopped. A ``Backend`` keeps a
+  cancelled get from writing into its slots later (``cancels_reads_safely``: a blocking call's
+  slots stay held in the pool until its thread returned), so the caller may free them at once: a
+  read the prefetch policy gave up on no longer holds L2 slots, the link and a close up until it
+  ends. A running get of an object that does not promise it runs to its end (the caller frees its
+  slots through the future);
 - a ``BackendError`` puts the tier in a degraded state: reads answer "miss" at once, writes wait for
   the tier to return, a health probe with exponential backoff brings it back (once the backend's
   ``check_health`` passes: file:// reads, since refused writes are counted puts; mooncake://, that
@@ -126,6 +133,7 @@ class _Job:
     attempts: int = 0
     retry_at: float = 0.0
     cancelled: bool = field(default=False)
+    task: asyncio.Task | None = None  # while it runs in a task of its own (exists, get): to cancel it
 
 
 class L3Controller:
@@ -164,6 +172,9 @@ class L3Controller:
         self._wake: asyncio.Event | None = None
         self._tasks: list[asyncio.Task] = []
         self._probe: asyncio.Task | None = None
+        self._lane: set[asyncio.Task] = set()  # exists calls running (their lane)
+        self._deletes: set[asyncio.Task] = set()  # deletes running: a later exists waits for them
+        self._running_reads: dict[int, _Job] = {}  # id(future) -> a get running, to cancel it
         self._thread = threading.Thread(target=self._run_loop, name=f"tkv-{name}-controller", daemon=True)
         started: concurrent.futures.Future = concurrent.futures.Future()
         self._thread.start()
@@ -270,9 +281,10 @@ class L3Controller:
         # as its awaitable completes (a wake-up at close), and the worker would loop on forever.
         self._stopping = True
         self._wake_workers()
-        for task in self._tasks + ([self._probe] if self._probe else []):
+        lane = list(self._lane) + list(self._deletes)
+        for task in self._tasks + lane + ([self._probe] if self._probe else []):
             task.cancel()
-        await asyncio.gather(*self._tasks, *([self._probe] if self._probe else []), return_exceptions=True)
+        await asyncio.gather(*self._tasks, *lane, *([self._probe] if self._probe else []), return_exceptions=True)
         close = getattr(self.backend, "aclose", None)
         if close is not None:
             try:
@@ -306,13 +318,53 @@ class L3Controller:
             future: concurrent.futures.Future = concurrent.futures.Future()
             future.set_exception(BackendError(f"{self.name}: the controller is closing"))
             return future
-        return asyncio.run_coroutine_threadsafe(self.backend.delete(list(keys)), self._loop)
+        future = concurrent.futures.Future()
+        self._loop.call_soon_threadsafe(self._start_delete, list(keys), future)
+        return future
+
+    def _start_delete(self, keys: list[str], future: concurrent.futures.Future) -> None:
+        """Start a delete on the loop, registered at once: an ``exists`` submitted after it waits
+        for it (it runs at once in its lane and would otherwise race the delete)."""
+        if future.cancelled():
+            return
+        task = self._loop.create_task(self.backend.delete(keys), name=f"{self.name}-delete")
+        self._deletes.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            self._deletes.discard(t)
+            if future.cancelled():
+                return
+            if t.cancelled():
+                future.cancel()
+            elif t.exception() is not None:
+                future.set_exception(t.exception())
+            else:
+                future.set_result(None)
+        task.add_done_callback(done)
 
     def cancel(self, future: concurrent.futures.Future) -> bool:
-        """Drop a job that has not started; True if it was dropped (its future is cancelled)."""
-        if self._closed:
+        """Drop a read (``exists``, get) queued or running, or a write not started; True if it was
+        dropped (its future is cancelled). A running read's backend call has stopped when this
+        returns, and no byte of it lands in its slots later (the backend contract)."""
+        if self._closed or future.done():
             return False
-        return self._call(lambda: self._cancel_queued(future))
+        try:
+            return asyncio.run_coroutine_threadsafe(self._cancel(future), self._loop).result()
+        except RuntimeError:  # the loop stopped meanwhile (a close): the close answers the job
+            return False
+
+    async def _cancel(self, future: concurrent.futures.Future) -> bool:
+        if self._cancel_queued(future):
+            return True
+        job = self._running_reads.get(id(future))
+        if job is None or job.task is None or job.future is not future or future.done():
+            return False
+        if job.op == "get" and not getattr(self.backend, "cancels_reads_safely", False):
+            return False  # an object that does not promise it: its read runs to its end
+        job.cancelled = True
+        job.task.cancel()
+        await asyncio.wait([job.task])
+        return future.cancelled()
 
     def _submit(self, kind: str, op: str, keys: list[str], slots: list[int], nbytes: int) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
@@ -332,6 +384,9 @@ class L3Controller:
             if self._degraded:
                 self._answer_degraded(job)
                 return
+            if job.op == "exists":
+                self._start_in_lane(job)
+                return
             if len(self._reads) >= self.limits.queue_depth:
                 self.stats.reads_refused += 1
                 self._answer_miss(job)
@@ -343,6 +398,29 @@ class L3Controller:
                 return
             self._writes.append(job)
         self._wake_workers()
+
+    def _start_in_lane(self, job: _Job) -> None:
+        """An ``exists`` runs at once in a task of its own (the lane), up to ``queue_depth`` at once."""
+        if len(self._lane) >= self.limits.queue_depth:
+            self.stats.reads_refused += 1
+            self._answer_miss(job)
+            return
+        task = asyncio.get_running_loop().create_task(self._run_tracked(job, after=tuple(self._deletes)),
+                                                      name=f"{self.name}-exists")
+        job.task = task
+        self._lane.add(task)
+        task.add_done_callback(self._lane.discard)
+
+    async def _run_tracked(self, job: _Job, after: Sequence[asyncio.Task] = ()) -> None:
+        """Run a read in the task it was given, findable by its future for ``cancel``, once the
+        tasks ``after`` (deletes submitted before it) are done."""
+        self._running_reads[id(job.future)] = job
+        try:
+            if after:
+                await asyncio.wait(after)
+            await self._run(job)
+        finally:
+            self._running_reads.pop(id(job.future), None)
 
     def _wake_workers(self) -> None:
         if self._wake is not None:
@@ -446,7 +524,16 @@ class L3Controller:
                 continue
             self._running[kind] += 1
             try:
-                await self._run(job)
+                if kind == READ:  # a task of its own, so that cancel can stop it alone
+                    job.task = asyncio.get_running_loop().create_task(self._run_tracked(job), name=f"{self.name}-get")
+                    try:
+                        await asyncio.wait([job.task])
+                    finally:
+                        if not job.task.done():  # the worker itself is cancelled (close)
+                            job.task.cancel()
+                            await asyncio.wait([job.task])
+                else:
+                    await self._run(job)
             finally:
                 self._running[kind] -= 1
                 self._wake_workers()
@@ -471,7 +558,11 @@ class L3Controller:
                 self._answer_degraded(job)
             return
         except asyncio.CancelledError:
-            self._refuse(job)
+            if job.cancelled and not job.future.done():  # cancel(): the caller dropped it
+                self.stats.reads_cancelled += 1
+                job.future.cancel()
+            else:
+                self._refuse(job)
             raise
         except Exception as exc:  # not the library's: a bug; the caller gets it, the worker goes on
             job.future.set_exception(exc)

@@ -15,7 +15,8 @@ A two-phase protocol over page keys, as vLLM's offloading manager has it:
 
 Rules it keeps (DESIGN.md, "What users of the anchors hit"):
 - lookups are O(pages) and never wait on I/O: an L3 ``exists`` runs on the controller and the
-  lookup says "not yet" (None) until it is back;
+  lookup says "not yet" (None) until it is back, for at most the policy's ``lookup_wait``: then it
+  decides without L3 (``lookups_l3_late``), drops the ``exists`` and never waits for it again;
 - only pages beyond the engine's own L1 hit are asked for and fetched, and a request's prefetch
   and load cover no more than its lookup decided (the minimum hit and the ranks' agreement);
 - no prefetch starts before its hit length is decided, above ``min_hit_tokens`` and agreed by the
@@ -55,6 +56,7 @@ from ..model.integers import as_int
 from ..model.keys import check_keys
 from .agree_deadline import AgreeTimeout, DeadlineAgree, DirectAgree, agree_with_deadline
 from .l3_jobs import L3Jobs, heard_from_l3
+from .lookup_deadline import Deadlines
 from .index import RESIDENT, Entry, PageIndex, free_slot_count, l3_only_bound
 from .policies import Policies, WritePolicy
 
@@ -180,6 +182,7 @@ class ManagerStats:
     l3_hit_pages: int = 0  # as the lookups saw them: pages of the hit to be read from L3
     below_min_hit: int = 0
     agree_timeouts: int = 0
+    lookups_l3_late: int = 0  # decided without L3: its exists had not answered within the policy's lookup_wait
     prefetches_started: int = 0
     prefetches_completed: int = 0
     prefetches_cancelled: int = 0
@@ -253,7 +256,8 @@ class CacheManager:
         self.clock = clock
         self.index = PageIndex(slots, max_l3_only=l3_only_bound(l3, self.num_slots))
         self.stats = ManagerStats()
-        self._lookups: dict[Any, tuple[tuple[str, ...], concurrent.futures.Future]] = {}
+        self._lookups: dict[Any, _Lookup] = {}
+        self._deadlines = Deadlines()
         self._prefetches: dict[Any, _Prefetch] = {}
         self._decided: dict[Any, _Decision] = {}  # until the request loads (prepare_load) or aborts
         self._orphans: list[tuple[list[int], concurrent.futures.Future]] = []  # cancelled, reads running
@@ -298,16 +302,20 @@ class CacheManager:
         l3 = 0
         if rest and self.l3 is not None and not self.l3.degraded:
             pending = self._lookups.get(request_id)
-            if pending is None or pending[0] != rest:
-                self._lookups[request_id] = (rest, self.l3.exists(rest))
+            if pending is None or pending.rest != rest:
+                self._lookups[request_id] = self._ask_l3(rest)
                 self.stats.lookups_pending += 1
                 return None
-            future = pending[1]
-            if not future.done():
+            future = pending.future
+            late = not future.done() and time.monotonic() >= pending.give_up_at
+            if not future.done() and not late:
                 self.stats.lookups_pending += 1
                 return None
             del self._lookups[request_id]
-            l3 = future.result() if not future.cancelled() else 0
+            if late:  # L3 is slow or hung: decide without it, and stop asking
+                self.stats.lookups_l3_late += 1
+                self.l3.cancel(future)
+            l3 = future.result() if future.done() and not future.cancelled() else 0
             if l3 < len(rest) and heard_from_l3(future):
                 # L3 says rest[l3] is gone (an eviction elsewhere, a restart). Keys are chained, so
                 # the pages after it cannot be hit until it is back: they read as gone too, and the
@@ -322,6 +330,14 @@ class CacheManager:
         match = self._decide(l1_pages, l2, l3, rest)
         self._decided[request_id] = _Decision(l1_pages, keys[l1_pages:match.pages])
         return match
+
+    def _ask_l3(self, rest: tuple[str, ...]) -> _Lookup:
+        """Send L3's ``exists`` for ``rest``, to be waited for at most the policy's lookup wait."""
+        future = self.l3.exists(rest)  # type: ignore[union-attr]
+        wait = self.policies.lookup_wait(len(rest) * self.page_size)
+        give_up_at = time.monotonic() + wait
+        waited = future if math.isinf(wait) else self._deadlines.bounded(future, give_up_at)
+        return _Lookup(rest, future, waited, give_up_at)
 
     def _decide(self, l1: int, l2: int, l3: int, rest: Sequence[str] = ()) -> Match:
         if (l2 + l3) * self.page_size < self.policies.min_hit_tokens:
@@ -454,8 +470,8 @@ class CacheManager:
         ``abort`` drops it."""
         _check_request_id(request_id)
         lookup = self._lookups.get(request_id)
-        if lookup is not None and not lookup[1].done():
-            return lookup[1]
+        if lookup is not None and not lookup.future.done():
+            return lookup.waited  # done by the lookup's deadline at the latest
         p = self._prefetches.get(request_id)
         if p is not None and p.future is not None and not p.future.done():
             return p.future
@@ -797,7 +813,7 @@ class CacheManager:
                     or any(p.future is not None and not p.future.done() for p in self._prefetches.values()))
 
     def _lookup_in_flight(self) -> bool:
-        return any(not future.done() for _, future in self._lookups.values())
+        return any(not lookup.future.done() for lookup in self._lookups.values())
 
     def wait_idle(self, timeout_s: float = 30.0, step_s: float = 0.001) -> bool:
         """Block until no L3 work is in flight (tests, the replay's end, ``close``); False when the
@@ -855,10 +871,22 @@ class CacheManager:
             self.l3.close(drain=drain, deadline=deadline)  # every future of it is answered after this
         if self._agree is not None:
             self._agree.close()
+        self._deadlines.close()
         self.poll()
         self.index.clear()
         self.allocator.reap()
         self._closed = True
+
+
+@dataclass(frozen=True)
+class _Lookup:
+    """A lookup waiting for L3: the keys asked, L3's answer, what a caller waits on (done by
+    ``give_up_at`` at the latest, a ``time.monotonic()`` value) and when the lookup gives up."""
+
+    rest: tuple[str, ...]
+    future: concurrent.futures.Future
+    waited: concurrent.futures.Future
+    give_up_at: float
 
 
 def _check_request_id(request_id: Any) -> None:

@@ -16,6 +16,11 @@ Prefetch policies (L3 -> L2 while a request waits):
     timeout          wait at most min(max_s, base_s + per_1k_tokens_s x tokens / 1000), where
                      tokens are those the prefetch reads from L3 (what the request waits for)
 
+A lookup waits for L3's ``exists`` as its prefetch policy waits for reads: ``best_effort`` at most
+``lookup_wait_s``, ``timeout`` at most the larger of that and the policy's wait for the tokens
+asked of L3, ``wait_complete`` until L3 answers (or its backend's timeout degrades the tier). A
+lookup that gives up decides without L3 (a slow or hung medium cost requests the socket timeout).
+
 Pure data and arithmetic: no I/O, no clocks, no torch.
 """
 
@@ -88,6 +93,10 @@ class Policies:
     min_hit_tokens: int = 0  # an L2 / L3 hit shorter than this is not worth loading: recompute
     l3_writer: bool = True  # replicated MLA / NSA caches: only one rank writes L3
     agree_deadline_s: float = 2.0  # the agree hook's answer is waited for this long; then no hit, recompute
+    # best_effort / timeout: L3's exists is waited for this long, then the lookup decides without
+    # L3. As long as the timeout policy's longest wait (PrefetchTimeout.max_s) and far above an
+    # exists' usual milliseconds, so a loaded host or a server back from a pause keeps its hits.
+    lookup_wait_s: float = 1.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "write", _enum(WritePolicy, self.write, "write policy"))
@@ -97,6 +106,8 @@ class Policies:
         _count(self.min_hit_tokens, "min_hit_tokens")
         if _finite(self.agree_deadline_s, "agree_deadline_s") == 0:  # every lookup would give up: no hit ever
             raise ConfigError(f"agree_deadline_s must be > 0, got {self.agree_deadline_s!r}")
+        if _finite(self.lookup_wait_s, "lookup_wait_s") == 0:  # no lookup would ever hear from L3
+            raise ConfigError(f"lookup_wait_s must be > 0, got {self.lookup_wait_s!r}")
         if not isinstance(self.prefetch_timeout, PrefetchTimeout):
             raise ConfigError(f"prefetch_timeout must be a PrefetchTimeout, got {type(self.prefetch_timeout).__name__}")
         if not isinstance(self.l3_writer, bool):
@@ -117,6 +128,14 @@ class Policies:
         if self.prefetch is PrefetchPolicy.TIMEOUT:
             return self.prefetch_timeout.for_tokens(tokens)
         return 0.0
+
+    def lookup_wait(self, tokens: int) -> float:
+        """How long a lookup waits for L3's answer about ``tokens`` (inf: until it comes)."""
+        if self.prefetch is PrefetchPolicy.WAIT_COMPLETE:
+            return math.inf
+        if self.prefetch is PrefetchPolicy.TIMEOUT:
+            return max(self.lookup_wait_s, self.prefetch_timeout.for_tokens(tokens))
+        return self.lookup_wait_s
 
 
 __all__ = ["Policies", "PrefetchPolicy", "PrefetchTimeout", "WritePolicy"]

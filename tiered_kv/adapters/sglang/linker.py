@@ -145,21 +145,22 @@ class Linker(UnifiedCacheLinker):
         if not keys:
             return []
         deadline = time.monotonic() + self.lookup_wait_s
-        prefetched = False
-        while True:
-            match = self.manager.lookup(rid, keys, l1_pages=0)
-            if match is not None and match.l3_pages and not prefetched:
-                # L3's pages come into L2 first: a load reads L2 only.
-                self.manager.start_prefetch(rid, keys, match)
-                prefetched = True
-                while not self.manager.prefetch_ready(rid) and time.monotonic() < deadline:
-                    time.sleep(0.0005)
-                continue  # ask again: the answer's L2 run is what landed
-            if match is not None:
-                return list(range(1, match.l2_pages + 1))
+        while (match := self.manager.lookup(rid, keys, l1_pages=0)) is None:
             if time.monotonic() >= deadline:
+                self.manager.abort(rid)
                 return []  # L3 did not answer in time: recompute
             time.sleep(0.0005)
+        if not match.l3_pages:
+            # ``load`` locks the resident run itself: a request SGLang never loads leaves nothing.
+            self.manager.abort(rid)
+            return list(range(1, match.l2_pages + 1))
+        # L3's pages come into L2 first (a load reads L2 only); what landed becomes resident.
+        self.manager.start_prefetch(rid, keys, match)
+        while not self.manager.prefetch_ready(rid) and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        landed = self.manager.prepare_load(keys, rid, l1_pages=0)
+        self.manager.complete_load(landed, None)
+        return list(range(1, len(landed) + 1))
 
     def load(self, rid: str, transfers: list[PoolTransfer]) -> bool:
         kv = self._kv_transfer(transfers)

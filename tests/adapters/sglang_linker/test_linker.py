@@ -229,3 +229,30 @@ def test_a_failing_l3_degrades_and_l2_keeps_serving(make_linker):
         assert restorable(linker, "r", longer) == [1, 2]  # L2's pages; the degraded L3 is not asked
         assert load_layer_wise(linker, "r", keys, [3, 4])
         assert_pages_hold(linker, [3, 4], written)
+
+
+def test_a_load_that_cannot_be_issued_is_reported_by_finish_and_frees_its_slots(make_linker):
+    linker, _ = make_linker("dsa")
+    ps = linker.page_size
+    keys = hashes(list(range(31, 31 + ps)), ps)
+    write_pages(linker, [1], seed=6)
+    assert offload_and_wait(linker, keys, [1])
+    assert restorable(linker, "r", keys) == [1]
+    assert linker.load("r", [kv_transfer(keys, [0], ps)])  # page 0: SGLang's padding page, never written
+    index = linker.start_layer_wise_loading()
+    assert linker.finish_layer_wise_loading(index) is False  # SGLang aborts the batch's requests
+    assert restorable(linker, "r2", keys) == [1]  # the page stays on L2, unlocked
+
+
+def test_dsa_pools_come_from_sglangs_own_pool_group_builder(make_linker):
+    from sglang.srt.mem_cache.hybrid_cache import linker_pool_assembler
+
+    linker, kvcache = make_linker("dsa")
+    assert isinstance(linker.pool_group, linker_pool_assembler.DevicePoolGroup)
+    by_name = {entry.name.value: entry for entry in linker.pool_group.entries}
+    assert by_name["kv"].kv_buffer[0] is kvcache.kv_buffer[0]  # the engine's tensors, not copies
+    assert by_name["indexer"].kv_buffer[1] is kvcache.index_k_with_scale_buffer[1]
+    assert linker.spec.page_bytes == sum(
+        buffer[:ps].nbytes if entry._row_span != 1 else buffer[:1].nbytes
+        for entry in linker.pool_group.entries for buffer in entry.kv_buffer
+        for ps in [entry.page_size])

@@ -28,7 +28,7 @@ from typing import Any
 from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
 from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCacheLinker
 
-from ...errors import ConfigError
+from ...errors import ConfigError, TieredKVError
 from ...hierarchy import CacheManager, L3Controller, Policies, TransferHalf
 from ...model.host_pool import HostPool
 from ...model.keys import KEY_DIGEST_BYTES, Namespace
@@ -194,10 +194,12 @@ class Linker(UnifiedCacheLinker):
         for load in queued.values():
             try:
                 handle = self.worker.load(load.plan, load.pages)
-            except Exception:
+            except (TieredKVError, RuntimeError) as error:
+                # Reported by finish_layer_wise_loading, after which SGLang aborts the batch's
+                # requests: raising here would end the scheduler instead.
                 self.manager.complete_load(load.plan, None)
-                self.layer_done_counter.fail(index)
-                raise
+                self.layer_done_counter.fail(index, error)
+                continue
             self.layer_done_counter.add(index, handle)
             # Unlocked now: the slots are reused only once the handle is done.
             self.manager.complete_load(load.plan, handle)

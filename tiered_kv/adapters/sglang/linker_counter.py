@@ -9,7 +9,10 @@ a batch through ``finish``.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 class HandleLayerCounter:
@@ -20,7 +23,7 @@ class HandleLayerCounter:
         self.producer_index = -1
         self.consumer_index = -1
         self._batches: dict[int, list[Any]] = {}
-        self._failed: set[int] = set()
+        self._failed: dict[int, BaseException] = {}
 
     def update_producer(self) -> int:
         self.producer_index += 1
@@ -30,9 +33,9 @@ class HandleLayerCounter:
     def add(self, index: int, handle: Any) -> None:
         self._batches[index].append(handle)
 
-    def fail(self, index: int) -> None:
+    def fail(self, index: int, error: BaseException) -> None:
         """A load of batch ``index`` could not be issued; ``finish`` reports it."""
-        self._failed.add(index)
+        self._failed[index] = error
 
     def set_consumer(self, index: int) -> None:
         self.consumer_index = index
@@ -54,9 +57,10 @@ class HandleLayerCounter:
         handles = self._batches.pop(index, [])
         for handle in handles:
             handle.synchronize()
-        failed = index in self._failed
-        self._failed.discard(index)
-        return not failed
+        error = self._failed.pop(index, None)
+        if error is not None:
+            logger.error("tiered-kv linker: a load of batch %d failed: %s", index, error)
+        return error is None
 
     def pending(self) -> list[int]:
         return list(self._batches)

@@ -256,3 +256,16 @@ def test_dsa_pools_come_from_sglangs_own_pool_group_builder(make_linker):
         buffer[:ps].nbytes if entry._row_span != 1 else buffer[:1].nbytes
         for entry in linker.pool_group.entries for buffer in entry.kv_buffer
         for ps in [entry.page_size])
+
+
+@pytest.mark.parametrize("kind, shared", [("mha", False), ("dsa", True)])
+def test_tp_ranks_share_keys_only_for_replicated_pools(make_linker, kind, shared):
+    from tiered_kv.adapters.sglang.linker import linker_namespace
+
+    linker, _ = make_linker(kind)
+    replicated = bool(linker.pool_group.rank_replicated)
+    assert replicated is shared  # SGLang's group says whether every rank holds the same bytes
+    rank0, rank1 = (linker_namespace(linker.spec, "m", "", replicated=replicated, tp=(2, r)) for r in (0, 1))
+    assert (rank0.root == rank1.root) is shared
+    stage2 = linker_namespace(linker.spec, "m", "", replicated=replicated, tp=(2, 0), first_layer=2)
+    assert stage2.root != rank0.root  # another pipeline stage's layers never share a key

@@ -79,6 +79,30 @@ def linker_options(extra: dict | None) -> dict[str, Any]:
             for name, (check, default) in _OPTIONS.items()}
 
 
+def tp_shard(params: Any) -> tuple[int, int]:
+    """``(tp_size, tp_rank)`` of the attention group the KV pool is sharded over; (1, 0) alone."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1, 0
+    group = params.attn_tp_cache_group or params.tp_cache_group
+    return dist.get_world_size(group=group), dist.get_rank(group=group)
+
+
+def linker_namespace(spec: Any, model: str, tenant_salt: str, *, replicated: bool, tp: tuple[int, int],
+                     first_layer: int = 0, cp: tuple[int, int] = (1, 0)) -> Namespace:
+    """The keys' namespace: the spec's fingerprint, the model, this rank's layers (a pipeline
+    stage), and for head-sharded MHA pools the TP shard, so two ranks' pages never share a key;
+    replicated MLA / DSA pages are the same on every TP rank and share theirs."""
+    fields: dict[str, Any] = {"tenant_salt": tenant_salt,
+                              "layer_range": (first_layer, first_layer + spec.num_layers)}
+    if not replicated and tp[0] > 1:
+        fields["tp"] = tp
+    if cp[0] > 1:  # context-parallel ranks hold different tokens of one page's sequence
+        fields["tenant_salt"] = f"{tenant_salt}/cp{cp[1]}of{cp[0]}"
+    return Namespace.for_spec(spec, model=model, **fields)
+
+
 @dataclass
 class _Offload:
     """One ``offload`` call: its store plan (None: every page was on L2 already)."""
@@ -109,7 +133,11 @@ class Linker(UnifiedCacheLinker):
         self.num_layers = self.pool_group.num_layers
         self.spec, self.device_pool = spec_and_device_pool(self.pool_group, kind=f"sglang-{type(kvcache).__name__}")
         model = options["model"] or getattr(server_args, "model_path", None) or "sglang"
-        self.namespace = Namespace.for_spec(self.spec, model=model, tenant_salt=options["tenant_salt"])
+        self.tp = tp_shard(params)
+        replicated = bool(self.pool_group.rank_replicated)
+        self.namespace = linker_namespace(self.spec, model, options["tenant_salt"], replicated=replicated,
+                                          tp=self.tp, first_layer=int(getattr(kvcache, "start_layer", 0) or 0),
+                                          cp=(params.attn_cp_size, params.attn_cp_rank))
         self.lookup_wait_s = options["lookup_wait_s"]
         self.host_pool = HostPool(self.spec, num_slots=options["l2_slots"])
         l3 = None
@@ -119,7 +147,9 @@ class Linker(UnifiedCacheLinker):
             url, pool = options["l3_url"], self.host_pool
             l3 = L3Controller(lambda: open_backend(url, pool), record_bytes=pool.record_bytes)
         self.manager = CacheManager(self.host_pool, page_size=self.page_size, l3=l3,
-                                    policies=Policies(write=options["write"], prefetch="wait_complete"))
+                                    policies=Policies(write=options["write"], prefetch="wait_complete",
+                                                      # replicated MLA / DSA pages: one rank writes L3
+                                                      l3_writer=not replicated or self.tp[1] == 0))
         self.worker = TransferHalf(self.device_pool, self.host_pool)
         self.layer_done_counter = HandleLayerCounter(self.num_layers)
         self._queued: dict[str, _QueuedLoad] = {}

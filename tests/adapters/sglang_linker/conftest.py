@@ -15,14 +15,15 @@ from pathlib import Path
 
 import pytest
 
-SGL_STUBS = Path("/work/shared/engines/sgl_stubs")
+#: A torchvision import stub for a CPU-only torch (the real one pulls a CUDA torch).
+SGL_STUBS = Path(os.environ.get("TIERED_KV_SGLANG_STUBS", "/work/shared/engines/sgl_stubs"))
 PAGE_MHA = 16
 PAGE_DSA = 64  # DSA's indexer keeps one row per 64-token page
 
 
 def _import_sglang():
     if SGL_STUBS.is_dir() and str(SGL_STUBS) not in sys.path:
-        sys.path.append(str(SGL_STUBS))  # a torchvision import stub; the real one pulls CUDA torch
+        sys.path.append(str(SGL_STUBS))
     required = "sglang" in os.environ.get("TIERED_KV_REQUIRE_ENGINES", "")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # its quantisation modules warn that the CPU lacks CUDA

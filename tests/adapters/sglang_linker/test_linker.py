@@ -269,3 +269,14 @@ def test_tp_ranks_share_keys_only_for_replicated_pools(make_linker, kind, shared
     assert (rank0.root == rank1.root) is shared
     stage2 = linker_namespace(linker.spec, "m", "", replicated=replicated, tp=(2, 0), first_layer=2)
     assert stage2.root != rank0.root  # another pipeline stage's layers never share a key
+
+
+def test_reset_finishes_the_offloads_in_flight_and_keeps_their_pages(make_linker):
+    linker, _ = make_linker("mla")
+    ps = linker.page_size
+    keys = hashes(list(range(41, 41 + 2 * ps)), ps)
+    write_pages(linker, [1, 2], seed=7)
+    assert linker.offload([kv_transfer(keys, [1, 2], ps)])
+    linker.reset()  # SGLang's flush: the offload's bytes are copied, its result is dropped
+    assert linker.num_completed_offloads() == 0
+    assert restorable(linker, "r", keys) == [1, 2]

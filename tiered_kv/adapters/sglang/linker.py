@@ -262,8 +262,12 @@ class Linker(UnifiedCacheLinker):
         self._offloads.append(_Offload(plan, complete))
         return True
 
-    def _collect_stores(self) -> None:
-        finished = {id(plan): plan for plan in self.worker.finished_stores()}
+    def _collect_stores(self, finished_plans: list | None = None) -> None:
+        """Make the offloads whose stores landed resident (``finished_plans``: those ``drain``
+        returned; else the ones ``finished_stores`` has now)."""
+        if finished_plans is None:
+            finished_plans = self.worker.finished_stores()
+        finished = {id(plan): plan for plan in finished_plans}
         for offload in self._offloads:
             if offload.done or id(offload.plan) not in finished:
                 continue
@@ -290,8 +294,7 @@ class Linker(UnifiedCacheLinker):
             self.manager.complete_load(queued.plan, None)
         self._queued.clear()
         self.layer_done_counter.reset()
-        self.worker.drain()
-        self._collect_stores()
+        self._collect_stores(self.worker.drain())
         self._offloads.clear()
 
     def reset(self) -> None:

@@ -54,12 +54,12 @@ def sglang_args(tmp_path_factory):
     return args
 
 
-def make_kvcache(kind: str):
-    """SGLang's own device pool of ``kind`` (mha, mla, dsa) on the CPU: 2 layers, 256 tokens."""
+def make_kvcache(kind: str, layers: int = 2):
+    """SGLang's own device pool of ``kind`` (mha, mla, dsa) on the CPU: ``layers``, 256 tokens."""
     import torch
     from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool, MHATokenToKVPool, MLATokenToKVPool
 
-    common = {"size": 256, "layer_num": 2, "device": "cpu", "enable_memory_saver": False}
+    common = {"size": 256, "layer_num": layers, "device": "cpu", "enable_memory_saver": False}
     makers = {
         "mha": lambda: MHATokenToKVPool(page_size=PAGE_MHA, dtype=torch.bfloat16, head_num=2, head_dim=64, **common),
         "mla": lambda: MLATokenToKVPool(page_size=PAGE_MHA, dtype=torch.bfloat16, kv_lora_rank=128,
@@ -83,12 +83,13 @@ def make_linker(sglang_args):
 
     made = []
 
-    def make(kind: str, **extra):
+    def make(kind: str, *, mtp_draft: bool = False, **extra):
         kvcache = make_kvcache(kind)
         allocator = PagedTokenToKVPoolAllocator(256, kvcache.page_size, torch.bfloat16, "cpu", kvcache, need_sort=False)
         params = CacheInitParams(disable=False, page_size=kvcache.page_size, token_to_kv_pool_allocator=allocator,
                                  req_to_token_pool=ReqToTokenPool(size=4, max_context_len=512, device="cpu",
-                                                                  enable_memory_saver=False))
+                                                                  enable_memory_saver=False),
+                                 mtp_draft_device_pools=(make_kvcache(kind, layers=1),) if mtp_draft else ())
         config = json.loads(json.dumps({"linker": "Linker", "linker_module_path": "tiered_kv.adapters.sglang.linker",
                                         "linker_extra_config": {"l2_slots": 8, "lookup_wait_s": 10.0, **extra}}))
         linker = create_unified_cache_linker(sglang_args, params, backend="dynamic", config=config,

@@ -280,3 +280,10 @@ def test_reset_finishes_the_offloads_in_flight_and_keeps_their_pages(make_linker
     linker.reset()  # SGLang's flush: the offload's bytes are copied, its result is dropped
     assert linker.num_completed_offloads() == 0
     assert restorable(linker, "r", keys) == [1, 2]
+
+
+def test_dsa_with_draft_layers_packed_onto_its_layers_is_a_config_error(make_linker):
+    from tiered_kv import ConfigError
+
+    with pytest.raises(ConfigError, match="every one of the 2 layers"):
+        make_linker("dsa", mtp_draft=True)  # one MTP layer: SGLang packs it onto layer 0 only

@@ -64,7 +64,14 @@ def spec_and_device_pool(group: Any, kind: str) -> tuple[KVSpec, DevicePool]:
             raise ConfigError(f"the tiered-kv linker moves pools addressed by the KV pool's indices; "
                               f"pool {entry.name.value!r} takes {entry.indices_from_pool.value!r}'s")
         rows_per_page = entry._row_span  # 1: a row is a page (DSA's indexer); page_size: token rows
-        width = len(_buffer_indices(entry.layer_mapping[0]))
+        widths = {len(_buffer_indices(entry.layer_mapping[layer])) for layer in range(group.num_layers)
+                  if layer in entry.layer_mapping}
+        if len(widths) != 1 or len(entry.layer_mapping) != group.num_layers:
+            # Draft (MTP) layers packed onto some layers, or a pool on some layers only.
+            raise ConfigError(f"the tiered-kv linker needs pool {entry.name.value!r} on every one of the "
+                              f"{group.num_layers} layers with one buffer set each; its layers map to "
+                              f"{dict(entry.layer_mapping)!r:.120}")
+        width = widths.pop()
         for position in range(width):
             layers = [entry.kv_buffer[_buffer_indices(entry.layer_mapping[layer])[position]]
                       for layer in range(group.num_layers)]

@@ -127,6 +127,8 @@ def test_a_bad_linker_extra_config_is_a_config_error_naming_the_key(make_linker)
         make_linker("mha", l2_slotz=8)
     with pytest.raises(ConfigError, match="l2_slots"):
         make_linker("mha", l2_slots=0)
+    with pytest.raises(ConfigError, match="write"):
+        make_linker("mha", write="sometimes")
 
 
 @pytest.mark.parametrize("kind", ["mha", "mla", "dsa"])

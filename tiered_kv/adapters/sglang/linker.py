@@ -139,17 +139,20 @@ class Linker(UnifiedCacheLinker):
                                           tp=self.tp, first_layer=int(getattr(kvcache, "start_layer", 0) or 0),
                                           cp=(params.attn_cp_size, params.attn_cp_rank))
         self.lookup_wait_s = options["lookup_wait_s"]
+        policies = Policies(write=options["write"], prefetch="wait_complete",
+                            l3_writer=not replicated or self.tp[1] == 0)  # replicated pages: one rank writes L3
         self.host_pool = HostPool(self.spec, num_slots=options["l2_slots"])
-        l3 = None
-        if options["l3_url"] is not None:
-            from ...backends import open_backend
+        try:
+            l3 = None
+            if options["l3_url"] is not None:
+                from ...backends import open_backend
 
-            url, pool = options["l3_url"], self.host_pool
-            l3 = L3Controller(lambda: open_backend(url, pool), record_bytes=pool.record_bytes)
-        self.manager = CacheManager(self.host_pool, page_size=self.page_size, l3=l3,
-                                    policies=Policies(write=options["write"], prefetch="wait_complete",
-                                                      # replicated MLA / DSA pages: one rank writes L3
-                                                      l3_writer=not replicated or self.tp[1] == 0))
+                url, pool = options["l3_url"], self.host_pool
+                l3 = L3Controller(lambda: open_backend(url, pool), record_bytes=pool.record_bytes)
+            self.manager = CacheManager(self.host_pool, page_size=self.page_size, l3=l3, policies=policies)
+        except BaseException:
+            self.host_pool.close()  # an L3 that cannot be opened leaves no pinned pool behind
+            raise
         self.worker = TransferHalf(self.device_pool, self.host_pool)
         self.layer_done_counter = HandleLayerCounter(self.num_layers)
         self._queued: dict[str, _QueuedLoad] = {}

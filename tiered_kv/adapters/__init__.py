@@ -1,1 +1,4 @@
-"""Adapters that plug tiered-kv into serving engines."""
+"""Adapters that plug tiered-kv into serving engines without forking them.
+
+Each engine gets its own subpackage; importing this package must never import an engine.
+"""

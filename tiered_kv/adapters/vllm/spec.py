@@ -7,8 +7,6 @@ It must never hand vLLM a manager and a worker that disagree on slot count or pa
 
 from __future__ import annotations
 
-import weakref
-
 from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingManager, OffloadingSpec, OffloadingWorker
 
 from tiered_kv.errors import ConfigError
@@ -16,21 +14,14 @@ from tiered_kv.model.host_pool import HostPool
 from tiered_kv.model.keys import Namespace
 
 from .keys import layout_fingerprint
+from .live import register
 from .manager import TieredKVManager
 from .settings import read_settings
 from .slots_spec import TieredSlotsSpec
 from .worker import TieredKVWorker, vllm_kv_spec, wrap_vllm_caches
 
-__all__ = ["TieredKVSpec", "TieredSlotsSpec", "live_parts"]
+__all__ = ["TieredKVSpec", "TieredSlotsSpec"]
 
-#: Managers and workers of this process's engines, for diagnostics and in-process tests: vLLM keeps
-#: no handle on the spec, and freezes the garbage collector's view of what it built at start-up.
-_LIVE: weakref.WeakSet = weakref.WeakSet()
-
-
-def live_parts() -> list:
-    """This process's live managers (an EngineCore) and workers (a worker process)."""
-    return list(_LIVE)
 
 
 class TieredKVSpec(OffloadingSpec):
@@ -56,7 +47,7 @@ class TieredKVSpec(OffloadingSpec):
     def get_manager(self) -> OffloadingManager:
         if self._manager is None:
             self._manager = TieredKVManager(self.settings.l2_slots, self.namespace)
-            _LIVE.add(self._manager)
+            register(self._manager)
         return self._manager
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
@@ -65,5 +56,5 @@ class TieredKVSpec(OffloadingSpec):
             l1 = wrap_vllm_caches(kv_caches, spec)
             l2 = HostPool(spec, self.settings.l2_slots, own_slots=False)
             self._worker = TieredKVWorker(l1, l2, cuda=kv_caches.tensors[0].tensor.is_cuda)
-            _LIVE.add(self._worker)
+            register(self._worker)
         return self._worker

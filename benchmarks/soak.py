@@ -69,27 +69,46 @@ def page_ops(h: Hierarchy) -> int:
 
 
 def pool_threads(h: Hierarchy) -> int:
-    """Threads that pools start only as their work overlaps, at most: the file L3's executor
-    (``workers``), the controller loop's default executor (asyncio's ``min(32, cpus + 4)``) and
+    """Threads that pools start only as their work overlaps, at most: the L3 backend's executor
+    (a file L3's ``workers``), the controller loop's default executor (asyncio's ``min(32, cpus + 4)``) and
     torch's intra-op threads."""
     import torch
 
-    return h.controller.backend.options.workers + min(32, (os.cpu_count() or 1) + 4) + torch.get_num_threads()
+    return h.controller.backend._executor._max_workers + min(32, (os.cpu_count() or 1) + 4) + torch.get_num_threads()
 
 
-def sample(h: Hierarchy, ops: int, started: float) -> dict[str, Any]:
+def _mallinfo() -> dict[str, int]:
+    """glibc's heap: bytes in use by malloc's callers, free inside its arenas, and mmapped chunks."""
+    import ctypes
+
+    class Mallinfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                   "fsmblks", "uordblks", "fordblks", "keepcost")]
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = Mallinfo2
+    m = libc.mallinfo2()
+    return {"malloc_in_use": m.uordblks + m.hblkhd, "malloc_free": m.fordblks, "malloc_arena": m.arena,
+            "malloc_mmapped": m.hblkhd}
+
+
+def sample(h: Hierarchy, ops: int, started: float, l3_pages_held: Any, trim: bool = False) -> dict[str, Any]:
     gc.collect()
+    if trim:
+        _malloc_trim()
     index = h.manager.index
     return {
         "ops": ops,
         "t_s": round(time.perf_counter() - started, 2),
         "rss_bytes": _status("VmRSS") * 1024,
+        "rss_anon_bytes": _status("RssAnon") * 1024,
+        "rss_file_bytes": _status("RssFile") * 1024,
+        **_mallinfo(),
         "fds": len(os.listdir("/proc/self/fd")),
         "threads": _status("Threads"),
         "index_entries": len(index.entries),
         "index_l2_resident": index.resident_count,
         "index_l3_only": index.l3_only_count,
-        "l3_pages_held": sum(1 for _ in os.scandir(h.tempdir)) if h.tempdir else None,
+        "l3_pages_held": l3_pages_held(),
     }
 
 
@@ -100,16 +119,107 @@ def _traced_growth(before: tracemalloc.Snapshot, after: tracemalloc.Snapshot, to
             for d in after.compare_to(before, "lineno")[:top]]
 
 
-def soak(target_ops: int, sample_every: int, warmup_ops: int, trace: bool = False) -> dict[str, Any]:
-    h = build(embedded_default(spec=SPEC, **TIERS))
+def slope_per_100k(samples: list[dict[str, Any]], field: str) -> float:
+    """Least-squares growth of ``field`` per 100k page operations over ``samples``: on a shared
+    machine one late sample moves an end-minus-start difference; a fit over all of them less."""
+    xs = [s["ops"] for s in samples]
+    ys = [s[field] for s in samples]
+    n = len(xs)
+    if n < 2:
+        return 0.0
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    return 0.0 if sxx == 0 else sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx * 100_000
+
+
+class _RedisServer:
+    """A ``redis-server`` on a free loopback port, without persistence, bounded by ``maxmemory``
+    with LRU eviction as a cache is run (the soak's L3 for ``--l3 redis``)."""
+
+    def __init__(self, maxmemory: int) -> None:
+        import shutil
+        import socket
+        import subprocess
+        import tempfile
+
+        server = shutil.which("redis-server")
+        if server is None:
+            raise SystemExit("soak --l3 redis: redis-server not found on PATH")
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.dir = tempfile.mkdtemp(prefix="tkv-soak-redis-")
+        self.process = subprocess.Popen(
+            [server, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir, "--save", "",
+             "--appendonly", "no", "--maxmemory", str(maxmemory), "--maxmemory-policy", "allkeys-lru"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        import redis
+
+        self.client = redis.Redis(port=self.port)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.client.ping()
+                break
+            except redis.ConnectionError as err:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    self.close()
+                    raise SystemExit(f"soak --l3 redis: redis-server on port {self.port} did not start") from err
+                time.sleep(0.05)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def close(self) -> None:
+        import shutil
+
+        self.client.close()
+        self.process.terminate()
+        self.process.wait(timeout=10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _l3_settings(l3: str, server: "_RedisServer | None") -> dict[str, Any]:
+    from tiered_kv.ops.plan import slot_bytes
+
+    capacity = TIERS["l3_pages"] * slot_bytes(SPEC)
+    urls = {"file": None, "memory": f"memory://?capacity_bytes={capacity}", "redis": server.url if server else None}
+    return {"l3_url": urls[l3]}
+
+
+def _l3_pages_held(h: Hierarchy, l3: str, server: "_RedisServer | None") -> int:
+    counters = {"file": lambda: sum(1 for _ in os.scandir(h.tempdir)),
+                "memory": lambda: len(h.controller.backend._store.records),
+                "redis": lambda: server.client.dbsize()}
+    return counters[l3]()
+
+
+def _malloc_trim() -> None:
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def soak(target_ops: int, sample_every: int, warmup_ops: int, trace: bool = False, l3: str = "file",
+         trim: bool = False) -> dict[str, Any]:
+    from tiered_kv.ops.plan import slot_bytes
+
+    # Redis holds L3's capacity of records plus its own per-key overhead (about 100 B a key).
+    server = _RedisServer(TIERS["l3_pages"] * (slot_bytes(SPEC) + 128)) if l3 == "redis" else None
+    h = build(embedded_default(spec=SPEC, **TIERS, **_l3_settings(l3, server)))
+
+    def held() -> int:
+        return _l3_pages_held(h, l3, server)
+
     samples: list[dict[str, Any]] = []
     wrong = verified = requests = 0
     try:
         capacities = {"l1": h.l1.capacity, "l2": h.manager.num_slots,
-                      "l3": h.controller.backend.capacity_pages}
+                      "l3": getattr(h.controller.backend, "capacity_pages", None) or TIERS["l3_pages"]}
         bound = capacities["l1"] + capacities["l2"] + h.manager.index.max_l3_only
         started = time.perf_counter()
-        samples.append(sample(h, 0, started))
+        samples.append(sample(h, 0, started, held, trim))
         thread_bound = samples[0]["threads"] + pool_threads(h)
         next_sample = sample_every
         seed = 0
@@ -128,7 +238,7 @@ def soak(target_ops: int, sample_every: int, warmup_ops: int, trace: bool = Fals
             del result
             ops = page_ops(h)
             if ops >= next_sample or ops >= target_ops:
-                samples.append(sample(h, ops, started))
+                samples.append(sample(h, ops, started, held, trim))
                 next_sample = ops + sample_every
         wall = time.perf_counter() - started
         traced: dict[str, Any] | None = None
@@ -144,14 +254,19 @@ def soak(target_ops: int, sample_every: int, warmup_ops: int, trace: bool = Fals
         manager = dict(vars(h.manager.stats))
         controller = {k: v for k, v in vars(h.controller.stats).items()
                       if k in ("pages_read", "pages_written", "degraded_episodes", "writes_refused", "backend_errors")}
-        l3_evictions = h.controller.backend.stats.evictions
+        l3_evictions = (int(server.client.info("stats")["evicted_keys"]) if server is not None
+                        else h.controller.backend.stats.evictions)
     finally:
         h.close()
         h.release_memory()
+        if server is not None:
+            server.close()
     after = [s for s in samples if s["ops"] >= warmup_ops]
     first, last = after[0], after[-1]
     span = max(1, last["ops"] - first["ops"])
-    growth = (last["rss_bytes"] - first["rss_bytes"]) * 100_000 / span
+    growth = slope_per_100k(after, "rss_bytes")
+    slopes = {f: round(slope_per_100k(after, f)) for f in
+              ("rss_bytes", "rss_anon_bytes", "rss_file_bytes", "malloc_in_use", "malloc_free", "malloc_arena")}
     peak_entries = max(s["index_entries"] for s in samples)
     summary = {
         "ops": samples[-1]["ops"],
@@ -171,6 +286,10 @@ def soak(target_ops: int, sample_every: int, warmup_ops: int, trace: bool = Fals
         "warmup_ops": warmup_ops,
         "rss_bytes": {"start": samples[0]["rss_bytes"], "after_warmup": first["rss_bytes"], "end": last["rss_bytes"]},
         "rss_growth_bytes_per_100k_ops": round(growth),
+        "rss_end_minus_warmup_bytes_per_100k_ops": round((last["rss_bytes"] - first["rss_bytes"]) * 100_000 / span),
+        "growth_per_100k_ops_after_warmup": slopes,
+        "l3": l3,
+        "malloc_trim_at_samples": trim,
         "fds": {"after_warmup": first["fds"], "end": last["fds"]},
         "threads": {"start": samples[0]["threads"], "after_warmup": first["threads"], "end": last["threads"],
                     "peak": max(s["threads"] for s in samples), "at_most": thread_bound},
@@ -197,8 +316,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     parser.add_argument("--tracemalloc", action="store_true",
                         help="trace Python's allocations after the warm-up and report the lines that grew")
+    parser.add_argument("--l3", choices=("file", "memory", "redis"), default="file",
+                        help="L3 backend: a bounded file store (default), memory:// or a redis-server it starts")
+    parser.add_argument("--malloc-trim", action="store_true",
+                        help="call glibc's malloc_trim(0) before every sample (a diagnosis: what the heap holds free)")
     args = parser.parse_args(argv)
-    result = soak(args.ops, args.sample_every, args.warmup_ops, args.tracemalloc)
+    result = soak(args.ops, args.sample_every, args.warmup_ops, args.tracemalloc, args.l3, args.malloc_trim)
     text = json.dumps(result, indent=1)
     print(text, flush=True)
     if args.out is not None:

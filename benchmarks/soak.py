@@ -91,6 +91,35 @@ def _mallinfo() -> dict[str, int]:
             "malloc_mmapped": m.hblkhd}
 
 
+def _malloc_arenas() -> dict[str, int]:
+    """glibc's heap split by arena (``malloc_info``): the main thread's arena (heap 0, every
+    thread's allocation at or above the mmap threshold aside) and the other threads' arenas,
+    each as bytes taken from the system and bytes of those free."""
+    import ctypes
+    import re
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.open_memstream.restype = ctypes.c_void_p
+    buf, size = ctypes.c_char_p(), ctypes.c_size_t()
+    stream = ctypes.c_void_p(libc.open_memstream(ctypes.byref(buf), ctypes.byref(size)))
+    libc.malloc_info(0, stream)
+    libc.fclose(stream)
+    xml = ctypes.string_at(buf, size.value).decode()
+    libc.free(buf)
+    out = {"main_arena_system": 0, "main_arena_free": 0, "thread_arenas": 0, "thread_arenas_system": 0,
+           "thread_arenas_free": 0}
+    for nr, body in re.findall(r'<heap nr="(\d+)">(.*?)</heap>', xml, re.S):
+        system = int(re.search(r'<system type="current" size="(\d+)"/>', body).group(1))
+        free = sum(int(n) for n in re.findall(r'<total type="(?:fast|rest)" count="\d+" size="(\d+)"/>', body))
+        if nr == "0":
+            out["main_arena_system"], out["main_arena_free"] = system, free
+        else:
+            out["thread_arenas"] += 1
+            out["thread_arenas_system"] += system
+            out["thread_arenas_free"] += free
+    return out
+
+
 def sample(h: Hierarchy, ops: int, started: float, l3_pages_held: Any, trim: bool = False) -> dict[str, Any]:
     gc.collect()
     if trim:
@@ -103,6 +132,7 @@ def sample(h: Hierarchy, ops: int, started: float, l3_pages_held: Any, trim: boo
         "rss_anon_bytes": _status("RssAnon") * 1024,
         "rss_file_bytes": _status("RssFile") * 1024,
         **_mallinfo(),
+        **_malloc_arenas(),
         "fds": len(os.listdir("/proc/self/fd")),
         "threads": _status("Threads"),
         "index_entries": len(index.entries),
@@ -266,7 +296,8 @@ def soak(target_ops: int, sample_every: int, warmup_ops: int, trace: bool = Fals
     span = max(1, last["ops"] - first["ops"])
     growth = slope_per_100k(after, "rss_bytes")
     slopes = {f: round(slope_per_100k(after, f)) for f in
-              ("rss_bytes", "rss_anon_bytes", "rss_file_bytes", "malloc_in_use", "malloc_free", "malloc_arena")}
+              ("rss_bytes", "rss_anon_bytes", "rss_file_bytes", "malloc_in_use", "malloc_free", "malloc_arena",
+               "main_arena_system", "main_arena_free", "thread_arenas_system", "thread_arenas_free")}
     peak_entries = max(s["index_entries"] for s in samples)
     summary = {
         "ops": samples[-1]["ops"],

@@ -1,19 +1,24 @@
 """Soak: a million page operations through all three tiers, watching what the process keeps.
 
-Usage: ``python benchmarks/soak.py [--ops 1000000] [--sample-every 50000] [--out FILE.json]``.
+Usage: ``python benchmarks/soak.py [--ops 1000000] [--sample-every 50000] [--l3 file|memory|redis]
+[--out FILE.json]``.
 
 Synthetic chats (a fresh seed per batch, so new conversations keep arriving and the old ones age
-out of every tier) go through the replay's real hierarchy: an engine-like L1, a host-pool L2 and a
-file L3 with ``capacity_bytes`` in a temporary directory, bytes moved and every loaded page
+out of every tier) go through the replay's real hierarchy: an engine-like L1, a host-pool L2 and an
+L3 (``--l3``: a file store with ``capacity_bytes`` in a temporary directory, ``memory://`` with the
+same capacity, or a ``redis-server`` it starts with ``maxmemory`` and LRU eviction), bytes moved and every loaded page
 checked against its oracle bytes. Pages are small (one layer, a 128-wide latent, 16 tokens) so a
 million operations take minutes on two cores. A page operation is one page stored L1 -> L2, loaded
 L2 -> L1, written L2 -> L3 or read L3 -> L2.
 
-Every ``--sample-every`` operations it records the RSS, the open file descriptors, the process's
+Every ``--sample-every`` operations it records the RSS (anonymous and file-backed apart), glibc's
+heap (bytes in use, bytes free, per arena: the main thread's and the other threads'), the open
+file descriptors, the process's
 threads (the kernel's count, executors' included) and the page index's entries: all of them, those
 on L2, those known only as on L3, against the tiers' capacities in pages and the index's bound
-(``PageIndex.max_l3_only``). Targets: under 1 MB of RSS growth per 100k page operations after the
-warm-up (the first ``--warmup-ops``), the index within L1 + L2 + its L3-only bound, no fd or
+(``PageIndex.max_l3_only``). Growth is a least-squares slope over the samples after the warm-up
+(the first ``--warmup-ops``), per 100k page operations. Targets: RSS growing under 1 MB per 100k
+page operations after the warm-up, the index within L1 + L2 + its L3-only bound, no fd or
 thread growth after the warm-up, and never more threads than at the start plus those its pools
 start as their work overlaps (``pool_threads``). Prints (and with ``--out`` writes) one JSON object; exit 1 when a target is missed
 or a loaded page was wrong. Linux only (/proc).
@@ -355,6 +360,12 @@ def main(argv: list[str] | None = None) -> int:
     result = soak(args.ops, args.sample_every, args.warmup_ops, args.tracemalloc, args.l3, args.malloc_trim)
     text = json.dumps(result, indent=1)
     print(text, flush=True)
+    g = {k: v / 2**20 for k, v in result["growth_per_100k_ops_after_warmup"].items()}
+    verdict = "met" if result["targets_met"]["rss_growth_under_1MB_per_100k_ops"] else "NOT met"
+    print(f"soak: {result['ops']:,} page operations ({result['l3']} L3); growth per 100k after "
+          f"{result['warmup_ops']:,}: RSS {g['rss_bytes']:.2f} MB (anonymous {g['rss_anon_bytes']:.2f}, "
+          f"file-backed {g['rss_file_bytes']:.2f}; malloc in use {g['malloc_in_use']:.2f}, free "
+          f"{g['malloc_free']:.2f}): target < 1 MB {verdict}", file=sys.stderr, flush=True)
     if args.out is not None:
         args.out.write_text(text + "\n")
     return 0 if all(result["targets_met"].values()) else 1

@@ -139,6 +139,7 @@ class FileBackend(Backend):
         super().__init__(pool, max_workers=options.workers, timeout_s=options.timeout_s)
         self.options = options
         self.root = _checked_root(options.path)
+        self._root_str = str(self.root)
         self.read_only = read_only
         if not read_only:
             self.stats.evictions = 0  # it evicts for room itself (capacity_bytes): counted
@@ -188,6 +189,16 @@ class FileBackend(Backend):
     def path_of(self, key: str) -> Path:
         name = page_name(key)
         return self.root / name[:2] / (name + SUFFIX)
+
+    def _file_of(self, key: str) -> tuple[str, str, str]:
+        """``key``'s fan-out directory, file name and path, as strings. The per-page calls use
+        these, not ``path_of``: pathlib (CPython 3.11) interns every part of every path it builds,
+        so a ``Path`` per page name churns the interpreter's table of interned strings, whose
+        resizes (megabytes) then land in whichever worker thread's malloc arena made them, and
+        each arena keeps that much free for good: the process grows with the pages written."""
+        name = page_name(key) + SUFFIX
+        directory = os.path.join(self._root_str, name[:2])
+        return directory, name, os.path.join(directory, name)
 
     @property
     def used_bytes(self) -> int:
@@ -326,7 +337,7 @@ class FileBackend(Backend):
         return self.pool.slot_view(slot) if self.direct_io else self.pool.record_view(slot)
 
     def _read_one(self, key: str, slot: int) -> bool | OtherLength | NotARecord:
-        path = self.path_of(key)
+        _, name, path = self._file_of(key)
         try:
             fd = open_page_file(path, self._open_flags())
         except FileNotFoundError:
@@ -349,14 +360,14 @@ class FileBackend(Backend):
         finally:
             os.close(fd)
         with self._lock:
-            if path.name in self._index:
-                self._index.move_to_end(path.name)
+            if name in self._index:
+                self._index.move_to_end(name)
         if st.st_size == self.file_bytes and got == want:
             return True
         return OtherLength(got if got < want else st.st_size, self.file_bytes)
 
     def _write_one(self, key: str, slot: int) -> bool:
-        path = self.path_of(key)
+        directory, file_name, path = self._file_of(key)
         try:
             occupant = self._occupant(path, key)
         except OSError as exc:
@@ -368,11 +379,14 @@ class FileBackend(Backend):
         size = self.file_bytes
         if not self._reserve(size):
             return False
-        temp: Path | None = None
+        temp: str | None = None
         linked = False
         try:
-            path.parent.mkdir(exist_ok=True)
-            name = path.parent / f"{TEMP_PREFIX}{path.name}-{secrets.token_hex(6)}"
+            try:
+                os.mkdir(directory)
+            except FileExistsError:
+                pass
+            name = os.path.join(directory, f"{TEMP_PREFIX}{file_name}-{secrets.token_hex(6)}")
             fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | self._open_flags(), 0o644)
             # Only a temp file that exists is removed below: on a read-only filesystem even the
             # unlink of an absent name fails (EROFS), and would turn a refused put into an error.
@@ -394,7 +408,7 @@ class FileBackend(Backend):
                     # directory was removed): a page another writer put meanwhile is the same page.
                     os.rename(temp, path)
                     linked = True
-                    replaced = self._index.pop(path.name, None)
+                    replaced = self._index.pop(file_name, None)
                     self._used -= replaced or 0
                 else:
                     try:
@@ -409,7 +423,7 @@ class FileBackend(Backend):
                 if linked:
                     # The reservation becomes the page's entry, in the same step as its name.
                     self._in_flight -= size
-                    self._index[path.name] = size
+                    self._index[file_name] = size
                     self._used += size
         except OSError as exc:
             if exc.errno in _FULL:
@@ -420,14 +434,14 @@ class FileBackend(Backend):
         finally:
             try:
                 if temp is not None:
-                    temp.unlink(missing_ok=True)
+                    _unlink_if_there(temp)
             finally:
                 if not linked:  # only now: the temp file's bytes counted until it was gone
                     with self._lock:
                         self._in_flight -= size
         return True
 
-    def _refuse_write(self, path: Path, exc: OSError) -> bool:
+    def _refuse_write(self, path: Path | str, exc: OSError) -> bool:
         """A put the medium refuses for good (a read-only remount, lost permission): False, a
         counted rejection, not an error. An error would put the tier in a degraded state, whose
         reads answer "miss" while this store could still serve every page it holds."""
@@ -437,7 +451,7 @@ class FileBackend(Backend):
                         exc.strerror or exc)
         return False
 
-    def _occupant(self, path: Path, key: str) -> "_Occupant":
+    def _occupant(self, path: Path | str, key: str) -> "_Occupant":
         """What holds ``key``'s name now, as a put must know: nothing, this page, another reader's
         page (a record of another spec or secret naming ``key``), or something no reader can use
         there (no regular file, garbage, a record naming another page, a damaged length). An empty
@@ -500,16 +514,16 @@ class FileBackend(Backend):
     def _evict_oldest(self) -> None:
         """Remove the least recently used page, file and entry together. Caller holds ``_lock``."""
         name, size = next(iter(self._index.items()))
-        (self.root / name[:2] / name).unlink(missing_ok=True)  # raises: the entry stays, as the file may
+        _unlink_if_there(os.path.join(self._root_str, name[:2], name))  # raises: the entry stays, as the file may
         del self._index[name]
         self._used -= size
         self.stats.evictions = (self.stats.evictions or 0) + 1
 
     def _delete_one(self, key: str) -> None:
-        path = self.path_of(key)
+        _, name, path = self._file_of(key)
         with self._lock:  # so no put links the name between the unlink and the entry's removal
-            path.unlink(missing_ok=True)
-            size = self._index.pop(path.name, None)
+            _unlink_if_there(path)
+            size = self._index.pop(name, None)
             if size is not None:
                 self._used -= size
 
@@ -564,7 +578,7 @@ class FileBackend(Backend):
 
     # --- primitives --------------------------------------------------------------------------
     async def _exists(self, keys: list[str]) -> list[bool]:
-        return await self.run_blocking(self._batch, lambda k, _s: is_page_file(self.path_of(k)), keys, [0] * len(keys))
+        return await self.run_blocking(self._batch, lambda k, _s: is_page_file(self._file_of(k)[2]), keys, [0] * len(keys))
 
     async def _get(self, keys: list[str], slots: list[int]) -> list[bool | OtherLength | NotARecord]:
         return await self._spread(self._read_one, keys, slots, hold=True)
@@ -597,7 +611,14 @@ class NotRegularFile(OSError):
 _OPEN_NOT_A_FILE = (errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.EINVAL, errno.ENODEV, errno.EOPNOTSUPP)
 
 
-def is_page_file(path: Path) -> bool:
+def _unlink_if_there(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def is_page_file(path: Path | str) -> bool:
     """Whether ``path`` is a regular file (not following a symbolic link): what may hold a page."""
     try:
         return stat.S_ISREG(os.lstat(path).st_mode)
@@ -605,7 +626,7 @@ def is_page_file(path: Path) -> bool:
         return False
 
 
-def open_page_file(path: Path, flags: int) -> int:
+def open_page_file(path: Path | str, flags: int) -> int:
     """Open ``path`` for reading (with extra ``flags``) only if it is a regular file; NotRegularFile
     otherwise, FileNotFoundError where nothing is there.
 

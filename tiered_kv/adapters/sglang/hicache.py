@@ -292,6 +292,10 @@ class HiCacheBackend(HiCacheStorage):
         """The tiered-kv backend (its ``stats``), for tests and operators."""
         return self._ready().backend
 
+    def record_key(self, page_hash: str) -> str:
+        """The tiered-kv key SGLang's page hash is stored under (the linker's key of that page)."""
+        return self._ready().key(page_hash)
+
     def layouts(self) -> dict[str, dict[str, Any]]:
         """Per registered pool: its host layout and whether a page moves as one contiguous range."""
         return {name: {"layout": p.layout, "contiguous": p.contiguous} for name, p in self._ready().pools.items()}

@@ -36,6 +36,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from sglang.srt.mem_cache.hicache_storage import (HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo,
                                                   PoolName, PoolTransfer, PoolTransferResult)
@@ -138,6 +139,7 @@ class _Staging:
     def __init__(self, pool: HostPool) -> None:
         self.pool = pool
         self.chunk = max(1, pool.num_slots // 2)
+        self._array = pool.buffer.numpy()
         self._room = threading.Condition()
 
     def take(self, count: int, deadline: float) -> list[int] | None:
@@ -156,9 +158,9 @@ class _Staging:
             self.pool.free(slots)
             self._room.notify_all()
 
-    def payload(self, slot: int) -> torch.Tensor:
+    def payload(self, slot: int) -> np.ndarray:
         start = slot * self.pool.slot_bytes + record.HEADER_BYTES
-        return self.pool.buffer[start:start + self.pool.spec.page_bytes]
+        return self._array[start:start + self.pool.spec.page_bytes]
 
 
 class _Noted:

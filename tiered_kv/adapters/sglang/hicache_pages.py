@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from ...errors import ConfigError
@@ -140,7 +141,7 @@ class PoolPages:
     kind: str  # host_pool_kind
     layout: str
     page_size: int
-    views: tuple[torch.Tensor, ...]  # per component: uint8 [pages, layers, ...]
+    views: tuple[np.ndarray, ...]  # per component: uint8 [pages, layers, ...], sharing SGLang's memory
     offsets: tuple[int, ...]  # per component: byte offset of its first layer in the payload
 
     @property
@@ -154,20 +155,22 @@ class PoolPages:
                               f"{self.page_size}-token page")
         return host_index // self.page_size
 
-    def _targets(self, payload: torch.Tensor, page: int):
+    def _targets(self, payload: np.ndarray, page: int):
         for view, offset in zip(self.views, self.offsets):
             source = view[page]
-            yield source, payload[offset:offset + source.numel()].view(source.shape)
+            yield source, payload[offset:offset + source.size].reshape(source.shape)
 
-    def gather(self, page: int, payload: torch.Tensor) -> None:
+    # numpy, not torch: a torch copy fans out over its intra-op threads, which SGLang's I/O threads
+    # calling at once (and the engine's own work) leave spinning; numpy copies on the calling thread.
+    def gather(self, page: int, payload: np.ndarray) -> None:
         """Copy host ``page`` into its place in a record's ``payload`` (uint8, whole page)."""
         for source, target in self._targets(payload, page):
-            target.copy_(source)
+            np.copyto(target, source)
 
-    def scatter(self, payload: torch.Tensor, page: int) -> None:
+    def scatter(self, payload: np.ndarray, page: int) -> None:
         """Copy its part of a verified record's ``payload`` into host ``page``."""
         for source, target in self._targets(payload, page):
-            source.copy_(target)
+            np.copyto(source, target)
 
 
 def pool_pages(spec: KVSpec, name: str, host: Any) -> PoolPages:
@@ -193,4 +196,4 @@ def pool_pages(spec: KVSpec, name: str, host: Any) -> PoolPages:
             raise ConfigError(f"host pool {name!r} holds {view[0].numel()} bytes of {component!r} per page over "
                               f"{view.shape[1]} layers; the device pool's spec says {expected} over {spec.num_layers}")
         offsets.append(spec.chunk_offset(index, 0))
-    return PoolPages(name, kind, layout, host.page_size, tuple(views), tuple(offsets))
+    return PoolPages(name, kind, layout, host.page_size, tuple(view.numpy() for view in views), tuple(offsets))

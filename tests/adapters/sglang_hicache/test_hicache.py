@@ -252,3 +252,62 @@ def test_a_bad_extra_config_is_a_config_error_naming_it(sglang_model, extra, mes
     pools = sgl.host_pools("mha", "layer_first")
     with pytest.raises(ConfigError, match=message):
         sgl.attach(pools, config)
+
+
+def test_a_stalled_redis_answers_misses_in_time_and_its_slots_come_back(make_backend, request):
+    """Redis stops answering (SIGSTOP) mid-prefetch: the calls give up after ``timeout_s`` with a miss,
+    the staging slots of the calls still out stay held until those return, then serve again."""
+    from ...backends.redis_server import REDIS_SERVER, RedisServer
+
+    if REDIS_SERVER is None:
+        pytest.skip("redis-server is not installed")
+    with RedisServer() as server:
+        backend, pools = make_backend("dsa", "page_first", server.url, timeout_s=1, staging_slots=2)
+        keys = round_trip(backend, pools, "dsa", salt_of(request))
+        staging = backend._pages.staging.pool
+        server.pause()
+        try:
+            started = time.monotonic()
+            assert sgl.sglang_get(backend, pools, keys, [4, 5, 6]) == 0
+            assert sgl.sglang_exists(backend, pools, keys) == 0
+            assert time.monotonic() - started < 10
+            staging.reap()
+            assert staging.free_slots < staging.num_slots  # the stalled get still holds its slot
+        finally:
+            server.resume()
+        deadline = time.monotonic() + 10
+        while staging.reap() is not None and staging.free_slots != staging.num_slots and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert staging.free_slots == staging.num_slots
+        assert sgl.sglang_get(backend, pools, keys, [4, 5, 6]) == 3
+
+
+def test_sglangs_prefetch_and_backup_threads_share_the_staging_slots(make_backend, request):
+    """SGLang's backup and prefetch threads call at once; two staging slots serve both, page by page."""
+    import threading
+
+    backend, pools = make_backend("dsa", "page_first", "memory://", staging_slots=2)
+    salt = salt_of(request)
+    keys = sgl.page_hashes(6, sgl.PAGE["dsa"], salt)
+    sgl.fill(pools, seed=11)
+    want = [sgl.page_bytes(pools, p) for p in range(1, 7)]
+    assert sgl.sglang_set(backend, pools, keys[:3], [1, 2, 3])
+    errors, hits = [], []
+
+    def backup():
+        try:
+            assert sgl.sglang_set(backend, pools, keys[3:], [4, 5, 6])
+        except AssertionError as error:  # reported by the test's thread below
+            errors.append(error)
+
+    def prefetch():
+        hits.append(sgl.sglang_get(backend, pools, keys[:3], [7, 8, 0]))
+
+    threads = [threading.Thread(target=backup), threading.Thread(target=prefetch)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors and hits == [3]
+    assert_pages(pools, [7, 8, 0], want[:3])
+    assert sgl.sglang_exists(backend, pools, keys) == 6

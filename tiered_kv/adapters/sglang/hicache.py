@@ -118,13 +118,13 @@ class _LoopThread:
         self._thread = threading.Thread(target=self.loop.run_forever, name="tkv-hicache-loop", daemon=True)
         self._thread.start()
 
+    def submit(self, coroutine: Any) -> concurrent.futures.Future:
+        """Start ``coroutine`` on the loop. A caller that stops waiting leaves it running (never
+        cancelled): the future is done only once nothing of the call touches its slots any more."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
     def run(self, coroutine: Any, timeout_s: float) -> Any:
-        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
-        try:
-            return future.result(timeout=timeout_s)
-        except concurrent.futures.TimeoutError:
-            future.cancel()  # the backend keeps a cancelled read's slots held until its thread returns
-            raise
+        return self.submit(coroutine).result(timeout=timeout_s)
 
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -153,9 +153,10 @@ class _Staging:
                     return None  # slots still held by a backend call that timed out
                 self._room.wait(min(left, 0.05))
 
-    def give(self, slots: Sequence[int]) -> None:
+    def give(self, slots: Sequence[int], call: concurrent.futures.Future | None) -> None:
+        """Free ``slots`` once ``call`` (the L3 call that used them, if any) has returned."""
         with self._room:
-            self.pool.free(slots)
+            self.pool.free(slots, call)
             self._room.notify_all()
 
     def payload(self, slot: int) -> np.ndarray:
@@ -336,6 +337,7 @@ class HiCacheBackend(HiCacheStorage):
             slots = pages.staging.take(len(positions), time.monotonic() + pages.timeout_s)
             if slots is None:
                 return done
+            call = None
             try:
                 record_keys = []
                 for slot, position in zip(slots, positions):
@@ -345,12 +347,13 @@ class HiCacheBackend(HiCacheStorage):
                         pages.pools[PoolName.INDEXER.value].gather(indexer_pages[position], payload)
                     record_keys.append(pages.key(keys[position]))
                     pages.staging.pool.seal(slot, record_keys[-1])
-                stored = pages.call(pages.backend.put_from(record_keys, slots))
+                call = pages.loop.submit(pages.backend.put_from(record_keys, slots))
+                stored = call.result(timeout=pages.timeout_s)
             except _L3_FAILURES as error:
                 log.warning("tiered-kv HiCache put of %d pages failed, not stored: %s", len(slots), error)
                 return done
             finally:
-                pages.staging.give(slots)
+                pages.staging.give(slots, call)
             for position, ok in zip(positions, stored):
                 done[position] = bool(ok)
         return done
@@ -397,8 +400,10 @@ class HiCacheBackend(HiCacheStorage):
             slots = pages.staging.take(len(positions), time.monotonic() + pages.timeout_s)
             if slots is None:
                 return done
+            call = None
             try:
-                found = pages.call(pages.backend.get_into([pages.key(keys[p]) for p in positions], slots))
+                call = pages.loop.submit(pages.backend.get_into([pages.key(keys[p]) for p in positions], slots))
+                found = call.result(timeout=pages.timeout_s)
                 for slot, position, ok in zip(slots, positions, found):
                     if not ok:
                         return done  # a miss ends the leading run
@@ -410,7 +415,7 @@ class HiCacheBackend(HiCacheStorage):
                 log.warning("tiered-kv HiCache get of %d pages failed, reported as a miss: %s", len(slots), error)
                 return done
             finally:
-                pages.staging.give(slots)
+                pages.staging.give(slots, call)
         return done
 
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,

@@ -43,12 +43,12 @@ def tiny_model(tmp_path_factory) -> str:
     return out
 
 
-def make_llm(model: str, extra: dict | None):
+def make_llm(model: str, extra: dict | None, **engine_args):
     """An offline engine on the tiny model; ``extra`` is the spec's kv_connector_extra_config."""
     from vllm import LLM
 
     kwargs = dict(model=model, dtype="bfloat16", max_model_len=2048, enforce_eager=True, skip_tokenizer_init=True,
-                  block_size=BLOCK_TOKENS, max_num_seqs=8, seed=0)
+                  block_size=BLOCK_TOKENS, max_num_seqs=8, seed=0, **engine_args)
     if extra is not None:
         kwargs["kv_transfer_config"] = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
                                         "kv_connector_extra_config": {**SPEC, **extra}}

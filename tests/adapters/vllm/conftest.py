@@ -43,16 +43,19 @@ def tiny_model(tmp_path_factory) -> str:
     return out
 
 
-def make_llm(model: str, extra: dict | None):
+def make_llm(model: str, extra: dict | None, **engine_args):
     """An offline engine on the tiny model; ``extra`` is the spec's kv_connector_extra_config."""
     from vllm import LLM
 
     kwargs = dict(model=model, dtype="bfloat16", max_model_len=2048, enforce_eager=True, skip_tokenizer_init=True,
-                  block_size=BLOCK_TOKENS, max_num_seqs=8, seed=0)
+                  block_size=BLOCK_TOKENS, max_num_seqs=8, seed=0, **engine_args)
     if extra is not None:
         kwargs["kv_transfer_config"] = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
                                         "kv_connector_extra_config": {**SPEC, **extra}}
-    return LLM(**kwargs)
+    before = shared_regions()
+    llm = LLM(**kwargs)
+    llm._tkv_regions_before = before
+    return llm
 
 
 def generate(llm, prompts: list[list[int]], max_tokens: int = 16) -> list[tuple[list[int], int]]:
@@ -64,9 +67,21 @@ def generate(llm, prompts: list[list[int]], max_tokens: int = 16) -> list[tuple[
     return [(list(o.outputs[0].token_ids), o.num_cached_tokens or 0) for o in outs]
 
 
+def shared_regions() -> set[str]:
+    """The shared regions of tiered-kv's vLLM adapter alive on this machine: vLLM's offload region
+    (mode 2's CPU tier, which our worker maps and unmaps) in /dev/shm, and the abstract sockets of
+    TieredKVSpec's L3 link."""
+    found = {p for p in glob.glob("/dev/shm/*") if "vllm_offload" in p or "tiered" in p}
+    with open("/proc/net/unix") as sockets:
+        found |= {line.split()[-1] for line in sockets if "tiered-kv-vllm" in line}
+    return found
+
+
 def shutdown(llm) -> None:
-    """Ends the engine and removes the shared-memory files vLLM leaves under /dev/shm."""
+    """Ends the engine, asserts that no shared region of ours outlives it, and removes the
+    shared-memory files vLLM's own multi-process queues leave under /dev/shm."""
     before = set(glob.glob("/dev/shm/*"))
+    ours_before = getattr(llm, "_tkv_regions_before", set())
     engine = getattr(llm, "llm_engine", None)
     shut = getattr(engine, "shutdown", None) or getattr(getattr(engine, "engine_core", None), "shutdown", None)
     if shut is not None:
@@ -76,11 +91,13 @@ def shutdown(llm) -> None:
 
     gc.collect()
     for path in set(glob.glob("/dev/shm/*")) - before:
-        if "vllm" in path or "psm_" in path:
+        if "psm_" in path:
             try:
                 os.unlink(path)
             except OSError:
                 pass
+    left = shared_regions() - ours_before
+    assert not left, f"shared regions left behind after the engine shut down: {sorted(left)}"
 
 
 PROMPTS = [[(7 * i + 13 * j) % 30000 + 5 for i in range(200)] for j in range(3)]   # 6 full blocks each

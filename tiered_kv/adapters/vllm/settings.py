@@ -12,7 +12,7 @@ from typing import Any
 from tiered_kv.errors import ConfigError
 
 #: The extra-config keys this spec reads (vLLM's own keys pass through untouched).
-OWN_KEYS = ("l2_bytes", "l2_slots", "model", "salt")
+OWN_KEYS = ("l2_bytes", "l2_slots", "l3_url", "model", "salt")
 #: vLLM's keys that may sit beside ours.
 VLLM_KEYS = ("spec_name", "spec_module_path", "offload_prompt_only", "self_describing_kv_events",
              "block_size", "eviction_policy", "store_threshold")
@@ -23,6 +23,7 @@ class SpecSettings:
     l2_slots: int
     model: str
     salt: str
+    l3_url: str | None = None   # file:///dir, redis://host:port/0, mooncake://..., memory://; None: L2 only
 
 
 def _positive_int(extra: Mapping[str, Any], key: str) -> int | None:
@@ -43,7 +44,7 @@ def _text(extra: Mapping[str, Any], key: str, default: str) -> str:
 
 def read_settings(extra: Mapping[str, Any], *, bytes_per_chunk: int, model: str) -> SpecSettings:
     """The spec's settings from vLLM's extra config; ``bytes_per_chunk`` turns l2_bytes into slots."""
-    unknown = sorted(k for k in extra if k.startswith("l2_") and k not in OWN_KEYS)
+    unknown = sorted(k for k in extra if k.startswith(("l2_", "l3_")) and k not in OWN_KEYS)
     if unknown:
         raise ConfigError(f"kv_connector_extra_config: unknown key(s) {', '.join(unknown)}; "
                           f"tiered-kv reads {', '.join(OWN_KEYS)}")
@@ -56,5 +57,9 @@ def read_settings(extra: Mapping[str, Any], *, bytes_per_chunk: int, model: str)
         slots = size // bytes_per_chunk
         if slots < 1:
             raise ConfigError(f"kv_connector_extra_config['l2_bytes'] = {size} holds no block of {bytes_per_chunk} bytes")
+    l3_url = extra.get("l3_url")
+    if l3_url is not None and (not isinstance(l3_url, str) or "://" not in l3_url):
+        raise ConfigError(f"kv_connector_extra_config['l3_url'] must be a URL such as file:///dir or "
+                          f"redis://host:6379/0, got {l3_url!r}")
     return SpecSettings(l2_slots=slots, model=_text(extra, "model", model) or model,
-                        salt=_text(extra, "salt", ""))
+                        salt=_text(extra, "salt", ""), l3_url=l3_url)

@@ -4,8 +4,9 @@ for deployments that keep vLLM's own CPU tier and put tiered-kv's L3 under it.
 vLLM runs it in the scheduler process; it reads and writes vLLM's shared CPU region through a small
 staging ``HostPool`` of its own, so every record on L3 is sealed (checksum, key, spec) and verified
 on the way back. It must never block vLLM's scheduler or raise into it: I/O runs on an
-``L3Controller``'s loop, a failing backend turns the tier degraded (lookups miss, stores fail fast),
-and a record that does not verify is a failed key, never bytes handed to the model.
+``L3Controller``'s loop, a failing backend turns the tier degraded (lookups miss, jobs fail fast, the
+queued ones too), a drain (vLLM's reset and shutdown wait in it) ends within ``drain_timeout_s``, and a record
+that does not verify is a failed key, never bytes handed to the model.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -39,6 +40,8 @@ from .live import register
 
 #: How long an L3 answer to a lookup stands before L3 is asked again (another instance may put it).
 ANSWER_TTL_S = 2.0
+#: The bound of a drain (vLLM's reset and shutdown wait in it): what still runs then is given up.
+DRAIN_TIMEOUT_S = 10.0
 
 
 def _check(value: Any, key: str, kind: type, *, positive: bool = False) -> Any:
@@ -49,13 +52,14 @@ def _check(value: Any, key: str, kind: type, *, positive: bool = False) -> Any:
 
 
 class TieredL3Tier(SecondaryTierManager):
-    """tiered-kv's L3 as one of vLLM's secondary tiers (config: ``url``, ``staging_slots``, ``salt``)."""
+    """tiered-kv's L3 as one of vLLM's secondary tiers (config: ``url``, ``staging_slots``, ``salt``,
+    ``model``, ``drain_timeout_s``)."""
 
     medium: ClassVar[Medium] = Medium.STORAGE
 
     def __init__(self, offloading_spec, primary_kv_view: memoryview, tier_type: str,
                  backpressure_detector=None, *, url: str | None = None, staging_slots: int = 64,
-                 salt: str = "", model: str | None = None) -> None:
+                 salt: str = "", model: str | None = None, drain_timeout_s: float = DRAIN_TIMEOUT_S) -> None:
         super().__init__(offloading_spec=offloading_spec, primary_kv_view=primary_kv_view, tier_type=tier_type,
                          backpressure_detector=backpressure_detector)
         if url is None:
@@ -63,6 +67,10 @@ class TieredL3Tier(SecondaryTierManager):
         _check(url, "url", str)
         _check(staging_slots, "staging_slots", int, positive=True)
         _check(salt, "salt", str)
+        if isinstance(drain_timeout_s, bool) or not isinstance(drain_timeout_s, (int, float)) or not 0 < drain_timeout_s < 3600:
+            raise ConfigError(f"secondary_tiers[TieredL3Tier]['drain_timeout_s'] must be a number of seconds in (0, 3600), "
+                              f"got {drain_timeout_s!r}")
+        self.drain_timeout_s = float(drain_timeout_s)
         config = offloading_spec.config
         block_bytes = self.block_size_bytes
         tokens = int(offloading_spec.tokens_per_block[0]) * int(offloading_spec.blocks_per_chunk)
@@ -83,7 +91,8 @@ class TieredL3Tier(SecondaryTierManager):
         self._jobs: dict[int, concurrent.futures.Future] = {}
         self._answers: dict[OffloadKey, tuple[bool, float]] = {}
         self._probes: dict[OffloadKey, concurrent.futures.Future] = {}
-        self.counters = {"l3_hits": 0, "l3_misses": 0, "stored": 0, "store_failed": 0, "loaded": 0, "load_failed": 0}
+        self.counters = {"l3_hits": 0, "l3_misses": 0, "stored": 0, "store_failed": 0, "loaded": 0, "load_failed": 0,
+                         "given_up": 0}
         register(self)
 
     # --- lookups: never block; RETRY while L3's answer is out ----------------------------------
@@ -108,18 +117,25 @@ class TieredL3Tier(SecondaryTierManager):
         return LookupResult.HIT if present else LookupResult.MISS
 
     # --- jobs -------------------------------------------------------------------------------------
-    def _finish(self, result: JobResult, slots: list[int]) -> None:
-        self.staging.free(slots)
+    def _fail_now(self, job: TransferJob) -> None:
+        """A job that never reached L3 (staging full, tier degraded): failed at once."""
         with self._lock:
-            self._jobs.pop(result.job_id, None)
-            self._done.append(result)
+            self._done.append(JobResult(job.job_id, False))
+
+    def _settle(self, job_id: int, result: Callable[[], JobResult], slots: list[int]) -> None:
+        """Once a job's future is done (controller thread): its result lands, unless a drain gave up
+        on it already; then nothing of it may touch vLLM's memory. Under the lock, so a drain
+        never returns while a load is copying into the primary region."""
+        with self._lock:
+            if self._jobs.pop(job_id, None) is not None:
+                self._done.append(result())
+        self.staging.free(slots)
 
     def _staging_slots(self, job: TransferJob) -> list[int] | None:
-        count = len(job.keys)
-        if count > self.staging.free_slots:
-            self._finish(JobResult(job.job_id, False), [])
+        if self.l3.degraded or len(job.keys) > self.staging.free_slots:
+            self._fail_now(job)
             return None
-        return self.staging.allocate(count)
+        return self.staging.allocate(len(job.keys))
 
     def submit_store(self, job_metadata: TransferJob) -> None:
         job = job_metadata
@@ -134,19 +150,19 @@ class TieredL3Tier(SecondaryTierManager):
             self.staging.seal(slot, key)
         future = self.l3.put_from(keys, slots)
 
-        def stored(f: concurrent.futures.Future) -> None:
+        def stored(f: concurrent.futures.Future) -> JobResult:
             ok = _per_key(f, len(keys))
             self.counters["stored"] += sum(ok)
             self.counters["store_failed"] += len(ok) - sum(ok)
             for key, flag in zip(job.keys, ok):
                 if flag:
                     self._answers[key] = (True, time.monotonic())
-            self._finish(JobResult(job.job_id, all(ok), successful_keys=[k for k, f_ in zip(job.keys, ok) if f_],
-                                   transfer_bytes=sum(ok) * self.block_size_bytes), slots)
+            return JobResult(job.job_id, all(ok), successful_keys=[k for k, f_ in zip(job.keys, ok) if f_],
+                             transfer_bytes=sum(ok) * self.block_size_bytes)
 
         with self._lock:
             self._jobs[job.job_id] = future
-        future.add_done_callback(stored)
+        future.add_done_callback(lambda f: self._settle(job.job_id, lambda: stored(f), slots))
 
     def submit_load(self, job_metadata: TransferJob) -> None:
         job = job_metadata
@@ -158,7 +174,7 @@ class TieredL3Tier(SecondaryTierManager):
         future = self.l3.get_into(keys, slots)
         chunk_ids = [int(c) for c in job.chunk_ids]
 
-        def loaded(f: concurrent.futures.Future) -> None:
+        def loaded(f: concurrent.futures.Future) -> JobResult:
             ok = _per_key(f, len(keys))
             good = [i for i, flag in enumerate(ok) if flag]     # verified records only
             if good:
@@ -169,32 +185,55 @@ class TieredL3Tier(SecondaryTierManager):
             self.counters["loaded"] += len(good)
             self.counters["load_failed"] += len(ok) - len(good)
             keys_list = list(job.keys)
-            self._finish(JobResult(job.job_id, len(good) == len(ok), successful_keys=[keys_list[i] for i in good],
-                                   transfer_bytes=len(good) * self.block_size_bytes), slots)
+            return JobResult(job.job_id, len(good) == len(ok), successful_keys=[keys_list[i] for i in good],
+                             transfer_bytes=len(good) * self.block_size_bytes)
 
         with self._lock:
             self._jobs[job.job_id] = future
-        future.add_done_callback(loaded)
+        future.add_done_callback(lambda f: self._settle(job.job_id, lambda: loaded(f), slots))
+
+    def _give_up_queued(self) -> None:
+        """While L3 is degraded, the controller keeps queued puts until the tier returns, and vLLM
+        holds their chunks meanwhile: they fail now instead (as ``CacheManager`` gives up its
+        queued puts). A job already running ends by the backend's own timeout."""
+        with self._lock:
+            futures = [f for f in self._jobs.values() if not f.done()]
+        for future in futures:
+            self.l3.cancel(future)       # a cancelled future runs its callback: the job fails
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
+        if self.l3.degraded and self._jobs:
+            self._give_up_queued()
         with self._lock:
             done, self._done = self._done, []
         return done
 
     def has_pending_work(self) -> bool:
         with self._lock:
-            return bool(self._jobs) or bool(self._probes)
+            jobs = bool(self._jobs)
+        # A probe whose answer is in waits for a lookup of its key, which may never come.
+        return jobs or any(not p.done() for p in self._probes.values())
 
     def drain_jobs(self) -> None:
-        with self._lock:
-            futures = list(self._jobs.values())
-        concurrent.futures.wait(futures)
-        deadline = time.monotonic() + 5.0            # the done callbacks run on the loop thread
-        while time.monotonic() < deadline:
+        """Every job answered within ``drain_timeout_s``: jobs finish, queued ones of a degraded
+        tier fail, and what still runs at the deadline is reported failed and may no longer
+        touch the primary region (its staging slots stay held until its backend call returns)."""
+        deadline = time.monotonic() + self.drain_timeout_s
+        while True:
             with self._lock:
-                if not self._jobs:
-                    return
-            time.sleep(0.001)
+                futures = list(self._jobs.values())
+            if not futures:
+                return
+            if self.l3.degraded:
+                self._give_up_queued()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            concurrent.futures.wait(futures, timeout=min(left, 0.05), return_when=concurrent.futures.FIRST_COMPLETED)
+        with self._lock:
+            given_up, self._jobs = list(self._jobs), {}
+            self._done.extend(JobResult(job_id, False) for job_id in given_up)
+        self.counters["given_up"] += len(given_up)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         return
@@ -204,7 +243,7 @@ class TieredL3Tier(SecondaryTierManager):
 
     def shutdown(self) -> None:
         self.drain_jobs()
-        self.l3.close()
+        self.l3.close(deadline=time.monotonic() + self.drain_timeout_s)
         self._primary = None              # vLLM unmaps its region after this: no view of it may stay
         self.staging.close()
 

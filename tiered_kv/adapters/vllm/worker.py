@@ -2,6 +2,8 @@
 ``DevicePool`` (no copy, vLLM's layout), L2 is a tiered-kv ``HostPool`` of sealed records.
 
 Slots are handed out by the scheduler's manager, so the pool here never allocates (own_slots=False).
+With an L3, the worker also serves the manager's L3 jobs (``JobServer``: an ``L3Controller`` reading
+records into, and writing them out of, the slots the manager names).
 It must never copy into a GPU block vLLM has not handed to the job, and never report a job finished
 before its bytes have landed.
 """
@@ -9,6 +11,7 @@ before its bytes have landed.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 from vllm.v1.kv_offload.base import (
@@ -26,6 +29,9 @@ from tiered_kv.model.spec import Component, KVSpec
 from tiered_kv.transfers.torch_path import torch_backup, torch_load
 
 from .slots_spec import TieredSlotsSpec
+
+#: The bound of the L3 controller's close at shutdown.
+L3_CLOSE_S = 10.0
 
 
 def vllm_kv_spec(kv_caches: CanonicalKVCaches, tokens_per_block: int, dtype: str) -> KVSpec:
@@ -48,9 +54,10 @@ def wrap_vllm_caches(kv_caches: CanonicalKVCaches, spec: KVSpec) -> DevicePool:
 class TieredKVWorker(OffloadingWorker):
     """Copies between vLLM's blocks and L2 slots; a store seals each slot as the record of its key."""
 
-    def __init__(self, l1: DevicePool, l2: HostPool, *, cuda: bool) -> None:
+    def __init__(self, l1: DevicePool, l2: HostPool, *, cuda: bool, l3_server: Any = None) -> None:
         self.l1 = l1
         self.l2 = l2
+        self.l3_server = l3_server   # a JobServer, or None for L2 only
         self._cuda = cuda   # copies on a GPU complete later: an event per job tells when
         self._pending: list[tuple[TransferResult, object]] = []
 
@@ -94,4 +101,6 @@ class TieredKVWorker(OffloadingWorker):
                 event.synchronize()
 
     def shutdown(self) -> None:
+        if self.l3_server is not None:      # every L3 job ends before the pool's memory goes
+            self.l3_server.close(deadline=time.monotonic() + L3_CLOSE_S)
         self.l2.close()

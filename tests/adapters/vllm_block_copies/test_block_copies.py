@@ -139,8 +139,8 @@ def test_a_bad_job_raises_before_anything_moves(cpu_copies, job, error):
 
 
 def _hold_the_stream() -> None:
-    """About a second of GPU work on the current stream: the engine's copies wait for it."""
-    torch.cuda._sleep(2_000_000_000)
+    """About half a second of GPU work on the current stream: the engine's copies wait for it."""
+    torch.cuda._sleep(1_000_000_000)
 
 
 @gpu

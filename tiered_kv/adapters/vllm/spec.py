@@ -76,6 +76,6 @@ class TieredKVSpec(OffloadingSpec):
                 engine_id = self.config.engine_id
                 server = JobServer(socket_address(engine_id, self.config.parallel.rank), socket_key(engine_id),
                                    JobWorker(None, controller))
-            self._worker = TieredKVWorker(l1, l2, cuda=kv_caches.tensors[0].tensor.is_cuda, l3_server=server)
+            self._worker = TieredKVWorker(l1, l2, l3_server=server)
             register(self._worker)
         return self._worker

@@ -2,6 +2,7 @@
 ``DevicePool`` (no copy, vLLM's layout), L2 is a tiered-kv ``HostPool`` of sealed records.
 
 Slots are handed out by the scheduler's manager, so the pool here never allocates (own_slots=False).
+The copies themselves are ``BlockCopies`` (the transfer engine's streams on a GPU, torch on CPU).
 With an L3, the worker also serves the manager's L3 jobs (``JobServer``: an ``L3Controller`` reading
 records into, and writing them out of, the slots the manager names).
 It must never copy into a GPU block vLLM has not handed to the job, and never report a job finished
@@ -26,8 +27,8 @@ from tiered_kv.errors import ConfigError
 from tiered_kv.model.device_pool import DeviceBuffer, DevicePool
 from tiered_kv.model.host_pool import HostPool
 from tiered_kv.model.spec import Component, KVSpec
-from tiered_kv.transfers.torch_path import torch_backup, torch_load
 
+from .block_copies import BlockCopies
 from .slots_spec import TieredSlotsSpec
 
 #: The bound of the L3 controller's close at shutdown.
@@ -52,55 +53,33 @@ def wrap_vllm_caches(kv_caches: CanonicalKVCaches, spec: KVSpec) -> DevicePool:
 
 
 class TieredKVWorker(OffloadingWorker):
-    """Copies between vLLM's blocks and L2 slots; a store seals each slot as the record of its key."""
+    """vLLM's jobs as ``BlockCopies`` jobs: a store seals each slot as the record of its key."""
 
-    def __init__(self, l1: DevicePool, l2: HostPool, *, cuda: bool, l3_server: Any = None) -> None:
+    def __init__(self, l1: DevicePool, l2: HostPool, *, l3_server: Any = None) -> None:
         self.l1 = l1
         self.l2 = l2
         self.l3_server = l3_server   # a JobServer, or None for L2 only
-        self._cuda = cuda   # copies on a GPU complete later: an event per job tells when
-        self._pending: list[tuple[TransferResult, object]] = []
-
-    def _finish(self, job_id: int, nbytes: int, started: float) -> None:
-        event = None
-        if self._cuda:
-            event = torch.cuda.Event()
-            event.record()
-        self._pending.append((TransferResult(job_id, True, nbytes, time.perf_counter() - started), event))
+        self.copies = BlockCopies(l1, l2)
 
     def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
         assert isinstance(dst_spec, TieredSlotsSpec)
-        started = time.perf_counter()
-        blocks, slots = list(map(int, src_spec.block_ids)), list(map(int, dst_spec.block_ids))
-        if slots:
-            torch_backup(self.l1, self.l2, blocks, slots)
-            if self._cuda:
-                torch.cuda.current_stream().synchronize()   # seal reads the bytes the copy wrote
-            for slot, key in zip(slots, dst_spec.page_keys):
-                self.l2.seal(slot, key)
-        self._finish(job_id, len(slots) * self.l2.spec.page_bytes, started)
+        self.copies.store(job_id, list(map(int, src_spec.block_ids)), list(map(int, dst_spec.block_ids)),
+                          dst_spec.page_keys)
         return True
 
     def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec) -> bool:
         assert isinstance(src_spec, TieredSlotsSpec)
-        started = time.perf_counter()
-        slots, blocks = list(map(int, src_spec.block_ids)), list(map(int, dst_spec.block_ids))
-        if slots:
-            torch_load(self.l2, self.l1, slots, blocks)
-        self._finish(job_id, len(slots) * self.l2.spec.page_bytes, started)
+        self.copies.load(job_id, list(map(int, src_spec.block_ids)), list(map(int, dst_spec.block_ids)))
         return True
 
     def get_finished(self) -> list[TransferResult]:
-        done = [r for r, e in self._pending if e is None or e.query()]
-        self._pending = [(r, e) for r, e in self._pending if not (e is None or e.query())]
-        return done
+        return [TransferResult(*finished) for finished in self.copies.finished()]
 
     def wait(self, job_ids: set[int]) -> None:
-        for result, event in self._pending:
-            if event is not None and result.job_id in job_ids:
-                event.synchronize()
+        self.copies.wait(job_ids)
 
     def shutdown(self) -> None:
         if self.l3_server is not None:      # every L3 job ends before the pool's memory goes
             self.l3_server.close(deadline=time.monotonic() + L3_CLOSE_S)
+        self.copies.close()                 # no copy still reads or writes the pool when it is unpinned
         self.l2.close()

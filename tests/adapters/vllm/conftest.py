@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import time
 
 import pytest
 
@@ -101,3 +102,42 @@ def shutdown(llm) -> None:
 
 
 PROMPTS = [[(7 * i + 13 * j) % 30000 + 5 for i in range(200)] for j in range(3)]   # 6 full blocks each
+
+
+#: The marks of a module that starts real engines: vLLM and its dependencies warn in ways the
+#: suite's warnings-as-errors would fail on.
+ENGINE_MARKS = [pytest.mark.slow, pytest.mark.timeout(600),
+                pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+                pytest.mark.filterwarnings("ignore::FutureWarning"),
+                pytest.mark.filterwarnings("ignore::UserWarning"),
+                pytest.mark.filterwarnings("ignore::ResourceWarning"),
+                pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
+
+
+def in_process(value: str | None) -> str | None:
+    """Set VLLM_ENABLE_V1_MULTIPROCESSING ("0": scheduler and worker in this process; None: unset);
+    returns the value before, to be passed back to restore it."""
+    saved = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    if value is None:
+        os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    else:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = value
+    return saved
+
+
+def wait_for(predicate, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def reference(tiny_model):
+    """PROMPTS' greedy output from an engine without offloading (one engine for the whole run)."""
+    saved = in_process("0")
+    plain = make_llm(tiny_model, None)
+    out = generate(plain, PROMPTS)
+    shutdown(plain)
+    in_process(saved)
+    return out

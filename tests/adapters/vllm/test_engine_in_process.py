@@ -10,14 +10,9 @@ import os
 
 import pytest
 
-from .conftest import BLOCK_TOKENS, PROMPTS, generate, make_llm, shutdown
+from .conftest import BLOCK_TOKENS, ENGINE_MARKS, PROMPTS, generate, make_llm, shutdown
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600),
-              pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-              pytest.mark.filterwarnings("ignore::FutureWarning"),
-              pytest.mark.filterwarnings("ignore::UserWarning"),
-              pytest.mark.filterwarnings("ignore::ResourceWarning"),
-              pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
+pytestmark = ENGINE_MARKS
 
 
 @pytest.fixture(scope="module")

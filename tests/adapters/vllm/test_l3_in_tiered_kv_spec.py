@@ -7,32 +7,16 @@ reach into the manager, a new engine process on the same directory, and a corrup
 
 from __future__ import annotations
 
-import os
-import time
 from pathlib import Path
 
 import pytest
 
-from .conftest import BLOCK_TOKENS, PROMPTS, generate, make_llm, shutdown
+from .conftest import BLOCK_TOKENS, ENGINE_MARKS, PROMPTS, generate, in_process, make_llm, shutdown, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600),
-              pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-              pytest.mark.filterwarnings("ignore::FutureWarning"),
-              pytest.mark.filterwarnings("ignore::UserWarning"),
-              pytest.mark.filterwarnings("ignore::ResourceWarning"),
-              pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
+pytestmark = ENGINE_MARKS
 
 FULL_BLOCKS = 6 * BLOCK_TOKENS
 PAGES = 6 * len(PROMPTS)
-
-
-def _in_process(value: str | None) -> str | None:
-    saved = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    if value is None:
-        os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    else:
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = value
-    return saved
 
 
 def _manager():
@@ -46,23 +30,6 @@ def _manager():
     return found[0]
 
 
-def _wait(predicate, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_model):
-    saved = _in_process("0")
-    plain = make_llm(tiny_model, None)
-    out = generate(plain, PROMPTS)
-    shutdown(plain)
-    _in_process(saved)
-    return out
-
-
 @pytest.fixture(scope="module")
 def l3_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("l3-spec")
@@ -73,13 +40,13 @@ def _records(l3_dir: Path) -> list[Path]:
 
 
 def test_pages_come_back_from_l3_after_l2_is_cleared(tiny_model, reference, l3_dir):
-    saved = _in_process("0")
+    saved = in_process("0")
     llm = make_llm(tiny_model, {"l2_slots": 256, "l3_url": f"file://{l3_dir}"})
     try:
         first = generate(llm, PROMPTS)
         assert [t for t, _ in first] == [t for t, _ in reference]
         manager = _manager()
-        _wait(lambda: (manager.poll_l3(), manager.counters["l3_put"])[1] >= PAGES)
+        wait_for(lambda: (manager.poll_l3(), manager.counters["l3_put"])[1] >= PAGES)
         assert manager.counters["l3_put_failed"] == 0
         assert len(_records(l3_dir)) >= PAGES
         # vLLM's prefix cache and the connector's L2 are both empty now: hits can only come from L3.
@@ -92,12 +59,12 @@ def test_pages_come_back_from_l3_after_l2_is_cleared(tiny_model, reference, l3_d
         assert manager.counters["l3_prefetched"] >= PAGES
     finally:
         shutdown(llm)
-        _in_process(saved)
+        in_process(saved)
 
 
 def test_a_new_engine_process_reads_the_same_l3(tiny_model, reference, l3_dir):
     assert len(_records(l3_dir)) >= PAGES, "the first test of this module fills L3"
-    saved = _in_process(None)       # vLLM's default: the EngineCore in a process of its own
+    saved = in_process(None)       # vLLM's default: the EngineCore in a process of its own
     # and the model's worker in another ("mp"): the manager's L3 jobs cross a process boundary.
     llm = make_llm(tiny_model, {"l2_slots": 256, "l3_url": f"file://{l3_dir}"}, distributed_executor_backend="mp")
     try:
@@ -107,7 +74,7 @@ def test_a_new_engine_process_reads_the_same_l3(tiny_model, reference, l3_dir):
         assert [c for _, c in again] == [FULL_BLOCKS] * len(PROMPTS)
     finally:
         shutdown(llm)
-        _in_process(saved)
+        in_process(saved)
 
 
 def test_a_corrupted_l3_record_is_a_miss_and_the_output_stays_identical(tiny_model, reference, l3_dir):
@@ -117,7 +84,7 @@ def test_a_corrupted_l3_record_is_a_miss_and_the_output_stays_identical(tiny_mod
         data = bytearray(path.read_bytes())
         data[-1] ^= 0xFF
         path.write_bytes(bytes(data))
-    saved = _in_process("0")
+    saved = in_process("0")
     llm = make_llm(tiny_model, {"l2_slots": 256, "l3_url": f"file://{l3_dir}"})
     try:
         out = generate(llm, PROMPTS)
@@ -129,4 +96,4 @@ def test_a_corrupted_l3_record_is_a_miss_and_the_output_stays_identical(tiny_mod
         assert manager.counters["l3_prefetched"] == 0
     finally:
         shutdown(llm)
-        _in_process(saved)
+        in_process(saved)

@@ -6,21 +6,15 @@ One in-process engine on a file:// L3 for the checks that reach into the tier, t
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import pytest
 
 from ...backends.redis_server import RedisServer
-from .conftest import BLOCK_TOKENS, PROMPTS, generate, make_llm, shutdown
+from .conftest import BLOCK_TOKENS, ENGINE_MARKS, PROMPTS, generate, in_process, make_llm, shutdown, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600),
-              pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-              pytest.mark.filterwarnings("ignore::FutureWarning"),
-              pytest.mark.filterwarnings("ignore::UserWarning"),
-              pytest.mark.filterwarnings("ignore::ResourceWarning"),
-              pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
+pytestmark = ENGINE_MARKS
 
 TIERING = {"spec_name": "TieredTieringSpec", "cpu_bytes_to_use": 32 << 20}
 FULL_BLOCKS = 6 * BLOCK_TOKENS
@@ -39,45 +33,19 @@ def _tier():
     return found[0]
 
 
-def _wait(predicate, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
-def _in_process(value: str | None) -> str | None:
-    saved = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    if value is None:
-        os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    else:
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = value
-    return saved
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_model):
-    saved = _in_process("0")
-    plain = make_llm(tiny_model, None)
-    out = generate(plain, PROMPTS)
-    shutdown(plain)
-    _in_process(saved)
-    return out
-
-
 @pytest.fixture(scope="module")
 def l3_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("l3")
 
 
 def test_blocks_come_back_from_l3_with_identical_output(tiny_model, reference, l3_dir):
-    saved = _in_process("0")
+    saved = in_process("0")
     llm = make_llm(tiny_model, tiering_extra(f"file://{l3_dir}"))
     try:
         first = generate(llm, PROMPTS)
         assert [t for t, _ in first] == [t for t, _ in reference]
         tier = _tier()
-        _wait(lambda: tier.counters["stored"] >= 6 * len(PROMPTS))
+        wait_for(lambda: tier.counters["stored"] >= 6 * len(PROMPTS))
         assert tier.counters["store_failed"] == 0
         # Drop vLLM's GPU prefix cache *and* its CPU tier: what comes back, comes from L3.
         assert llm.reset_prefix_cache(reset_connector=True)
@@ -88,11 +56,11 @@ def test_blocks_come_back_from_l3_with_identical_output(tiny_model, reference, l
         print("cached tokens from L3:", [c for _, c in again])
     finally:
         shutdown(llm)
-        _in_process(saved)
+        in_process(saved)
 
 
 def test_a_new_engine_process_finds_the_blocks_on_the_same_l3(tiny_model, reference, l3_dir):
-    saved = _in_process(None)            # vLLM's default: EngineCore and worker in processes of their own
+    saved = in_process(None)            # vLLM's default: EngineCore and worker in processes of their own
     llm = make_llm(tiny_model, tiering_extra(f"file://{l3_dir}"))
     try:
         again = generate(llm, PROMPTS)
@@ -101,7 +69,7 @@ def test_a_new_engine_process_finds_the_blocks_on_the_same_l3(tiny_model, refere
         assert [c for _, c in again] == [FULL_BLOCKS] * len(PROMPTS)
     finally:
         shutdown(llm)
-        _in_process(saved)
+        in_process(saved)
 
 
 def test_a_record_corrupted_on_l3_is_a_miss_and_the_output_stays_identical(tiny_model, reference, l3_dir):
@@ -111,7 +79,7 @@ def test_a_record_corrupted_on_l3_is_a_miss_and_the_output_stays_identical(tiny_
         data = bytearray(path.read_bytes())
         data[-1] ^= 0xFF
         path.write_bytes(bytes(data))
-    saved = _in_process("0")
+    saved = in_process("0")
     llm = make_llm(tiny_model, tiering_extra(f"file://{l3_dir}"))
     try:
         out = generate(llm, PROMPTS)
@@ -122,11 +90,11 @@ def test_a_record_corrupted_on_l3_is_a_miss_and_the_output_stays_identical(tiny_
         print("corrupted L3: cached", [c for _, c in out], "load_failed", tier.counters["load_failed"])
     finally:
         shutdown(llm)
-        _in_process(saved)
+        in_process(saved)
 
 
 def test_an_l3_killed_mid_run_leaves_the_engine_serving(tiny_model, reference):
-    saved = _in_process("0")
+    saved = in_process("0")
     server = RedisServer().start()
     llm = make_llm(tiny_model, tiering_extra(server.url))
     shut = False
@@ -134,7 +102,7 @@ def test_an_l3_killed_mid_run_leaves_the_engine_serving(tiny_model, reference):
         first = generate(llm, PROMPTS[:2])
         assert [t for t, _ in first] == [t for t, _ in reference[:2]]
         tier = _tier()
-        _wait(lambda: tier.counters["stored"] >= 12)
+        wait_for(lambda: tier.counters["stored"] >= 12)
         server.kill()
         killed = time.monotonic()
         assert llm.reset_prefix_cache(reset_connector=True)
@@ -142,7 +110,7 @@ def test_an_l3_killed_mid_run_leaves_the_engine_serving(tiny_model, reference):
         assert [t for t, _ in after] == [t for t, _ in reference]
         assert tier.l3.degraded
         # The third prompt's backups went to a dead tier: reported failed, none left pending.
-        _wait(lambda: not tier.has_pending_work() and tier.counters["store_failed"] >= 6, timeout_s=15.0)
+        wait_for(lambda: not tier.has_pending_work() and tier.counters["store_failed"] >= 6, timeout_s=15.0)
         print("L3 killed: cached", [c for _, c in after], "store_failed", tier.counters["store_failed"],
               "given_up", tier.counters["given_up"])
         shutdown(llm)
@@ -154,4 +122,4 @@ def test_an_l3_killed_mid_run_leaves_the_engine_serving(tiny_model, reference):
         if not shut:
             shutdown(llm)
         server.stop()
-        _in_process(saved)
+        in_process(saved)

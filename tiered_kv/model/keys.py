@@ -155,6 +155,11 @@ class Namespace:
             object.__setattr__(self, "_root", cached)  # frozen: cache without changing identity
         return cached
 
+    def engine_key(self, engine_hash: bytes) -> str:
+        """The page key of a page an engine names by its own hash (vLLM's block hash, SGLang's page
+        hash): a digest of this namespace's root and that hash, so two namespaces never share it."""
+        return hashlib.blake2b(self.root + engine_hash, digest_size=KEY_DIGEST_BYTES).hexdigest()
+
 
 _NAMESPACE_FIELDS = frozenset(f.name for f in dataclass_fields(Namespace))
 

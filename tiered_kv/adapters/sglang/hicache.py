@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import hashlib
+import contextlib
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,7 +44,6 @@ from sglang.srt.mem_cache.hicache_storage import (HiCacheStorage, HiCacheStorage
 from ...errors import ConfigError, TieredKVError
 from ...model import record
 from ...model.host_pool import HostPool
-from ...model.keys import KEY_DIGEST_BYTES
 from .hicache_pages import PoolPages, host_spec, pool_pages
 from .linker import linker_namespace
 
@@ -133,6 +132,21 @@ class _LoopThread:
             self.loop.close()
 
 
+class _Lease:
+    """Staging slots and the one L3 call that uses them."""
+
+    def __init__(self, slots: list[int], loop: Any, timeout_s: float) -> None:
+        self.slots = slots
+        self.call: concurrent.futures.Future | None = None
+        self._loop = loop
+        self._timeout_s = timeout_s
+
+    def run(self, coroutine) -> Any:
+        """The call's answer, waited for at most the timeout (a call that outlives it keeps the slots)."""
+        self.call = self._loop.submit(coroutine)
+        return self.call.result(timeout=self._timeout_s)
+
+
 class _Staging:
     """The staging pool's slots, taken by SGLang's threads in chunks of at most half the pool."""
 
@@ -158,6 +172,24 @@ class _Staging:
         with self._room:
             self.pool.free(slots, call)
             self._room.notify_all()
+
+    def chunks(self, count: int) -> Iterator[range]:
+        """Positions ``0..count`` in runs the pool can stage at once."""
+        return (range(start, min(start + self.chunk, count)) for start in range(0, count, self.chunk))
+
+    @contextlib.contextmanager
+    def lease(self, count: int, loop: Any, timeout_s: float) -> Iterator[_Lease | None]:
+        """``count`` slots for one L3 call (None: none came free within ``timeout_s``), given back
+        on exit once that call, if it ran, has returned."""
+        slots = self.take(count, time.monotonic() + timeout_s)
+        if slots is None:
+            yield None
+            return
+        lease = _Lease(slots, loop, timeout_s)
+        try:
+            yield lease
+        finally:
+            self.give(slots, lease.call)
 
     def payload(self, slot: int) -> np.ndarray:
         start = slot * self.pool.slot_bytes + record.HEADER_BYTES
@@ -216,8 +248,7 @@ class _Pages:
 
     def key(self, page_hash: str) -> str:
         """SGLang's page hash as a key of this namespace (the linker's keys)."""
-        return hashlib.blake2b(self.namespace.root + str(page_hash).encode(),
-                               digest_size=KEY_DIGEST_BYTES).hexdigest()
+        return self.namespace.engine_key(str(page_hash).encode())
 
     def call(self, coroutine: Any) -> Any:
         return self.loop.run(coroutine, self.timeout_s)
@@ -332,28 +363,23 @@ class HiCacheBackend(HiCacheStorage):
         """One record per page (``indexer_pages``: position -> the indexer's host page, where the
         spec has an indexer), sealed in staging slots and put; per page, whether it is stored."""
         done = [False] * len(keys)
-        for start in range(0, len(keys), pages.staging.chunk):
-            positions = range(start, min(start + pages.staging.chunk, len(keys)))
-            slots = pages.staging.take(len(positions), time.monotonic() + pages.timeout_s)
-            if slots is None:
-                return done
-            call = None
+        for positions in pages.staging.chunks(len(keys)):
             try:
-                record_keys = []
-                for slot, position in zip(slots, positions):
-                    payload = pages.staging.payload(slot)
-                    pages.pools[PoolName.KV.value].gather(kv_pages[position], payload)
-                    if PoolName.INDEXER.value in pages.pools:
-                        pages.pools[PoolName.INDEXER.value].gather(indexer_pages[position], payload)
-                    record_keys.append(pages.key(keys[position]))
-                    pages.staging.pool.seal(slot, record_keys[-1])
-                call = pages.loop.submit(pages.backend.put_from(record_keys, slots))
-                stored = call.result(timeout=pages.timeout_s)
+                with pages.staging.lease(len(positions), pages.loop, pages.timeout_s) as lease:
+                    if lease is None:
+                        return done
+                    record_keys = []
+                    for slot, position in zip(lease.slots, positions):
+                        payload = pages.staging.payload(slot)
+                        pages.pools[PoolName.KV.value].gather(kv_pages[position], payload)
+                        if PoolName.INDEXER.value in pages.pools:
+                            pages.pools[PoolName.INDEXER.value].gather(indexer_pages[position], payload)
+                        record_keys.append(pages.key(keys[position]))
+                        pages.staging.pool.seal(slot, record_keys[-1])
+                    stored = lease.run(pages.backend.put_from(record_keys, lease.slots))
             except _L3_FAILURES as error:
-                log.warning("tiered-kv HiCache put of %d pages failed, not stored: %s", len(slots), error)
+                log.warning("tiered-kv HiCache put of %d pages failed, not stored: %s", len(positions), error)
                 return done
-            finally:
-                pages.staging.give(slots, call)
             for position, ok in zip(positions, stored):
                 done[position] = bool(ok)
         return done
@@ -395,27 +421,22 @@ class HiCacheBackend(HiCacheStorage):
         """Read each page's record and, once verified, fill ``targets`` (pool -> host page per
         position); per page, True for the leading run of pages that landed."""
         done = [False] * len(keys)
-        for start in range(0, len(keys), pages.staging.chunk):
-            positions = range(start, min(start + pages.staging.chunk, len(keys)))
-            slots = pages.staging.take(len(positions), time.monotonic() + pages.timeout_s)
-            if slots is None:
-                return done
-            call = None
+        for positions in pages.staging.chunks(len(keys)):
             try:
-                call = pages.loop.submit(pages.backend.get_into([pages.key(keys[p]) for p in positions], slots))
-                found = call.result(timeout=pages.timeout_s)
-                for slot, position, ok in zip(slots, positions, found):
-                    if not ok:
-                        return done  # a miss ends the leading run
-                    payload = pages.staging.payload(slot)
-                    for name, host_pages in targets.items():
-                        pages.pools[name].scatter(payload, host_pages[position])
-                    done[position] = True
+                with pages.staging.lease(len(positions), pages.loop, pages.timeout_s) as lease:
+                    if lease is None:
+                        return done
+                    found = lease.run(pages.backend.get_into([pages.key(keys[p]) for p in positions], lease.slots))
+                    for slot, position, ok in zip(lease.slots, positions, found):
+                        if not ok:
+                            return done  # a miss ends the leading run
+                        payload = pages.staging.payload(slot)
+                        for name, host_pages in targets.items():
+                            pages.pools[name].scatter(payload, host_pages[position])
+                        done[position] = True
             except _L3_FAILURES as error:
-                log.warning("tiered-kv HiCache get of %d pages failed, reported as a miss: %s", len(slots), error)
+                log.warning("tiered-kv HiCache get of %d pages failed, reported as a miss: %s", len(positions), error)
                 return done
-            finally:
-                pages.staging.give(slots, call)
         return done
 
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,

@@ -19,7 +19,6 @@ linker's own. It never raises a failing L3 into the scheduler: L3 turns degraded
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCache
 from ...errors import ConfigError, TieredKVError
 from ...hierarchy import CacheManager, L3Controller, Policies, TransferHalf
 from ...model.host_pool import HostPool
-from ...model.keys import KEY_DIGEST_BYTES, Namespace
+from ...model.keys import Namespace
 from .linker_counter import HandleLayerCounter
 from .linker_pools import device_page_ids, device_pool_group, spec_and_device_pool
 
@@ -165,8 +164,7 @@ class Linker(UnifiedCacheLinker):
         kv = next((t for t in transfers if t.name == PoolName.KV), None)
         if kv is None or not kv.keys:
             return []
-        root = self.namespace.root
-        return [hashlib.blake2b(root + str(h).encode(), digest_size=KEY_DIGEST_BYTES).hexdigest() for h in kv.keys]
+        return [self.namespace.engine_key(str(h).encode()) for h in kv.keys]
 
     @staticmethod
     def _kv_transfer(transfers: list[PoolTransfer]) -> PoolTransfer | None:

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import hashlib
 
-from tiered_kv.model.keys import Namespace
+from tiered_kv.model.keys import KEY_DIGEST_BYTES, Namespace
 
-KEY_DIGEST_BYTES = 16
 
 
 def page_key(namespace: Namespace, offload_key: bytes) -> str:
     """The tiered-kv page key of one vLLM offload key under ``namespace``."""
-    return hashlib.blake2b(namespace.root + bytes(offload_key), digest_size=KEY_DIGEST_BYTES).hexdigest()
+    return namespace.engine_key(bytes(offload_key))
 
 
 def layout_fingerprint(*, tokens_per_block: int, bytes_per_block: int, dtype: str, layout: str | None) -> str:

@@ -141,9 +141,11 @@ def test_prefetches_cancelled_midway(redis_server):
         for rid in range(len(all_keys)):
             s.l1.abort(rid)  # queued ones are dropped, the running one is cancelled
         st = s.manager.stats
-        assert st.prefetches_cancelled == len(all_keys) and st.prefetches_timed_out == 0
         if s.controller is not None:  # the controller lives in this process: its reads were cancelled
+            assert st.prefetches_cancelled == len(all_keys) and st.prefetches_timed_out == 0
             assert s.controller.stats.reads_cancelled == len(all_keys)
+        else:  # the abort crosses a pipe: on a loaded host a prefetch may time out before it arrives
+            assert st.prefetches_cancelled + st.prefetches_timed_out == len(all_keys)
         assert s.manager.wait_idle(20)
         assert s.free_slots() == s.host.num_slots
         # what is left is served right

@@ -54,6 +54,13 @@ exported from ``tiered_kv.backends`` for backend authors). A subclass reads ``se
 ``_get`` / ``_put`` and other data paths (``self.key_only`` says whether there is one), so that it
 also opens key-only.
 
+Records in parts: a backend reads and writes a slot's record through ``pool.record_parts(slot)``
+(``part_addresses`` where it moves by address, ``record_contents`` / ``fill_record`` where it copies,
+``memory_regions`` for what it registers). A plain pool gives one part; a ``BoundPool`` slot bound
+to an engine's memory gives its header block and each payload range, so the engine's pages move
+with no staging copy. A backend that does so sets ``moves_parts``; one that reads ``record_view``
+leaves it False and is given plain slots only.
+
 For inspection (``tiered-kv inspect``), a backend that can list its medium also implements ``scan``
 (stored name and size of every object in its namespace) and ``read_stored`` (raw bytes by stored
 name), with ``stored_name`` / ``stored_length`` saying where and how long a record of a key is
@@ -181,6 +188,9 @@ class Backend(ABC):
     #: the pool until their thread returned, loop-side receives stop): a controller may cancel a
     #: running read and let its slots go at once.
     cancels_reads_safely: ClassVar[bool] = True
+    #: Reads and writes a slot's record through ``record_parts`` (a ``BoundPool`` slot in several
+    #: buffers), not only through one ``record_view``.
+    moves_parts: ClassVar[bool] = False
 
     def __init__(self, pool: HostPool | None, *, max_workers: int = 4, timeout_s: float | None = 30.0) -> None:
         if pool is not None:
@@ -389,7 +399,7 @@ class Backend(ABC):
         for k, s in zip(keys, slots):
             hit = ok[k] and (not results or results[-1])
             if hit and s != first_slot[k]:
-                self.pool.record_view(s)[:] = self.pool.record_view(first_slot[k])
+                self.pool.copy_record(first_slot[k], s)
             results.append(hit)
         hits = sum(results)
         self.stats.hits += hits
@@ -431,12 +441,13 @@ class Backend(ABC):
         spec = self.pool.spec
         rejected: list[tuple[str, RecordError]] = []
         for key, slot, other in landed:
-            view = self.pool.record_view(slot)
             try:
                 if other is None:
-                    self.pool.verify_record(view, key)  # with the pool's record key, where it has one
+                    self.pool.verify_slot(slot, key)  # with the pool's record key, where it has one
                 else:
-                    raise record.other_length_error(view, length=other.length, expected=other.expected,
+                    # The value's first bytes (its header, where it has one) are in the first part.
+                    raise record.other_length_error(self.pool.record_parts(slot)[0], length=other.length,
+                                                    expected=other.expected,
                                                     fingerprint=spec.fingerprint, key=key, payload_len=spec.page_bytes)
             except RecordError as exc:
                 rejected.append((key, exc))
@@ -444,8 +455,7 @@ class Backend(ABC):
 
     def _wipe(self, slot: int) -> None:
         """Zero a slot a refused record landed in: another tenant's page must not stay readable there."""
-        view = self.pool.slot_view(slot)  # the padding too: a longer value's bytes may have landed there
-        view[:] = bytes(len(view))
+        self.pool.wipe(slot)  # the padding too: a longer value's bytes may have landed there
 
     def _count_foreign(self, key: str, reason: str) -> None:
         """Count a foreign miss. The first one of a backend is a warning: pages of two specs under

@@ -48,6 +48,7 @@ class MemoryBackend(Backend):
     scheme = "memory"
     capabilities = Capabilities(zero_copy=False, persistent=False, shared_across_processes=False, shared_across_nodes=False,
                                 compares_before_delete=True)
+    moves_parts = True
 
     def __init__(self, pool: HostPool | None, options: MemoryOptions = MemoryOptions(), *, store: "_Store | None" = None) -> None:
         super().__init__(pool, max_workers=1, timeout_s=None)
@@ -92,11 +93,10 @@ class MemoryBackend(Backend):
                 found.append(False)
                 continue
             self._records.move_to_end(key)
-            view = self.pool.record_view(slot)
-            n = min(len(data), len(view))
-            view[:n] = data[:n]
+            self.pool.fill_record(slot, data)
+            size = self.pool.record_bytes
             # Another length than ours: the base reads its header to tell whose it is.
-            found.append(True if len(data) == len(view) else OtherLength(len(data), len(view)))
+            found.append(True if len(data) == size else OtherLength(len(data), size))
         return found
 
     async def _put(self, keys: list[str], slots: list[int]) -> list[bool]:
@@ -105,7 +105,7 @@ class MemoryBackend(Backend):
             if key in self._records:
                 stored.append(True)
                 continue
-            data = bytes(self.pool.record_view(slot))
+            data = bytes(self.pool.record_contents(slot))
             if len(data) > self.options.capacity_bytes:
                 stored.append(False)
                 continue
@@ -126,7 +126,7 @@ class MemoryBackend(Backend):
         # One event loop step, no await: nothing can put the key between the compare and the delete.
         for key, slot, other in found:
             data = self._records.get(key)
-            view = self.pool.record_view(slot)
+            view = self.pool.record_contents(slot)
             if data is not None and matches_read(data, len(data), view, read_length(other, len(view))):
                 self._delete_now(key)
 

@@ -8,7 +8,9 @@ Usage in ``tests/backends/test_<name>.py``::
             async with open_backend(f"file://{tmp_path}", pool) as b:
                 yield b
 
-``pool`` (a small page_first NSA pool) comes from this module's fixture; subclasses may override it.
+``pool`` (a small page_first NSA pool) comes from this module's fixture, once plain and once a
+``BoundPool`` whose every slot is bound to two ranges of memory the pool does not own (an engine's
+host pool), so each record moves in three parts; subclasses may override it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ import secrets
 import pytest
 import torch
 
+import numpy as np
+
 from tiered_kv import HostPool, mha_spec, mla_spec, nsa_spec
+from tiered_kv.model.bound_pool import BoundPool
 from tiered_kv.errors import BackendError, ForeignSlotError, IndexValidationError, PageKeyError, PoolError, UnsealedSlotError
 
 SPEC = nsa_spec(num_layers=2)  # 100,864 B payload: small enough for CI, same shape of record
@@ -37,14 +42,38 @@ FOREIGN_READERS = {
 BAD_KEYS = ["", "nul\0inside", "new\nline", "tab\there", "\x7f", "ключ", "x" * 513]
 
 
+def bound_pool(spec, num_slots: int) -> BoundPool:
+    """A ``BoundPool`` with every slot bound to two ranges of engine-like memory: the payload's
+    first bytes in one array, the rest in another (an odd split, neither part 4 KiB aligned)."""
+    first = 3 * 4096 + 17
+    head = np.zeros((num_slots, first), dtype=np.uint8)
+    tail = np.zeros((num_slots, spec.page_bytes - first), dtype=np.uint8)
+    pool = BoundPool(spec, num_slots, [head, tail])
+    for slot in range(num_slots):
+        pool.bind(slot, [head[slot], tail[slot]])
+    return pool
+
+
+def record_of(pool: HostPool, slot: int) -> bytes:
+    """The bytes of ``slot``'s record, whatever parts hold it."""
+    return bytes(pool.record_contents(slot))
+
+
+def flip(pool: HostPool, slot: int, offset: int) -> None:
+    """Flip the record byte at ``offset`` of ``slot`` (in whichever part holds it)."""
+    data = bytearray(record_of(pool, slot))
+    data[offset] ^= 0xFF
+    pool.fill_record(slot, data)
+
+
 def fill_and_seal(pool: HostPool, slots: list[int], keys: list[str]) -> dict[str, bytes]:
     """Random payload in each slot, sealed for its key; returns key -> record bytes."""
     records = {}
     for slot, key in zip(slots, keys):
-        payload = pool.record_view(slot)[4096:]
-        payload[:] = torch.randint(0, 256, (len(payload),), dtype=torch.uint8).numpy().tobytes()
+        payload = torch.randint(0, 256, (pool.spec.page_bytes,), dtype=torch.uint8).numpy().tobytes()
+        pool.fill_record(slot, bytes(4096) + payload)
         pool.seal(slot, key)
-        records[key] = bytes(pool.record_view(slot))
+        records[key] = record_of(pool, slot)
     return records
 
 
@@ -56,7 +85,7 @@ async def assert_round_trip(backend, pool: HostPool, n: int = 2) -> list[str]:
     assert await backend.put_from(keys, slots) == [True] * n
     dst = pool.allocate(n)
     assert await backend.get_into(keys, dst) == [True] * n
-    assert [bytes(pool.record_view(s)) for s in dst] == [records[k] for k in keys]
+    assert [record_of(pool, s) for s in dst] == [records[k] for k in keys]
     return keys
 
 
@@ -75,9 +104,9 @@ def new_keys(n: int) -> list[str]:
 class BackendContract:
     """Behaviour shared by every backend. Subclasses provide the ``backend`` fixture."""
 
-    @pytest.fixture
-    def pool(self):
-        with HostPool(SPEC, 48, "page_first") as pool:
+    @pytest.fixture(params=["plain", "bound"])
+    def pool(self, request):
+        with (HostPool(SPEC, 48, "page_first") if request.param == "plain" else bound_pool(SPEC, 48)) as pool:
             yield pool
 
     async def test_round_trip_random_pages(self, backend, pool):
@@ -87,10 +116,10 @@ class BackendContract:
         assert await backend.put_from(keys, src) == [True] * 6
         dst = pool.allocate(6)
         for s in dst:  # poison: a hit must overwrite every byte
-            pool.record_view(s)[:] = b"\xa5" * pool.record_bytes
+            pool.fill_record(s, b"\xa5" * pool.record_bytes)
         assert await backend.get_into(keys, dst) == [True] * 6
         for key, slot in zip(keys, dst):
-            assert bytes(pool.record_view(slot)) == records[key]
+            assert record_of(pool, slot) == records[key]
 
     async def test_exists_counts_leading_run(self, backend, pool):
         keys = new_keys(5)
@@ -118,7 +147,7 @@ class BackendContract:
         assert await backend.put_from([key], [first]) == [True]
         assert await backend.put_from([key], [second]) == [True]
         assert await backend.get_into([key], [dst]) == [True]
-        assert bytes(pool.record_view(dst)) == original
+        assert record_of(pool, dst) == original
 
     @pytest.fixture
     def closable(self, backend):
@@ -164,7 +193,7 @@ class BackendContract:
         assert await backend.put_from([key, key], slots) == [True, True]
         dst = pool.allocate(2)
         assert await backend.get_into([key, key], dst) == [True, True]
-        assert bytes(pool.record_view(dst[0])) == bytes(pool.record_view(dst[1]))
+        assert record_of(pool, dst[0]) == record_of(pool, dst[1])
         assert await backend.exists([key, key]) == 2
 
     async def test_many_tasks_at_once(self, backend, pool):
@@ -177,14 +206,14 @@ class BackendContract:
         gets = await asyncio.gather(*(backend.get_into(keys[i:i + 4], dst[i:i + 4]) for i in range(0, 16, 4)))
         assert all(r == [True] * 4 for r in gets)
         for key, slot in zip(keys, dst):
-            assert bytes(pool.record_view(slot)) == records[key]
+            assert record_of(pool, slot) == records[key]
 
     async def test_unsealed_slot_is_refused(self, backend, pool):
         free_before = pool.free_slots
         keys = new_keys(2)
         slots = pool.allocate(2)
         fill_and_seal(pool, slots[:1], keys[:1])
-        pool.record_view(slots[1])[:4096] = bytes(4096)
+        pool.fill_record(slots[1], bytes(4096))
         with pytest.raises(UnsealedSlotError, match="not sealed") as caught:
             await backend.put_from(keys, slots)
         assert isinstance(caught.value, PoolError) and isinstance(caught.value, ValueError)
@@ -274,7 +303,7 @@ class BackendContract:
         assert await backend.exists(keys) == 2
         back = pool.allocate(2)
         assert await backend.get_into(keys, back) == [True, True]
-        assert [bytes(pool.record_view(s)) for s in back] == [records[k] for k in keys]
+        assert [record_of(pool, s) for s in back] == [records[k] for k in keys]
         assert backend.stats.corrupt == corrupt_before
         pool.free(slots + back)
         assert_settled(pool, free_before)
@@ -294,8 +323,7 @@ class BackendContract:
         async def damaged_get(keys, slots):
             found = await real_get(keys, slots)
             for slot in slots:
-                view = pool.record_view(slot)
-                view[5000] = view[5000] ^ 0xFF
+                flip(pool, slot, 5000)
             return found
         monkeypatch.setattr(backend, "_get", damaged_get)
         corrupt = backend.stats.corrupt
@@ -306,7 +334,7 @@ class BackendContract:
         if backend.capabilities.compares_before_delete:
             assert await backend.exists(keys) == 1
             assert await backend.get_into(keys, dst) == [True]
-            assert bytes(pool.record_view(dst[0])) == records[keys[0]]
+            assert record_of(pool, dst[0]) == records[keys[0]]
         else:
             assert await backend.exists(keys) == 0
         pool.free(slots + dst)
@@ -322,8 +350,7 @@ class BackendContract:
         slots = pool.allocate(2)
         fill_and_seal(pool, slots, keys)
         for slot in slots:  # sealed, then damaged: stored as it is (put checks the header only)
-            view = pool.record_view(slot)
-            view[6000] = view[6000] ^ 0xFF
+            flip(pool, slot, 6000)
         assert await backend.put_from(keys, slots) == [True, True]
         fresh = pool.allocate(1)
         again = fill_and_seal(pool, fresh, keys[:1])
@@ -344,7 +371,7 @@ class BackendContract:
         if backend.capabilities.compares_before_delete:
             assert await backend.exists(keys[:1]) == 1
             assert await backend.get_into(keys[:1], dst[:1]) == [True]
-            assert bytes(pool.record_view(dst[0])) == again[keys[0]]
+            assert record_of(pool, dst[0]) == again[keys[0]]
         else:
             assert await backend.exists(keys[:1]) == 0
         pool.free(slots + fresh + dst)
@@ -371,7 +398,7 @@ class BackendContract:
         records = fill_and_seal(pool, [right], [key])
         assert await backend.put_from([key], [right]) == [True]
         assert await backend.get_into([key], [dst]) == [True]
-        assert bytes(pool.record_view(dst)) == records[key]
+        assert record_of(pool, dst) == records[key]
         await backend.delete([key])
         pool.free([wrong, right, dst])
         assert_settled(pool, free_before)

@@ -118,6 +118,62 @@ class HostPool:
         start = self.check_slot(slot) * self.slot_bytes
         return self.memory.memoryview()[start:start + self.slot_bytes]
 
+    # --- a slot's record as parts (what backends move; one part here, several in a bound pool) ---
+    def record_parts(self, slot: int) -> list[memoryview]:
+        """The writable buffers that hold ``slot``'s record, in order: here the one record view; a
+        ``BoundPool`` slot bound to an engine's memory gives its header block, then each payload
+        part. A backend that moves records by parts (``readv``, ``sendmsg``, multi-buffer puts)
+        serves both."""
+        return [self.record_view(slot)]
+
+    def part_addresses(self, slot: int) -> list[tuple[int, int]]:
+        """``(address, bytes)`` of each of ``record_parts(slot)``, for backends that move by address."""
+        return [(self.slot_address(slot), self.record_bytes)]
+
+    def memory_regions(self) -> list[tuple[int, int]]:
+        """``(address, bytes)`` of every memory a part of this pool's records may lie in: what a
+        backend that must register memory (Mooncake) registers."""
+        return [(self.memory.address, self.memory.size)]
+
+    def is_contiguous(self, slot: int) -> bool:
+        """Whether ``slot``'s record is one buffer (``record_view``, ``slot_view`` for direct I/O)."""
+        self.check_slot(slot)
+        return True
+
+    def record_contents(self, slot: int) -> memoryview | bytes:
+        """``slot``'s record as one buffer: its view where it is one, else a copy of its parts."""
+        parts = self.record_parts(slot)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def fill_record(self, slot: int, data) -> int:
+        """Copy ``data``'s first bytes into ``slot``'s record parts, in order, up to the record's
+        size; returns how many were copied (a shorter value fills only its length)."""
+        source = memoryview(data).cast("B")
+        done = 0
+        for part in self.record_parts(slot):
+            n = min(len(part), len(source) - done)
+            if n <= 0:
+                break
+            part[:n] = source[done:done + n]
+            done += n
+        return done
+
+    def copy_record(self, source: int, target: int) -> None:
+        """Copy the record in slot ``source`` into slot ``target`` (duplicate keys of one get)."""
+        self.fill_record(target, self.record_contents(source))
+
+    def wipe(self, slot: int) -> None:
+        """Zero every byte a record of ``slot`` may have landed in (the padding too)."""
+        view = self.slot_view(slot)
+        view[:] = bytes(len(view))
+
+    def _header_and_payload(self, slot: int) -> tuple[memoryview, list[memoryview]]:
+        parts = self.record_parts(slot)
+        head = parts[0]
+        if len(parts) == 1:
+            return head[:record.HEADER_BYTES], [head[record.HEADER_BYTES:]]
+        return head, parts[1:]
+
     # --- records -----------------------------------------------------------------------------
     def seal(self, slot: int, key: str) -> None:
         """Write the record header of a page_first slot whose payload has landed.
@@ -125,20 +181,22 @@ class HostPool:
         Raises ForeignSlotError for a slot that is not handed out (free, or waiting to be freed)
         when the pool owns its slots: a sealed free slot would be a record nobody holds.
         """
-        view = self.record_view(slot)
+        header, payload = self._header_and_payload(slot)
         if self.own_slots and not self.is_allocated(slot):
             raise ForeignSlotError(f"seal of slot {self.check_slot(slot)}, which is not allocated (free or being freed)")
-        record.write_header(view[:record.HEADER_BYTES], fingerprint=self.spec.fingerprint, key=key,
-                            payload=view[record.HEADER_BYTES:], record_key=self.record_key)
+        record.write_header(header, fingerprint=self.spec.fingerprint, key=key, payload=payload,
+                            record_key=self.record_key)
 
     def is_sealed(self, slot: int, key: str) -> bool:
         """Header-only check that a page_first slot was sealed for ``key`` under this spec (and key)."""
-        return record.is_sealed_for(self.record_view(slot), fingerprint=self.spec.fingerprint, key=key,
+        return record.is_sealed_for(self.record_parts(slot)[0], fingerprint=self.spec.fingerprint, key=key,
                                     record_key=self.record_key)
 
     def verify_slot(self, slot: int, key: str) -> None:
         """Verify the record a backend wrote into a page_first slot; raises a RecordError."""
-        self.verify_record(self.record_view(slot), key)
+        header, payload = self._header_and_payload(slot)
+        record.verify_parts(header, payload, fingerprint=self.spec.fingerprint, key=key,
+                            payload_len=self.spec.page_bytes, record_key=self.record_key)
 
     def verify_record(self, data, key: str) -> memoryview:
         """Verify ``data`` as this pool's record of ``key`` (spec, size and, with a record key, its

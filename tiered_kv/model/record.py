@@ -57,9 +57,28 @@ _HEADER_SUM_OFFSET = HEADER_BYTES - 16
 _ZEROS = bytes(HEADER_BYTES)
 
 
+def payload_parts(payload) -> tuple:
+    """``payload`` as its parts in order: a contiguous buffer is one part; a list or tuple of
+    buffers is a payload held in pieces (a page whose components lie in an engine's memory, see
+    ``bound_pool``). Checksums and tags over the parts equal those over their concatenation."""
+    return tuple(payload) if isinstance(payload, (list, tuple)) else (payload,)
+
+
 def payload_checksum(payload) -> bytes:
-    """16-byte xxh3-128 digest of a buffer (releases the GIL while it runs)."""
-    return xxhash.xxh3_128_digest(payload)
+    """16-byte xxh3-128 digest of a buffer, or of a list of buffers taken as their concatenation
+    (releases the GIL while it runs)."""
+    parts = payload_parts(payload)
+    if len(parts) == 1:
+        return xxhash.xxh3_128_digest(parts[0])
+    digest = xxhash.xxh3_128()
+    for part in parts:
+        digest.update(part)
+    return digest.digest()
+
+
+def payload_length(payload) -> int:
+    """Bytes of ``payload`` (a buffer, or a list of buffers)."""
+    return sum(_bytes_of(part).nbytes for part in payload_parts(payload))
 
 
 def _key_bytes(key: str) -> bytes:
@@ -102,7 +121,8 @@ def _tagged_header(header) -> bytearray:
 
 
 def write_header(header: memoryview, *, fingerprint: str, key: str, payload, record_key: RecordKey | None = None) -> None:
-    """Fill the 4 KiB ``header`` block for ``payload`` (any contiguous buffer).
+    """Fill the 4 KiB ``header`` block for ``payload`` (any contiguous buffer, or a list of them
+    taken in order: ``payload_parts``).
 
     Written after the payload bytes have landed: this is what *sealing* a slot means. With
     ``record_key`` the record carries a keyed tag instead of the plain checksum.
@@ -111,7 +131,7 @@ def write_header(header: memoryview, *, fingerprint: str, key: str, payload, rec
         raise RecordError(f"header block needs {HEADER_BYTES} bytes, got {len(header)}")
     raw_key = _key_bytes(key)
     raw_fingerprint = _fingerprint_bytes(fingerprint)
-    payload_len = _bytes_of(payload).nbytes
+    payload_len = payload_length(payload)
     header[:HEADER_BYTES] = _ZEROS
     algorithm = CHECKSUM_XXH3_128 if record_key is None else TAG_HMAC_SHA256_128
     checksum = payload_checksum(payload) if record_key is None else bytes(16)
@@ -122,7 +142,7 @@ def write_header(header: memoryview, *, fingerprint: str, key: str, payload, rec
     header[_KEY_OFFSET:_KEY_OFFSET + len(raw_key)] = raw_key
     if record_key is not None:
         header[_KEY_ID_OFFSET:_KEY_ID_OFFSET + KEY_ID_BYTES] = record_key.key_id
-        header[_SUM_OFFSET:_KEY_OFFSET] = record_key.tag(_tagged_header(header), payload)
+        header[_SUM_OFFSET:_KEY_OFFSET] = record_key.tag(_tagged_header(header), *payload_parts(payload))
     header[_HEADER_SUM_OFFSET:HEADER_BYTES] = xxhash.xxh3_128_digest(header[:_HEADER_SUM_OFFSET])
 
 
@@ -183,6 +203,19 @@ def verify(record, *, fingerprint: str, key: str, payload_len: int, record_key: 
     return payload
 
 
+def verify_parts(header_block, payload, *, fingerprint: str, key: str, payload_len: int,
+                 record_key: RecordKey | None = None) -> None:
+    """``verify`` for a record held in pieces: its 4 KiB ``header_block`` and its ``payload`` as a
+    list of buffers in order (``payload_parts``), which must together be ``payload_len`` bytes.
+    Raises what ``verify`` raises; returns nothing (the payload stays where it is)."""
+    header = read_header(header_block)
+    check_owner(header, fingerprint=fingerprint, key=key, payload_len=payload_len)
+    held = payload_length(payload)
+    if held < payload_len:
+        raise TruncatedRecordError(f"record payload is {held} bytes, header says {payload_len}")
+    _check_payload(header, _bytes_of(header_block)[:HEADER_BYTES], payload, record_key)
+
+
 def _check_payload(header: RecordHeader, header_block, payload, record_key: RecordKey | None) -> None:
     """Check ``payload`` against ``header`` (read from ``header_block``) as a reader holding
     ``record_key`` (None: no secret) takes records; raises what ``verify`` names."""
@@ -200,7 +233,7 @@ def _check_payload(header: RecordHeader, header_block, payload, record_key: Reco
     if header.key_id != record_key.key_id:
         raise ForeignRecordError(f"record of page {page!r} is sealed with another secret (key id "
                                  f"{header.key_id.hex()}, this reader's {record_key.key_id.hex()}): another tenant's page")
-    if not record_key.matches(header.checksum, _tagged_header(header_block), payload):
+    if not record_key.matches(header.checksum, _tagged_header(header_block), *payload_parts(payload)):
         raise ForgedRecordError(f"keyed tag mismatch for page {page!r}: forged, tampered with or corrupted")
 
 

@@ -10,7 +10,9 @@ URL: ``file:///mnt/nvme/kv?capacity_bytes=2TiB&o_direct=true&fsync=true&workers=
   Disk full or a write error: the temp file is removed and the put reports False.
 - Reads land directly in the host slot (``readinto`` the slot; with ``o_direct`` the whole padded
   slot, which is 4 KiB aligned in address and length). Where the filesystem refuses O_DIRECT
-  (tmpfs) the backend falls back to buffered I/O and says so in ``direct_io``.
+  (tmpfs) the backend falls back to buffered I/O and says so in ``direct_io``. A record in parts
+  (a ``BoundPool`` slot over an engine's host pool) moves with one ``readv`` / ``writev`` of its
+  parts, buffered: an engine's buffers are not 4 KiB aligned.
 - Capacity in bytes with least-recently-used eviction; the index is rebuilt from the directory
   (mtime order) on open, so pages survive a restart of the process (and trimmed to the capacity).
   Under any concurrency of this backend's workers, the bytes of page and temp files stay within
@@ -132,6 +134,7 @@ class FileBackend(Backend):
     scheme = "file"
     capabilities = Capabilities(zero_copy=True, persistent=True, shared_across_processes=True, shared_across_nodes=False,
                                 compares_before_delete=True)
+    moves_parts = True
 
     def __init__(self, pool: HostPool | None, options: FileOptions, *, read_only: bool = False) -> None:
         if read_only and pool is not None:
@@ -328,32 +331,43 @@ class FileBackend(Backend):
             os.close(fd)
 
     # --- blocking work, run on the executor --------------------------------------------------
-    def _open_flags(self) -> int:
-        return os.O_DIRECT if self.direct_io else 0
+    def _open_flags(self, slot: int) -> int:
+        # Direct I/O needs 4 KiB aligned buffers: a slot of this pool's own memory, never a record
+        # in parts (a BoundPool slot whose payload lies in an engine's host pool).
+        return os.O_DIRECT if self.direct_io and self.pool.is_contiguous(slot) else 0
 
-    def _read_view(self, slot: int) -> memoryview:
-        """Where a get reads a page file into ``slot``: the whole padded slot for direct I/O (aligned
-        reads), else the record."""
-        return self.pool.slot_view(slot) if self.direct_io else self.pool.record_view(slot)
+    def _read_parts(self, slot: int) -> list[memoryview]:
+        """Where a get reads a page file into ``slot``: the whole padded slot for direct I/O
+        (aligned reads), else the record's parts (one view, or a bound slot's header and ranges)."""
+        if self._open_flags(slot):
+            return [self.pool.slot_view(slot)]
+        return self.pool.record_parts(slot)
+
+    def _read_view(self, slot: int) -> memoryview | bytes:
+        """What a get read into ``slot``, as one buffer (for the compare before a delete)."""
+        if self._open_flags(slot):
+            return self.pool.slot_view(slot)
+        return self.pool.record_contents(slot)
 
     def _read_one(self, key: str, slot: int) -> bool | OtherLength | NotARecord:
         _, name, path = self._file_of(key)
         try:
-            fd = open_page_file(path, self._open_flags())
+            fd = open_page_file(path, self._open_flags(slot))
         except FileNotFoundError:
             return False
         except NotRegularFile as exc:
             return NotARecord(str(exc))
         try:
             st = os.fstat(fd)
-            view = self._read_view(slot)
+            parts = self._read_parts(slot)
             # Never past the slot: a larger file is another spec's page, of which the header
             # (its first bytes) is all the base needs. One read for a short file, so direct I/O
             # never reads from an unaligned offset.
-            want = min(st.st_size, len(view))
+            room = sum(len(part) for part in parts)
+            want = min(st.st_size, room)
             got = 0
             while got < want:
-                n = os.readv(fd, [view[got:]])
+                n = os.readv(fd, _after(parts, got, room))  # whole buffers: direct I/O reads aligned lengths
                 if n == 0:
                     break  # the file shrank under us: what landed is all there is
                 got += n
@@ -387,15 +401,16 @@ class FileBackend(Backend):
             except FileExistsError:
                 pass
             name = os.path.join(directory, f"{TEMP_PREFIX}{file_name}-{secrets.token_hex(6)}")
-            fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | self._open_flags(), 0o644)
+            fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | self._open_flags(slot), 0o644)
             # Only a temp file that exists is removed below: on a read-only filesystem even the
             # unlink of an absent name fails (EROFS), and would turn a refused put into an error.
             temp = name
             try:
-                view = self.pool.slot_view(slot)
+                parts = self._write_parts(slot)
+                total = sum(len(part) for part in parts)
                 written = 0
-                while written < len(view):
-                    written += os.writev(fd, [view[written:]])
+                while written < total:
+                    written += os.writev(fd, _after(parts, written, total))
                 if self.options.fsync:
                     # Data (and the size) before the name: after a crash a name never points
                     # at a half page. The directory entry itself may be lost: it is a cache.
@@ -440,6 +455,13 @@ class FileBackend(Backend):
                     with self._lock:
                         self._in_flight -= size
         return True
+
+    def _write_parts(self, slot: int) -> list[memoryview]:
+        """What a put writes for ``slot``: the whole padded slot, or a record in parts followed by
+        the padding, so every page file is ``file_bytes`` long whichever pool wrote it."""
+        if self.pool.is_contiguous(slot):
+            return [self.pool.slot_view(slot)]
+        return [*self.pool.record_parts(slot), memoryview(bytes(self.file_bytes - self.pool.record_bytes))]
 
     def _refuse_write(self, path: Path | str, exc: OSError) -> bool:
         """A put the medium refuses for good (a read-only remount, lost permission): False, a
@@ -599,6 +621,21 @@ class FileBackend(Backend):
         # The slots hold what was read until the compare: held in the pool like a get's.
         await self._spread(lambda k, s: self._delete_if_as_read(k, s, others[k]), [k for k, _, _ in found],
                            [s for _, s, _ in found], hold=True)
+
+
+def _after(parts: list[memoryview], done: int, total: int) -> list[memoryview]:
+    """The buffers of ``parts`` from byte ``done`` up to byte ``total``, for the next ``readv`` /
+    ``writev`` of a transfer that moved ``done`` bytes so far."""
+    rest = []
+    start = 0
+    for part in parts:
+        end = min(start + len(part), total)
+        if end > done:
+            rest.append(part[max(done - start, 0):end - start])
+        start += len(part)
+        if start >= total:
+            break
+    return rest
 
 
 class NotRegularFile(OSError):

@@ -145,6 +145,7 @@ class RedisBackend(Backend):
     scheme = "redis"
     capabilities = Capabilities(zero_copy=True, persistent=False, shared_across_processes=True, shared_across_nodes=True,
                                 compares_before_delete=True)
+    moves_parts = True
 
     def __init__(self, pool: HostPool | None, options: RedisOptions) -> None:
         self.check_dependencies()
@@ -372,7 +373,7 @@ class RedisBackend(Backend):
         await self._check_server_once()
         calls = []
         for key, slot, other in found:
-            view = self.pool.record_view(slot)
+            view = self.pool.record_contents(slot)
             length = read_length(other, len(view))
             n = min(length, len(view))
             calls.append((self._key(key), length, n, hashlib.sha1(view[:n]).hexdigest()))
@@ -404,13 +405,14 @@ class RedisBackend(Backend):
         return await all_or_nothing(store(k, s) for k, s in zip(keys, slots))
 
     async def _get_zero_copy(self, key: str, slot: int) -> bool | OtherLength | NotARecord:
-        view = self.pool.record_view(slot)
+        parts = self.pool.record_parts(slot)
+        size = self.pool.record_bytes
         command = encode_command(b"GET", self._key(key))
 
         async def request(conn: RespConnection) -> int:
             await conn.send(command)
             try:
-                return await conn.read_bulk_into(view)
+                return await conn.read_bulk_into(parts)
             except RespError as exc:
                 if _is_wrong_type(str(exc)):
                     return _WRONG_TYPE  # the whole error line was read: the connection stays good
@@ -421,7 +423,7 @@ class RedisBackend(Backend):
             return _NOT_A_STRING
         if length < 0:
             return False
-        return True if length == len(view) else OtherLength(length, len(view))
+        return True if length == size else OtherLength(length, size)
 
     async def _get_copying(self, key: str, slot: int) -> bool | OtherLength | NotARecord:
         import redis.exceptions as rex
@@ -437,24 +439,23 @@ class RedisBackend(Backend):
         value = await self._py("GET", run, value=True)
         if value is None or isinstance(value, NotARecord):
             return False if value is None else value
-        view = self.pool.record_view(slot)
-        n = min(len(value), len(view))
-        view[:n] = value[:n]
-        return True if len(value) == len(view) else OtherLength(len(value), len(view))
+        self.pool.fill_record(slot, value)
+        size = self.pool.record_bytes
+        return True if len(value) == size else OtherLength(len(value), size)
 
     def _set_args(self) -> list[bytes]:
         return [b"NX", b"PX", str(self.options.ttl_ms).encode()] if self.options.ttl_ms else [b"NX"]
 
     async def _put_zero_copy(self, key: str, slot: int) -> bool:
-        view = self.pool.record_view(slot)
+        parts = self.pool.record_parts(slot)
         k = self._key(key)
         extra = self._set_args()
         # *N, SET, key, then the value's length line; the value itself goes out from the slot.
-        head = b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (3 + len(extra), len(k), k, len(view))
+        head = b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (3 + len(extra), len(k), k, self.pool.record_bytes)
         tail = b"\r\n" + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in extra)
 
         async def request(conn: RespConnection) -> tuple[bytes, bytes]:
-            await conn.send(head, view, tail)
+            await conn.send(head, *parts, tail)
             return await conn.read_reply()
 
         kind, reply = await self._raw("SET", request)
@@ -468,7 +469,7 @@ class RedisBackend(Backend):
     async def _put_copying(self, key: str, slot: int) -> bool:
         import redis.exceptions as rex
 
-        value = bytes(self.pool.record_view(slot))
+        value = bytes(self.pool.record_contents(slot))
         px = self.options.ttl_ms or None
 
         async def run() -> bool:

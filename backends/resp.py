@@ -135,10 +135,11 @@ class RespConnection:
             raise RespError(f"protocol: unexpected reply {line[:40]!r}")
         return kind, rest
 
-    async def read_bulk_into(self, view: memoryview) -> int:
-        """Receive a bulk reply straight into ``view``; returns its length, -1 for nil.
+    async def read_bulk_into(self, views: list[memoryview]) -> int:
+        """Receive a bulk reply straight into ``views``, filled in order (a record's parts);
+        returns its length, -1 for nil.
 
-        A value of another length than ``len(view)`` lands as far as the view reaches (its first
+        A value of another length than the views together lands as far as they reach (its first
         bytes: a page record's header, so the caller can tell whose it is) and the rest is consumed
         and discarded; its length is returned, so the caller can tell.
         """
@@ -150,8 +151,13 @@ class RespConnection:
         length = int(line[1:])
         if length < 0:
             return -1
-        take = min(length, len(view))
-        await self._recv_into(view[:take])
+        take = min(length, sum(len(view) for view in views))
+        left = take
+        for view in views:
+            if left <= 0:
+                break
+            await self._recv_into(view[:left])
+            left -= min(len(view), left)
         if take < length:
             await self._discard(length - take)
         if await self._exact(2) != b"\r\n":

@@ -248,6 +248,11 @@ class HostPool:
         with self._lock:
             self._allocator.hold(slots, completion)
 
+    def is_held(self, slot: int) -> bool:
+        """Whether work ``hold`` registered on ``slot`` (a backend's thread) may still touch it."""
+        with self._lock:
+            return self._allocator.is_held(self.check_slot(slot))
+
     def reap(self) -> int:
         """Release pending frees whose completion is done; returns how many slots came back."""
         with self._lock:

@@ -190,6 +190,11 @@ class SlotAllocator:
                 raise DoubleFreeError(f"slot {s} is already free")
             seen.add(s)
 
+    def is_held(self, slot: int) -> bool:
+        """Whether work that may still write into ``slot`` (a ``hold``) has not finished."""
+        hold = self._holds.get(slot)
+        return hold is not None and not hold.done()
+
     def hold(self, slots: Iterable[int], completion: object) -> None:
         """Mark allocated ``slots`` as possibly written by work that ends with ``completion``.
 

@@ -66,6 +66,8 @@ def test_every_host_layout_round_trips_through_sglangs_calls(make_backend, kind,
     if kind == "dsa":  # the indexer's page_first is page-major already
         expected["indexer"] = layout != "layer_first"
     assert {name: v["contiguous"] for name, v in backend.layouts().items()} == expected
+    # memory:// moves records in parts: pages move in place exactly where every pool is contiguous.
+    assert {v["in_place"] for v in backend.layouts().values()} == {all(expected.values())}
     round_trip(backend, pools, kind, salt_of(request))
 
 
@@ -78,11 +80,33 @@ def l3_url(request, tmp_path):
     return request.getfixturevalue("mooncake_master").url(global_segment_bytes="64MiB", timeout_s=10)
 
 
-@pytest.mark.parametrize(("kind", "layout"), [("dsa", "page_first"), ("mha", "layer_first")])
+@pytest.mark.parametrize(("kind", "layout"), [("dsa", "page_first"), ("mha", "layer_first"),
+                                              ("dsa", "page_first_direct"), ("mha", "page_first_direct")])
 def test_round_trip_on_real_l3(make_backend, l3_url, kind, layout, request):
     backend, pools = make_backend(kind, layout, l3_url)
+    assert backend.layouts()["kv"]["in_place"] == (layout == "page_first_direct" and backend.backend.moves_parts)
     keys = round_trip(backend, pools, kind, salt_of(request))
     assert backend.backend.stats.puts >= len(keys)
+
+
+def _staging_payloads(backend) -> list[bytes]:
+    """The staging slots' own payload bytes (where a staged page is gathered and scattered)."""
+    staging = backend._pages.staging.pool
+    raw = staging.buffer.numpy()
+    return [raw[slot * staging.slot_bytes + 4096:slot * staging.slot_bytes + 4096 + staging.spec.page_bytes].tobytes()
+            for slot in range(staging.num_slots)]
+
+
+@pytest.mark.parametrize("kind", ["dsa", "mha"])
+@pytest.mark.parametrize("layout", ["page_first", "page_first_direct"])
+def test_in_place_pages_never_pass_through_a_staging_payload(make_backend, tmp_path, kind, layout, request):
+    """With page_first_direct host pools a page's record is sealed over SGLang's own ranges, written
+    from them and read back into them: the staging slots' payloads stay as they were made (zeros).
+    A staged layout gathers every page into one of them."""
+    backend, pools = make_backend(kind, layout, f"file://{tmp_path}/l3")
+    round_trip(backend, pools, kind, salt_of(request))
+    touched = [payload.count(0) != len(payload) for payload in _staging_payloads(backend)]
+    assert any(touched) == (layout != "page_first_direct")
 
 
 @pytest.mark.parametrize("kind", ["mha", "mla", "dsa"])
@@ -114,10 +138,13 @@ def _record_order(name: str, layout: str, page: torch.Tensor) -> torch.Tensor:
     return page[:, 0] if layout == "layer_first" else page[0, :, 0]  # [L, 1, row] / [1, L, 1, row]
 
 
-def test_a_page_written_in_one_layout_reads_back_in_another(make_backend, tmp_path, request):
+@pytest.mark.parametrize(("written_as", "read_as"), [("page_first_direct", "layer_first"),
+                                                    ("layer_first", "page_first_direct")])
+def test_a_page_written_in_one_layout_reads_back_in_another(make_backend, tmp_path, written_as, read_as, request):
+    """In place (page_first_direct) and staged (layer_first) pages are the same records."""
     url = f"file://{tmp_path}/l3"
-    writer, written = make_backend("dsa", "page_first_direct", url)
-    reader, read = make_backend("dsa", "layer_first", url)
+    writer, written = make_backend("dsa", written_as, url)
+    reader, read = make_backend("dsa", read_as, url)
     keys = sgl.page_hashes(2, sgl.PAGE["dsa"], salt_of(request))
     sgl.fill(written, seed=3)
     assert sgl.sglang_set(writer, written, keys, [1, 2])
@@ -127,7 +154,7 @@ def test_a_page_written_in_one_layout_reads_back_in_another(make_backend, tmp_pa
         for name in ("kv", "indexer"):
             want = written[name].get_data_page(source * 64, flat=False).contiguous().view(torch.uint8)
             got = read[name].get_data_page(target * 64, flat=False).contiguous().view(torch.uint8)
-            assert torch.equal(_record_order(name, "layer_first", got), _record_order(name, "page_first_direct", want))
+            assert torch.equal(_record_order(name, read_as, got), _record_order(name, written_as, want))
 
 
 def test_an_indexer_write_without_its_kv_write_stores_nothing(make_backend, tmp_path, request):
@@ -153,12 +180,15 @@ def _stored_file(backend, page_hash: str):
     return backend.backend.path_of(backend.record_key(page_hash))
 
 
+@pytest.mark.parametrize("layout", ["page_first", "page_first_direct"])
 @pytest.mark.parametrize("damage", ["partial_put", "flipped_byte"])
-def test_a_damaged_record_is_a_miss_for_kv_and_indexer_alike(make_backend, tmp_path, damage, request):
+def test_a_damaged_record_is_a_miss_for_kv_and_indexer_alike(make_backend, tmp_path, damage, layout, request):
     """A record cut short (a put that died half way) or with a flipped payload byte: neither the KV nor
-    the indexer of that page reads back, the pages before it do, and the damaged record is gone."""
+    the indexer of that page reads back, the pages before it do, and the damaged record is gone. Read
+    in place, the damaged page's bytes and those of the page after it (read, but past the leading
+    run) are not left in SGLang's host pages."""
     url = f"file://{tmp_path}/l3"
-    backend, pools = make_backend("dsa", "page_first", url)
+    backend, pools = make_backend("dsa", layout, url)
     keys = sgl.page_hashes(3, sgl.PAGE["dsa"], salt_of(request))
     sgl.fill(pools, seed=7)
     want = [sgl.page_bytes(pools, p) for p in (1, 2, 3)]
@@ -179,7 +209,8 @@ def test_a_damaged_record_is_a_miss_for_kv_and_indexer_alike(make_backend, tmp_p
     assert sgl.sglang_exists(backend, pools, keys) == 1
 
 
-def test_a_killed_redis_answers_misses_and_never_raises(make_backend, request):
+@pytest.mark.parametrize("layout", ["page_first", "page_first_direct"])
+def test_a_killed_redis_answers_misses_and_never_raises(make_backend, layout, request):
     """Redis killed mid-backup (after the indexer write, before the KV write) and while reading: every
     call answers False / 0; restarted, the backend serves again."""
     from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
@@ -189,7 +220,7 @@ def test_a_killed_redis_answers_misses_and_never_raises(make_backend, request):
     if REDIS_SERVER is None:
         pytest.skip("redis-server is not installed")
     with RedisServer() as server:
-        backend, pools = make_backend("dsa", "page_first", server.url, timeout_s=5)
+        backend, pools = make_backend("dsa", layout, server.url, timeout_s=5)
         keys = sgl.page_hashes(2, sgl.PAGE["dsa"], salt_of(request))
         sgl.fill(pools, seed=9)
         indices = sgl.host_indices([1, 2], 64)
@@ -254,17 +285,21 @@ def test_a_bad_extra_config_is_a_config_error_naming_it(sglang_model, extra, mes
         sgl.attach(pools, config)
 
 
-def test_a_stalled_redis_answers_misses_in_time_and_its_slots_come_back(make_backend, request):
-    """Redis stops answering (SIGSTOP) mid-prefetch: the calls give up after ``timeout_s`` with a miss,
-    the staging slots of the calls still out stay held until those return, then serve again."""
+@pytest.mark.parametrize("layout", ["page_first", "page_first_direct"])
+def test_a_stalled_redis_answers_misses_in_time_and_its_slots_come_back(make_backend, layout, request):
+    """Redis stops answering (SIGSTOP) mid-prefetch: the calls give up after ``timeout_s`` with a miss.
+    Staged, the staging slots of the calls still out stay held until those return, then serve again.
+    In place, a call returns only once nothing of it can write into SGLang's pages: it is cancelled,
+    its slots are free when it returns and the pages it was to fill hold nothing of it."""
     from ...backends.redis_server import REDIS_SERVER, RedisServer
 
     if REDIS_SERVER is None:
         pytest.skip("redis-server is not installed")
     with RedisServer() as server:
-        backend, pools = make_backend("dsa", "page_first", server.url, timeout_s=1, staging_slots=2)
+        backend, pools = make_backend("dsa", layout, server.url, timeout_s=1, staging_slots=2)
         keys = round_trip(backend, pools, "dsa", salt_of(request))
         staging = backend._pages.staging.pool
+        sgl.wipe(pools)
         server.pause()
         try:
             started = time.monotonic()
@@ -272,7 +307,11 @@ def test_a_stalled_redis_answers_misses_in_time_and_its_slots_come_back(make_bac
             assert sgl.sglang_exists(backend, pools, keys) == 0
             assert time.monotonic() - started < 10
             staging.reap()
-            assert staging.free_slots < staging.num_slots  # the stalled get still holds its slot
+            if layout == "page_first_direct":
+                assert staging.free_slots == staging.num_slots
+                assert_untouched(pools, [4, 5, 6])
+            else:
+                assert staging.free_slots < staging.num_slots  # the stalled get still holds its slot
         finally:
             server.resume()
         deadline = time.monotonic() + 10

@@ -19,9 +19,15 @@ registers its host pools (``register_mem_pool_host``, ``register_mem_host_pool_v
 * keys are SGLang's page hashes in the linker's namespace (spec fingerprint, model, layer range,
   TP shard of head-sharded MHA pools), so this backend and the tiered-kv linker share pages.
 
-Every page passes through a slot of a small ``page_first`` staging pool of its own, where the record
-is sealed or verified (``hicache_pages`` says which host layouts copy a page as one range). A
-failing or unreachable L3 makes calls answer False / 0 (a miss: SGLang recomputes), never raise.
+Where every registered pool holds a page of each component as one range of its buffer (SGLang's
+``page_first_direct`` layouts; ``hicache_pages.CONTIGUOUS``) and the backend moves records in parts
+(``Backend.moves_parts``: file, Redis, Mooncake, memory), a page is moved in place: a slot of a
+``BoundPool`` keeps the record's 4 KiB header and takes SGLang's ranges as its payload, so the
+backend reads into and writes from SGLang's host pool with no copy, and the record is sealed and
+verified over those ranges. Such a call returns only once nothing writes into SGLang's pages any
+more (a call past its timeout is cancelled and waited for). Every other layout passes through
+the slot's own payload, where the page is gathered or scattered (one staging copy). A failing or
+unreachable L3 makes calls answer False / 0 (a miss: SGLang recomputes), never raise.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from sglang.srt.mem_cache.hicache_storage import (HiCacheStorage, HiCacheStorage
 
 from ...errors import ConfigError, TieredKVError
 from ...model import record
-from ...model.host_pool import HostPool
+from ...model.bound_pool import BoundPool
 from .hicache_pages import PoolPages, host_spec, pool_pages
 from .linker import linker_namespace
 
@@ -135,22 +141,50 @@ class _LoopThread:
 class _Lease:
     """Staging slots and the one L3 call that uses them."""
 
-    def __init__(self, slots: list[int], loop: Any, timeout_s: float) -> None:
+    def __init__(self, slots: list[int], loop: Any, timeout_s: float, in_place: bool, reads: bool) -> None:
         self.slots = slots
         self.call: concurrent.futures.Future | None = None
         self._loop = loop
         self._timeout_s = timeout_s
+        self.in_place = in_place
+        self.reads = reads
+        self.answered = False  # the call returned its answer (not an error, not the timeout)
+        self._task: asyncio.Task | None = None  # loop-side only
+        self._abandoned = False  # loop-side only
+
+    async def _tracked(self, coroutine) -> Any:
+        if self._abandoned:  # timed out before it even started
+            coroutine.close()
+            raise asyncio.CancelledError
+        self._task = asyncio.current_task()
+        return await coroutine
+
+    def _abandon(self) -> None:
+        """On the loop: cancel the call, or keep it from starting."""
+        self._abandoned = True
+        if self._task is not None:
+            self._task.cancel()
 
     def run(self, coroutine) -> Any:
-        """The call's answer, waited for at most the timeout (a call that outlives it keeps the slots)."""
-        self.call = self._loop.submit(coroutine)
-        return self.call.result(timeout=self._timeout_s)
+        """The call's answer, waited for at most the timeout (a staged call that outlives it keeps
+        the slots; an in-place one is cancelled, and the lease's exit waits until it let go).
+        ``call`` is done only once the call's task is (never cancelled from this side, which would
+        mark it done while the task still runs)."""
+        self.call = self._loop.submit(self._tracked(coroutine))
+        try:
+            answer = self.call.result(timeout=self._timeout_s)
+        except concurrent.futures.TimeoutError:
+            if self.in_place:
+                self._loop.loop.call_soon_threadsafe(self._abandon)
+            raise
+        self.answered = True
+        return answer
 
 
 class _Staging:
     """The staging pool's slots, taken by SGLang's threads in chunks of at most half the pool."""
 
-    def __init__(self, pool: HostPool) -> None:
+    def __init__(self, pool: BoundPool) -> None:
         self.pool = pool
         self.chunk = max(1, pool.num_slots // 2)
         self._array = pool.buffer.numpy()
@@ -173,22 +207,41 @@ class _Staging:
             self.pool.free(slots, call)
             self._room.notify_all()
 
+    def wait_idle(self, lease: _Lease) -> None:
+        """Block until nothing of ``lease``'s call is left: the call and every backend thread that
+        held its slots have returned, so nothing touches the SGLang pages they are bound to."""
+        if lease.call is not None:
+            concurrent.futures.wait([lease.call])
+        while any(self.pool.is_held(slot) for slot in lease.slots):
+            time.sleep(0.005)
+
     def chunks(self, count: int) -> Iterator[range]:
         """Positions ``0..count`` in runs the pool can stage at once."""
         return (range(start, min(start + self.chunk, count)) for start in range(0, count, self.chunk))
 
     @contextlib.contextmanager
-    def lease(self, count: int, loop: Any, timeout_s: float) -> Iterator[_Lease | None]:
+    def lease(self, count: int, loop: Any, timeout_s: float, *, in_place: bool = False,
+              reads: bool = False) -> Iterator[_Lease | None]:
         """``count`` slots for one L3 call (None: none came free within ``timeout_s``), given back
-        on exit once that call, if it ran, has returned."""
+        on exit once that call, if it ran, has returned. ``in_place``: the slots are bound to
+        SGLang's pages, and the exit returns only once nothing of the call touches them; a read
+        (``reads``) that gave no answer then zeroes those pages, so no byte of it is left there."""
         slots = self.take(count, time.monotonic() + timeout_s)
         if slots is None:
             yield None
             return
-        lease = _Lease(slots, loop, timeout_s)
+        if not in_place:
+            for slot in slots:
+                self.pool.unbind(slot)  # their own payload: a slot keeps the binding of its last call
+        lease = _Lease(slots, loop, timeout_s, in_place, reads)
         try:
             yield lease
         finally:
+            if in_place:
+                self.wait_idle(lease)
+                if reads and not lease.answered:
+                    for slot in slots:
+                        self.pool.wipe(slot)
             self.give(slots, lease.call)
 
     def payload(self, slot: int) -> np.ndarray:
@@ -227,12 +280,14 @@ class _Pages:
         covered = sum(len(p.views) for p in self.pools.values())
         if covered != len(self.spec.components):
             raise ConfigError(f"the host pools hold {covered} of the spec's {len(self.spec.components)} components")
+        in_place = all(p.contiguous for p in self.pools.values())
         model = options["model"] or config.model_name or "sglang"
         self.namespace = linker_namespace(self.spec, model, options["tenant_salt"], replicated=bool(config.is_mla_model),
                                           tp=(config.tp_size, config.tp_rank),
                                           first_layer=int(getattr(kv_host, "start_layer", 0) or 0),
                                           cp=(config.attn_cp_size, config.attn_cp_rank))
-        self.staging = _Staging(HostPool(self.spec, num_slots=options["staging_slots"], pin=False))
+        regions = [p.region for p in self.pools.values() if p.contiguous]
+        self.staging = _Staging(BoundPool(self.spec, options["staging_slots"], regions))
         self.loop = loop
         self.timeout_s = options["timeout_s"]
         try:
@@ -245,6 +300,15 @@ class _Pages:
         except BaseException:
             self.staging.pool.close()
             raise
+        #: Pages move in place (no staging copy): every pool holds a page as ranges, and the
+        #: backend moves records in parts.
+        self.in_place = in_place and self.backend.moves_parts
+
+    def bind(self, slot: int, host_pages: dict[str, int]) -> None:
+        """Make ``slot``'s payload SGLang's ranges of ``host_pages`` (pool name -> host page)."""
+        parts = sorted((part for name, page in host_pages.items() for part in self.pools[name].parts(page)),
+                       key=lambda part: part[0])
+        self.staging.pool.bind(slot, [array for _, array in parts])
 
     def key(self, page_hash: str) -> str:
         """SGLang's page hash as a key of this namespace (the linker's keys)."""
@@ -283,6 +347,7 @@ class HiCacheBackend(HiCacheStorage):
         self._loop = _LoopThread()
         self._noted_indexer = _Noted()  # indexer writes waiting for their KV write
         self._served_indexer = _Noted()  # indexer pages a KV read filled, for the indexer read after it
+        self._missed_indexer = _Noted()  # pages a KV read missed: SGLang keeps the smaller hit, so no re-read
         self._closed = False
 
     # --- registration --------------------------------------------------------------------------
@@ -331,8 +396,12 @@ class HiCacheBackend(HiCacheStorage):
         return self._ready().key(page_hash)
 
     def layouts(self) -> dict[str, dict[str, Any]]:
-        """Per registered pool: its host layout and whether a page moves as one contiguous range."""
-        return {name: {"layout": p.layout, "contiguous": p.contiguous} for name, p in self._ready().pools.items()}
+        """Per registered pool: its host layout, whether a page of it is contiguous ranges, and
+        whether pages move in place (no staging copy: every pool contiguous, a backend that moves
+        records in parts)."""
+        pages = self._ready()
+        return {name: {"layout": p.layout, "contiguous": p.contiguous, "in_place": pages.in_place}
+                for name, p in pages.pools.items()}
 
     # --- existence -----------------------------------------------------------------------------
     def _exists(self, keys: Sequence[str]) -> int:
@@ -365,15 +434,20 @@ class HiCacheBackend(HiCacheStorage):
         done = [False] * len(keys)
         for positions in pages.staging.chunks(len(keys)):
             try:
-                with pages.staging.lease(len(positions), pages.loop, pages.timeout_s) as lease:
+                with pages.staging.lease(len(positions), pages.loop, pages.timeout_s, in_place=pages.in_place) as lease:
                     if lease is None:
                         return done
                     record_keys = []
                     for slot, position in zip(lease.slots, positions):
-                        payload = pages.staging.payload(slot)
-                        pages.pools[PoolName.KV.value].gather(kv_pages[position], payload)
+                        host_pages = {PoolName.KV.value: kv_pages[position]}
                         if PoolName.INDEXER.value in pages.pools:
-                            pages.pools[PoolName.INDEXER.value].gather(indexer_pages[position], payload)
+                            host_pages[PoolName.INDEXER.value] = indexer_pages[position]
+                        if lease.in_place:
+                            pages.bind(slot, host_pages)
+                        else:
+                            payload = pages.staging.payload(slot)
+                            for name, page in host_pages.items():
+                                pages.pools[name].gather(page, payload)
                         record_keys.append(pages.key(keys[position]))
                         pages.staging.pool.seal(slot, record_keys[-1])
                     stored = lease.run(pages.backend.put_from(record_keys, lease.slots))
@@ -421,18 +495,29 @@ class HiCacheBackend(HiCacheStorage):
         """Read each page's record and, once verified, fill ``targets`` (pool -> host page per
         position); per page, True for the leading run of pages that landed."""
         done = [False] * len(keys)
+        # In place only where the record fills every pool: a read for one pool (the indexer's, not
+        # served by the KV read) must not write the others' pages.
+        in_place = pages.in_place and set(targets) == set(pages.pools)
         for positions in pages.staging.chunks(len(keys)):
             try:
-                with pages.staging.lease(len(positions), pages.loop, pages.timeout_s) as lease:
+                with pages.staging.lease(len(positions), pages.loop, pages.timeout_s, in_place=in_place,
+                                         reads=True) as lease:
                     if lease is None:
                         return done
+                    if in_place:
+                        for slot, position in zip(lease.slots, positions):
+                            pages.bind(slot, {name: host_pages[position] for name, host_pages in targets.items()})
                     found = lease.run(pages.backend.get_into([pages.key(keys[p]) for p in positions], lease.slots))
-                    for slot, position, ok in zip(lease.slots, positions, found):
+                    for index, (slot, position, ok) in enumerate(zip(lease.slots, positions, found)):
                         if not ok:
+                            if in_place:  # a page past the leading run may have landed: none is left behind
+                                for rest in lease.slots[index:]:
+                                    pages.staging.pool.wipe(rest)
                             return done  # a miss ends the leading run
-                        payload = pages.staging.payload(slot)
-                        for name, host_pages in targets.items():
-                            pages.pools[name].scatter(payload, host_pages[position])
+                        if not in_place:
+                            payload = pages.staging.payload(slot)
+                            for name, host_pages in targets.items():
+                                pages.pools[name].scatter(payload, host_pages[position])
                         done[position] = True
             except _L3_FAILURES as error:
                 log.warning("tiered-kv HiCache get of %d pages failed, reported as a miss: %s", len(positions), error)
@@ -451,8 +536,7 @@ class HiCacheBackend(HiCacheStorage):
         done = self._read(pages, keys, targets)
         if PoolName.INDEXER.value in pages.pools:
             for key, page, ok in zip(keys, kv_pages, done):
-                if ok:
-                    self._served_indexer.note(key, page)
+                (self._served_indexer if ok else self._missed_indexer).note(key, page)
         return done
 
     def batch_get_v2(self, transfers: list[PoolTransfer],
@@ -469,8 +553,12 @@ class HiCacheBackend(HiCacheStorage):
                 continue
             wanted = _host_pages(pages.pools[transfer.name.value], transfer.host_indices, len(keys))
             served = [self._served_indexer.take(key) == page for key, page in zip(keys, wanted)]
-            if all(served):
-                results[transfer.name] = served
+            missed = [self._missed_indexer.take(key) == page for key, page in zip(keys, wanted)]
+            first_miss = next((i for i, hit in enumerate(served) if not hit), len(keys))
+            if all(served) or missed[first_miss]:
+                # The KV read answered for these pages: its leading run is theirs (SGLang keeps the
+                # smaller hit, so reading an indexer whose KV missed would serve nothing).
+                results[transfer.name] = [i < first_miss for i in range(len(keys))]
                 continue
             # Not filled by the KV read before it: read the records again, whole, for this pool only.
             results[transfer.name] = self._read(pages, keys, {transfer.name.value: wanted})

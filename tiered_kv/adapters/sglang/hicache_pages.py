@@ -8,10 +8,12 @@ tiered-kv linker writes for the same pools (``linker_pools.spec_and_device_pool`
 the same bytes whichever layout or adapter wrote it.
 
 Where a page of a component is one contiguous range of the host buffer in record order (the
-``page_first_direct`` layouts), it moves with one ``memcpy``; elsewhere the copy gathers
-(``layer_first``: one run per layer; ``page_first`` / ``page_head``: token- or head-major pages,
-transposed on the way). ``CONTIGUOUS`` names which is which. This module never allocates a pool
-and never touches a device.
+``page_first_direct`` layouts, and the indexer's ``page_first``), the record needs no copy at all:
+``PoolPages.parts`` gives those ranges, which a ``BoundPool`` slot takes as its payload, and the
+backend reads and writes SGLang's memory in place. Elsewhere a page is gathered into a staging
+slot and scattered back (``layer_first``: one run per layer; ``page_first`` / ``page_head``: token-
+or head-major pages, transposed on the way). ``CONTIGUOUS`` names which is which. This module
+never allocates a pool and never touches a device.
 """
 
 from __future__ import annotations
@@ -62,6 +64,14 @@ def _mla(host: Any, layout: str) -> list[torch.Tensor]:
     if layout == "page_first":  # [tokens, layers, 1, dim]
         return [_pages(buffer, 0, n, ps).permute(0, 2, 1, 3, 4)]
     return [buffer]  # page_first_direct: [pages, layers, page_size, 1, dim]
+
+
+#: Per host pool kind: the buffer that holds every page of it (a bound part must lie in one).
+_REGION: dict[str, Callable[[Any], torch.Tensor]] = {
+    "mha": lambda host: host.kv_buffer,
+    "mla": lambda host: host.kv_buffer,
+    "indexer": lambda host: host.index_k_with_scale_buffer,
+}
 
 
 def _indexer(host: Any, layout: str) -> list[torch.Tensor]:
@@ -143,10 +153,19 @@ class PoolPages:
     page_size: int
     views: tuple[np.ndarray, ...]  # per component: uint8 [pages, layers, ...], sharing SGLang's memory
     offsets: tuple[int, ...]  # per component: byte offset of its first layer in the payload
+    region: np.ndarray | None  # the host buffer every page of this pool lies in, as flat bytes
 
     @property
     def contiguous(self) -> bool:
-        return CONTIGUOUS[self.kind][self.layout]
+        """Whether a page of each component is one range of SGLang's buffer: moved in place."""
+        return CONTIGUOUS[self.kind][self.layout] and self.region is not None
+
+    def parts(self, page: int) -> list[tuple[int, np.ndarray]]:
+        """Host ``page`` as ``(payload offset, range)`` per component, each range one contiguous
+        run of SGLang's buffer (only where ``contiguous``): what a ``BoundPool`` slot binds."""
+        if not self.contiguous:
+            raise ConfigError(f"pool {self.name!r} in layout {self.layout!r} holds a page in pieces: it is staged")
+        return [(offset, view[page].reshape(-1)) for view, offset in zip(self.views, self.offsets)]
 
     def page_of(self, host_index: int) -> int:
         """The host page of SGLang's token index ``host_index`` (a page's first token)."""
@@ -196,4 +215,7 @@ def pool_pages(spec: KVSpec, name: str, host: Any) -> PoolPages:
             raise ConfigError(f"host pool {name!r} holds {view[0].numel()} bytes of {component!r} per page over "
                               f"{view.shape[1]} layers; the device pool's spec says {expected} over {spec.num_layers}")
         offsets.append(spec.chunk_offset(index, 0))
-    return PoolPages(name, kind, layout, host.page_size, tuple(view.numpy() for view in views), tuple(offsets))
+    whole = _bytes(_REGION[kind](host))
+    region = whole.view(-1).numpy() if whole.is_contiguous() else None  # a strided buffer is staged
+    return PoolPages(name, kind, layout, host.page_size, tuple(view.numpy() for view in views), tuple(offsets),
+                     region)

@@ -3,13 +3,17 @@
 ``ours``: SGLang's own host pools (MHA, DSA with its indexer) and ``HiCacheBackend`` built by SGLang's
 storage factory, driven as SGLang's cache controller drives it: a backup (``batch_set_v2`` of the
 indexer, then ``batch_set_v1``) and a prefetch (``batch_get_v1``, then ``batch_get_v2``), each of
-``--pages`` pages. ``bare``: the same L3 backend opened on a tiered-kv ``page_first`` HostPool holding
-the same records: seal + ``put_from``, and ``get_into`` (verified). Fresh page keys every repeat (a
-put of a present key is skipped). Prints one JSON object (``--out FILE`` writes it there too): per
-(kind, host layout, L3), median pages/s and GB/s of set and get over ``--repeats`` runs.
+``--pages`` pages; where the layout lets pages move in place (``page_first_direct``), once in place
+and once with ``"in_place": false`` (through a staging slot), to show what the copy costs. ``bare``:
+the same L3 backend opened on a tiered-kv ``page_first`` HostPool holding the same records: seal +
+``put_from``, and ``get_into`` (verified). Fresh page keys every repeat (a put of a present key is
+skipped). Prints one JSON object (``--out FILE`` writes it there too): per (kind, host layout, L3,
+in place or staged), median pages/s and GB/s of set and get over ``--repeats`` runs.
 
 Runs on a CPU: SGLang 0.5.23 imports with the ``torchvision`` stub of ``tests/adapters/stubs``.
-Usage: ``python benchmarks/sglang_hicache.py [--pages 64] [--repeats 5] [--l3 memory file]``.
+Usage: ``python benchmarks/sglang_hicache.py [--pages 64] [--repeats 5] [--l3 memory file redis]
+[--redis-url redis://127.0.0.1:6379/0]`` (``redis`` needs a server; its keys are left to expire with
+the server's own policy, so give it a scratch database).
 """
 
 from __future__ import annotations
@@ -87,12 +91,12 @@ def host_pools(kind: str, layout: str, layers: int, pages: int) -> dict[str, Any
         assembler.get_memory, common._cuda_host_register = published, register
 
 
-def attach(kind: str, pools: dict[str, Any], url: str) -> Any:
+def attach(kind: str, pools: dict[str, Any], url: str, in_place: bool) -> Any:
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig, PoolName
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
     extra = {"backend_name": "tiered_kv", "module_path": "tiered_kv.adapters.sglang.hicache",
-             "class_name": "HiCacheBackend", "interface_v1": 1, "url": url}
+             "class_name": "HiCacheBackend", "interface_v1": 1, "url": url, "in_place": in_place}
     config = HiCacheStorageConfig(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
                                   is_mla_model=kind != "mha", enable_storage_metrics=False, is_page_first_layout=False,
                                   model_name="bench", extra_config=extra)
@@ -112,10 +116,13 @@ def fill(pools: dict[str, Any]) -> None:
 
 def ours(kind: str, pools: dict[str, Any], backend: Any, pages: int, run: int) -> tuple[float, float]:
     """Seconds of one SGLang backup and one prefetch of ``pages`` pages."""
+    import secrets
+
     from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
 
     page_size = pools["kv"].page_size
-    keys = [f"bench-{kind}-{run}-{i}" for i in range(pages)]
+    tag = secrets.token_hex(4)  # fresh keys on a medium that outlives the run (Redis)
+    keys = [f"bench-{kind}-{tag}-{run}-{i}" for i in range(pages)]
     indices = torch.arange(page_size, (pages + 1) * page_size)  # host page 0 is a page like any other here
     started = time.perf_counter()
     if "indexer" in pools:
@@ -131,6 +138,8 @@ def ours(kind: str, pools: dict[str, Any], backend: Any, pages: int, run: int) -
 
 def bare(spec: Any, url: str, pages: int, runs: int) -> list[tuple[float, float]]:
     """Seconds of seal + ``put_from`` and of ``get_into`` of ``pages`` records, per run, on the bare backend."""
+    import secrets
+
     from tiered_kv.backends import open_backend
     from tiered_kv.model.host_pool import HostPool
 
@@ -140,8 +149,9 @@ def bare(spec: Any, url: str, pages: int, runs: int) -> list[tuple[float, float]
             pool.buffer.copy_(torch.randint(0, 256, pool.buffer.shape, dtype=torch.uint8))
             times = []
             async with open_backend(url, pool) as backend:
+                tag = secrets.token_hex(4)
                 for run in range(runs):
-                    keys = [f"bare-{spec.fingerprint[:8]}-{run}-{i}" for i in range(pages)]
+                    keys = [f"bare-{spec.fingerprint[:8]}-{tag}-{run}-{i}" for i in range(pages)]
                     started = time.perf_counter()
                     for slot, key in zip(slots, keys):
                         pool.seal(slot, key)
@@ -166,35 +176,46 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--pages", type=int, default=64, help="pages per set / get (default 64)")
     parser.add_argument("--layers", type=int, default=8, help="model layers (default 8)")
     parser.add_argument("--repeats", type=int, default=5, help="runs; the median counts (default 5)")
-    parser.add_argument("--l3", nargs="+", default=["memory", "file"], choices=["memory", "file"])
+    parser.add_argument("--l3", nargs="+", default=["memory", "file"], choices=["memory", "file", "redis"])
+    parser.add_argument("--redis-url", help="the Redis of --l3 redis (a scratch database)")
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)
+    if "redis" in args.l3 and not args.redis_url:
+        parser.error("--l3 redis needs --redis-url")
     setup_sglang(args.layers)
     results = []
     with tempfile.TemporaryDirectory(prefix="tkv-bench-l3-") as directory:
+        def url_of(l3: str, name: str) -> str:
+            return {"memory": "memory://", "file": f"file://{directory}/{name}", "redis": args.redis_url}[l3]
+
         for kind in args.kinds:
             for layout in KINDS[kind][2]:
                 for l3 in args.l3:
-                    url = "memory://" if l3 == "memory" else f"file://{directory}/{kind}-{layout}"
                     pools = host_pools(kind, layout, args.layers, args.pages + 1)
                     fill(pools)
-                    backend = attach(kind, pools, url)
-                    try:
-                        spec, contiguous = backend.spec, backend.layouts()
-                        timed = [ours(kind, pools, backend, args.pages, run) for run in range(args.repeats)]
-                    finally:
-                        backend.close()
-                    bare_url = "memory://" if l3 == "memory" else f"file://{directory}/bare-{kind}-{layout}"
-                    untouched = bare(spec, bare_url, args.pages, args.repeats)
-                    results.append({
-                        "kind": kind, "layout": layout, "l3": l3, "page_bytes": spec.page_bytes,
-                        "contiguous": {name: v["contiguous"] for name, v in contiguous.items()},
-                        "ours": {"set": rates([t[0] for t in timed], args.pages, spec.page_bytes),
-                                 "get": rates([t[1] for t in timed], args.pages, spec.page_bytes)},
-                        "bare": {"set": rates([t[0] for t in untouched], args.pages, spec.page_bytes),
-                                 "get": rates([t[1] for t in untouched], args.pages, spec.page_bytes)},
-                    })
+                    bare_times = None
+                    for in_place in (True, False):
+                        if not in_place and not results[-1]["in_place"]:
+                            break  # this layout stages either way: measured once
+                        backend = attach(kind, pools, url_of(l3, f"{kind}-{layout}-{in_place}"), in_place)
+                        try:
+                            spec, layouts = backend.spec, backend.layouts()
+                            moved_in_place = layouts["kv"]["in_place"]
+                            timed = [ours(kind, pools, backend, args.pages, run) for run in range(args.repeats)]
+                        finally:
+                            backend.close()
+                        if bare_times is None:
+                            bare_times = bare(spec, url_of(l3, f"bare-{kind}-{layout}"), args.pages, args.repeats)
+                        results.append({
+                            "kind": kind, "layout": layout, "l3": l3, "page_bytes": spec.page_bytes,
+                            "contiguous": {name: v["contiguous"] for name, v in layouts.items()},
+                            "in_place": moved_in_place,
+                            "ours": {"set": rates([t[0] for t in timed], args.pages, spec.page_bytes),
+                                     "get": rates([t[1] for t in timed], args.pages, spec.page_bytes)},
+                            "bare": {"set": rates([t[0] for t in bare_times], args.pages, spec.page_bytes),
+                                     "get": rates([t[1] for t in bare_times], args.pages, spec.page_bytes)},
+                        })
     report = {"benchmark": "sglang_hicache", "date": time.strftime("%Y-%m-%d", time.gmtime()),
               "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
               "command": "python benchmarks/sglang_hicache.py " + " ".join(argv if argv is not None else sys.argv[1:]),

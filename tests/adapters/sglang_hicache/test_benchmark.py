@@ -22,8 +22,10 @@ def test_the_benchmark_measures_ours_and_the_bare_backend(sglang_model, tmp_path
                          "--out", str(out)])
     assert json.loads(out.read_text()) == report == json.loads(capsys.readouterr().out)
     rows = report["results"]
-    assert [(r["layout"], r["l3"]) for r in rows] == [(layout, l3) for layout in bench.KINDS["dsa"][2]
-                                                      for l3 in ("memory", "file")]
+    # page_first_direct moves in place, and is measured staged too; the other layouts stage.
+    assert [(r["layout"], r["l3"], r["in_place"]) for r in rows] == [
+        (layout, l3, in_place) for layout in bench.KINDS["dsa"][2] for l3 in ("memory", "file")
+        for in_place in ((True, False) if layout == "page_first_direct" else (False,))]
     for row in rows:
         assert row["contiguous"]["kv"] == (row["layout"] == "page_first_direct")
         for side in ("ours", "bare"):

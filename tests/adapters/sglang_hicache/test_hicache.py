@@ -109,6 +109,14 @@ def test_in_place_pages_never_pass_through_a_staging_payload(make_backend, tmp_p
     assert any(touched) == (layout != "page_first_direct")
 
 
+def test_in_place_off_stages_every_page(make_backend, tmp_path, request):
+    """``"in_place": false`` sends even page_first_direct pages through the staging slots."""
+    backend, pools = make_backend("dsa", "page_first_direct", f"file://{tmp_path}/l3", in_place=False)
+    assert not backend.layouts()["kv"]["in_place"]
+    round_trip(backend, pools, "dsa", salt_of(request))
+    assert any(payload.count(0) != len(payload) for payload in _staging_payloads(backend))
+
+
 @pytest.mark.parametrize("kind", ["mha", "mla", "dsa"])
 def test_the_record_is_the_linkers(make_backend, kind):
     """The spec built from SGLang's host pools is the one the tiered-kv linker builds from the device
@@ -272,6 +280,7 @@ def test_two_sglang_processes_share_l3(make_backend, redis_server, sglang_model,
     ({"url": None}, "url"),
     ({"colour": "blue"}, "unknown key"),
     ({"staging_slots": 0}, "staging_slots"),
+    ({"in_place": "yes"}, "in_place"),
 ])
 def test_a_bad_extra_config_is_a_config_error_naming_it(sglang_model, extra, message):
     from tiered_kv.errors import ConfigError

@@ -79,6 +79,12 @@ def _slots(value: object, what: str) -> int:
     return value
 
 
+def _flag(value: object, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"hicache extra_config.{what} must be true or false, got {value!r:.60}")
+    return value
+
+
 def _seconds(value: object, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 3600:
         raise ConfigError(f"hicache extra_config.{what} must be seconds in (0, 3600), got {value!r:.60}")
@@ -92,6 +98,7 @@ _OPTIONS: dict[str, tuple[Callable[[object, str], Any], Any]] = {
     "tenant_salt": (_salt, ""),  # keeps two tenants' pages apart
     "staging_slots": (_slots, 64),  # pages in flight between SGLang's pools and L3 at once
     "timeout_s": (_seconds, 30.0),  # one L3 call; past it the pages are a miss
+    "in_place": (_flag, True),  # false: every page through a staging slot, whatever the layout
 }
 
 
@@ -280,7 +287,7 @@ class _Pages:
         covered = sum(len(p.views) for p in self.pools.values())
         if covered != len(self.spec.components):
             raise ConfigError(f"the host pools hold {covered} of the spec's {len(self.spec.components)} components")
-        in_place = all(p.contiguous for p in self.pools.values())
+        in_place = options["in_place"] and all(p.contiguous for p in self.pools.values())
         model = options["model"] or config.model_name or "sglang"
         self.namespace = linker_namespace(self.spec, model, options["tenant_salt"], replicated=bool(config.is_mla_model),
                                           tp=(config.tp_size, config.tp_rank),

@@ -256,3 +256,13 @@ def test_queries_count_a_pending_free_as_free_once_its_completion_is_done():
     done.set_result(None)
     assert (alloc.free_count, alloc.pending_count, alloc.is_pending(slots[0])) == (2, 0, False)
     assert not alloc.is_allocated(slots[0]) and alloc.allocated_slots() == slots[2:]
+
+
+def test_is_held_while_the_work_of_a_hold_runs():
+    alloc = SlotAllocator(4)
+    a, b = alloc.allocate(2)
+    work = Future()
+    alloc.hold([a], work)
+    assert alloc.is_held(a) and not alloc.is_held(b)
+    work.set_result(None)
+    assert not alloc.is_held(a)

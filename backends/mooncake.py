@@ -7,9 +7,14 @@ URL (query options are ``MooncakeOptions`` fields)::
         &local_buffer_bytes=16MiB&replica_num=1&device_name=&workers=4&transfers_in_flight=1
         &timeout_s=30
 
-How it works: the whole host pool is registered with the store once (``register_buffer``); a put
-is one ``batch_put_from`` of slot addresses, a get one ``batch_get_into`` straight into the
-destination slots (held by the pool until the call returns, see ``Backend.run_blocking``).
+How it works: every memory a record may lie in (``pool.memory_regions()``: the host pool, and for a
+``BoundPool`` the engine's buffers its slots are bound to) is registered with the store once
+(``register_buffer``, overlapping regions merged: the store refuses a range that overlaps one it
+has). A slot whose record is one buffer is put by one ``batch_put_from`` of slot addresses and got
+by one ``batch_get_into`` straight into the destination slots; a slot bound to an engine's memory
+moves its parts (header block, then each payload range) with ``batch_put_from_multi_buffers`` /
+``batch_get_into_multi_buffers``, zero-copy too; a batch of both kinds is split in two calls.
+Slots are held by the pool until the call returns (see ``Backend.run_blocking``).
 
 What the store is, and what that means here:
 - objects live in memory *segments* that client processes contribute (``global_segment_bytes``);
@@ -31,9 +36,11 @@ What the store is, and what that means here:
 - the store has no compare-and-delete: a corrupt record is removed whatever the key holds by the
   time of the remove (``capabilities.compares_before_delete`` False; see ``Backend._delete_corrupt``).
 - error codes: absent / evicted / not yet readable keys are misses; an object of another length
-  is read up to the slot (for a larger one, its size and header only) and classified by the base:
-  another spec's page is a foreign miss left in place, a damaged one is counted and deleted; RPC and
-  transfer failures (master or segment holder gone) raise ``BackendUnavailableError``, anything else ``BackendError``.
+  is read up to the slot or, where the store refuses (a larger one; a shorter one into a bound
+  slot's parts, whose gather read fails with TRANSFER_FAIL and writes nothing), its size and
+  header only, and classified by the base: another spec's page is a foreign miss left in place, a
+  damaged one is counted and deleted; RPC and transfer failures (master or segment holder gone)
+  raise ``BackendUnavailableError``, anything else ``BackendError``.
 - a read takes a lease (the master's ``--default_kv_lease_ttl``, 10 s by default) that blocks plain
   removal, so deletes are forced. A reader racing a forced delete gets at worst bytes that fail
   verification, i.e. a miss.
@@ -220,6 +227,19 @@ class MooncakeOptions:
         }
 
 
+def disjoint_regions(regions: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``(address, bytes)`` ranges covering ``regions`` with none overlapping or touching another,
+    in address order, empty ones dropped: the store refuses to register a range that overlaps one
+    it already has (INVALID_PARAMS), and an engine may hand over views that share memory."""
+    merged: list[list[int]] = []
+    for start, size in sorted(r for r in regions if r[1] > 0):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], start + size)
+        else:
+            merged.append([start, start + size])
+    return [(start, end - start) for start, end in merged]
+
+
 def open_store(options: MooncakeOptions) -> Any:
     """A set-up ``MooncakeDistributedStore`` client, within ``options.timeout_s``.
 
@@ -255,6 +275,7 @@ class MooncakeBackend(Backend):
     scheme = "mooncake"
     cannot_list_because = ": Mooncake Store's client has no call that lists its keys (only lookups by name)"
     capabilities = Capabilities(zero_copy=True, persistent=False, shared_across_processes=True, shared_across_nodes=True)
+    moves_parts = True
 
     def __init__(self, pool: HostPool | None, options: MooncakeOptions) -> None:
         super().__init__(pool, max_workers=options.workers, timeout_s=options.timeout_s)
@@ -264,13 +285,18 @@ class MooncakeBackend(Backend):
         except BaseException:
             self._executor.shutdown(wait=False)
             raise
-        # Once, for the whole pool: every slot is then a valid source and target. A key-only
-        # backend (no pool) registers nothing: exists and delete move no bytes.
-        rc = OK if pool is None else self._store.register_buffer(pool.memory.address, pool.nbytes)
-        if rc != OK:
-            self._store.close()
-            self._executor.shutdown(wait=False)
-            raise mooncake_error(rc, f"register_buffer of the host pool ({self.pool.nbytes} B)")
+        # Once, for every memory a record may lie in: each slot (and each part of a bound one) is
+        # then a valid source and target. A key-only backend (no pool) registers nothing: exists
+        # and delete move no bytes.
+        self._registered: list[int] = []
+        for address, nbytes in ([] if pool is None else disjoint_regions(pool.memory_regions())):
+            rc = self._store.register_buffer(address, nbytes)
+            if rc != OK:
+                self._unregister()
+                self._store.close()
+                self._executor.shutdown(wait=False)
+                raise mooncake_error(rc, f"register_buffer of the pool's memory at {address:#x} ({nbytes} B)")
+            self._registered.append(address)
         # One store batch already moves its pages in parallel; several at once contend for the
         # same cores and the same sockets (measured: four in flight on 2 cores, a third of one).
         self._transfer_slots = threading.BoundedSemaphore(options.transfers_in_flight)
@@ -296,13 +322,57 @@ class MooncakeBackend(Backend):
                 raise mooncake_error(code, f"batch_is_exist of {len(keys)} keys")
         return [code == 1 for code in codes]
 
+    def _split(self, slots: list[int]) -> tuple[list[int], list[int]]:
+        """Indices into ``slots`` of the slots whose record is one buffer, and of those in parts."""
+        whole, parts = [], []
+        for i, slot in enumerate(slots):
+            (whole if self.pool.is_contiguous(slot) else parts).append(i)
+        return whole, parts
+
+    def _parts_of(self, slots: list[int]) -> tuple[list[list[int]], list[list[int]]]:
+        """Each slot's part addresses and sizes, as the store's multi-buffer calls take them."""
+        addresses, sizes = [], []
+        for slot in slots:
+            parts = self.pool.part_addresses(slot)
+            addresses.append([address for address, _ in parts])
+            sizes.append([size for _, size in parts])
+        return addresses, sizes
+
     async def _get(self, keys: list[str], slots: list[int]) -> list[bool | OtherLength | NotARecord]:
+        whole, parts = self._split(slots)
+        found: list[bool | OtherLength | NotARecord] = [False] * len(keys)
+        for indices, get in ((whole, self._get_whole), (parts, self._get_parts)):
+            if indices:
+                answers = await get([keys[i] for i in indices], [slots[i] for i in indices])
+                for i, answer in zip(indices, answers):
+                    found[i] = answer
+        return found
+
+    async def _get_whole(self, keys: list[str], slots: list[int]) -> list[bool | OtherLength | NotARecord]:
         size = self.pool.record_bytes
         addresses = [self.pool.slot_address(s) for s in slots]
         codes = await self.run_blocking(self._transfer, self._store.batch_get_into, keys, addresses,
                                         [size] * len(keys), hold_slots=slots)
+        # The store refuses to read an object larger than the buffer (INVALID_PARAMS).
+        return await self._classify_get(keys, slots, codes, "batch_get_into", (INVALID_PARAMS,))
+
+    async def _get_parts(self, keys: list[str], slots: list[int]) -> list[bool | OtherLength | NotARecord]:
+        addresses, sizes = self._parts_of(slots)
+        codes = await self.run_blocking(self._transfer, self._store.batch_get_into_multi_buffers, keys, addresses,
+                                        sizes, hold_slots=slots)
+        # The gather read refuses a larger object (INVALID_PARAMS) and fails the transfer of a
+        # shorter one (TRANSFER_FAIL, nothing written): both are told apart by the object's size.
+        return await self._classify_get(keys, slots, codes, "batch_get_into_multi_buffers",
+                                        (INVALID_PARAMS, TRANSFER_FAIL))
+
+    async def _classify_get(self, keys: list[str], slots: list[int], codes: list[int], call: str,
+                            sized_apart: tuple[int, ...]) -> list[bool | OtherLength | NotARecord]:
+        """A get's answer per key from the store's ``codes`` (bytes read, or a negative error);
+        keys whose code is in ``sized_apart`` may hold an object of another length: their size is
+        looked up and their header read apart."""
+        size = self.pool.record_bytes
         found: list[bool | OtherLength | NotARecord] = []
-        larger = []
+        other = []
         for i, (key, code) in enumerate(zip(keys, codes)):
             if code == size:
                 found.append(True)
@@ -310,60 +380,93 @@ class MooncakeBackend(Backend):
                 found.append(False)
             elif 0 <= code < size:
                 # A shorter object (another spec's smaller page, or a broken one): its bytes landed
-                # at the slot's start; the base reads its header to tell whose it is.
+                # at the record's start; the base reads its header to tell whose it is.
                 found.append(OtherLength(code, size))
-            elif code == INVALID_PARAMS:
+            elif code in sized_apart:
                 found.append(False)  # replaced below
-                larger.append(i)  # the store refuses to read an object larger than the buffer
+                other.append(i)
             else:
-                raise mooncake_error(code, f"batch_get_into of key {key[:64]!r}")
-        if larger:
-            heads = await self.run_blocking(self._read_headers, [keys[i] for i in larger], [slots[i] for i in larger],
-                                            hold_slots=[slots[i] for i in larger])
-            for i, answer in zip(larger, heads):
+                raise mooncake_error(code, f"{call} of key {key[:64]!r}")
+        if other:
+            heads = await self.run_blocking(self._read_headers, [keys[i] for i in other], [slots[i] for i in other],
+                                            [codes[i] for i in other], call, hold_slots=[slots[i] for i in other])
+            for i, answer in zip(other, heads):
                 found[i] = answer
         return found
 
-    def _read_headers(self, keys: list[str], slots: list[int]) -> list[bool | OtherLength | NotARecord]:
-        """For objects larger than this pool's records (another spec's bigger pages): their size,
-        and their header read into the slot, so the base can tell another reader's page (left in
-        place) from a damaged one of ours. Blocking."""
+    def _read_headers(self, keys: list[str], slots: list[int], codes: list[int],
+                      call: str) -> list[bool | OtherLength | NotARecord]:
+        """For keys a get could not read (``codes``): where the object has another length than this
+        pool's records (another spec's pages), its size, and its header read into the slot's first
+        part, so the base can tell another reader's page (left in place) from a damaged one of
+        ours. An object of the record's own size failed for another reason: its code is raised.
+        Blocking."""
         size = self.pool.record_bytes
         answers: list[bool | OtherLength | NotARecord] = []
-        for key, slot in zip(keys, slots):
+        for key, slot, code in zip(keys, slots, codes):
             length = self._store.get_size(key)
             if length in _MISSING:
                 answers.append(False)  # gone since the get
                 continue
-            if length < 0 or length <= size:
-                raise mooncake_error(INVALID_PARAMS if length >= 0 else length, f"batch_get_into of key {key[:64]!r}")
-            got = self._read_header_into(key, slot)
-            if got == HEADER_BYTES:
+            if length < 0:
+                raise mooncake_error(length, f"get_size of key {key[:64]!r}")
+            if length == size:
+                raise mooncake_error(code, f"{call} of key {key[:64]!r}")
+            wanted = min(length, HEADER_BYTES)  # the store refuses a range past the object's end
+            got = self._read_header_into(key, slot, wanted)
+            if got == wanted:
                 answers.append(OtherLength(length, size))
+            elif got in _MISSING:
+                answers.append(False)  # gone since the size was read
             else:  # cannot tell whose it is: never a hit, and not ours to delete
-                answers.append(NotARecord(f"object of {length} B, larger than the slot ({size} B), header "
-                                          f"unreadable ({code_name(got) if got < 0 else f'{got} B'})"))
+                answers.append(NotARecord(f"object of {length} B, "
+                                          f"{'larger' if length > size else 'shorter'} than the slot ({size} B), "
+                                          f"header unreadable ({code_name(got) if got < 0 else f'{got} B'})"))
         return answers
 
-    def _read_header_into(self, key: str, slot: int) -> int:
-        """The first HEADER_BYTES of ``key``'s object into ``slot``: bytes read, or a negative code
-        (-1 where this store client has no ranged reads or answers in another shape)."""
+    def _read_header_into(self, key: str, slot: int, length: int = HEADER_BYTES) -> int:
+        """The first ``length`` bytes (at most HEADER_BYTES) of ``key``'s object into ``slot``'s
+        first part (its header block): bytes read, or a negative code (-1 where this store client
+        has no ranged reads or answers in another shape)."""
         ranged = getattr(self._store, "get_into_ranges", None)
         if ranged is None:
             return -1
-        reply = ranged([self.pool.slot_address(slot)], [[key]], [[[0]]], [[[0]]], [[[HEADER_BYTES]]])
+        header_address = self.pool.part_addresses(slot)[0][0]
+        reply = ranged([header_address], [[key]], [[[0]]], [[[0]]], [[[length]]])
         try:
             return int(reply[0][0][0])
         except (IndexError, TypeError, ValueError):
             return -1
 
     async def _put(self, keys: list[str], slots: list[int]) -> list[bool]:
+        whole, parts = self._split(slots)
+        stored = [False] * len(keys)
+        for indices, put in ((whole, self._put_whole), (parts, self._put_parts)):
+            if indices:
+                answers = await put([keys[i] for i in indices], [slots[i] for i in indices])
+                for i, answer in zip(indices, answers):
+                    stored[i] = answer
+        return stored
+
+    async def _put_whole(self, keys: list[str], slots: list[int]) -> list[bool]:
         size = self.pool.record_bytes
         addresses = [self.pool.slot_address(s) for s in slots]
         args: tuple[Any, ...] = (keys, addresses, [size] * len(keys))
         if self._replicate is not None:
             args += (self._replicate,)
         codes = await self.run_blocking(self._transfer, self._store.batch_put_from, *args)
+        return self._classify_put(keys, codes, "batch_put_from")
+
+    async def _put_parts(self, keys: list[str], slots: list[int]) -> list[bool]:
+        addresses, sizes = self._parts_of(slots)
+        args: tuple[Any, ...] = (keys, addresses, sizes)
+        if self._replicate is not None:
+            args += (self._replicate,)
+        codes = await self.run_blocking(self._transfer, self._store.batch_put_from_multi_buffers, *args)
+        return self._classify_put(keys, codes, "batch_put_from_multi_buffers")
+
+    @staticmethod
+    def _classify_put(keys: list[str], codes: list[int], call: str) -> list[bool]:
         stored = []
         for key, code in zip(keys, codes):
             if code in (OK, OBJECT_ALREADY_EXISTS):
@@ -371,7 +474,7 @@ class MooncakeBackend(Backend):
             elif code in _NO_ROOM:
                 stored.append(False)
             else:
-                raise mooncake_error(code, f"batch_put_from of key {key[:64]!r}")
+                raise mooncake_error(code, f"{call} of key {key[:64]!r}")
         return stored
 
     async def check_health(self, probe_key: str) -> None:
@@ -432,6 +535,10 @@ class MooncakeBackend(Backend):
             log.warning("mooncake: closing the store took longer than %ss; it finishes in the background", self.timeout_s)
 
     def _close_store(self) -> None:
-        if not self.key_only:
-            self._store.unregister_buffer(self.pool.memory.address)
+        self._unregister()
         self._store.close()
+
+    def _unregister(self) -> None:
+        for address in self._registered:
+            self._store.unregister_buffer(address)
+        self._registered = []

@@ -1,6 +1,7 @@
 """The Mooncake Store backend against a real ``mooncake_master`` on loopback.
 
-Covers the shared contract, sharing with a second process, the failures Mooncake has (master
+Covers the shared contract (over plain slots and over slots bound to an engine's memory, whose
+records move in parts), records moving between bound and plain pools, sharing with a second process, the failures Mooncake has (master
 killed mid-batch and restarted, segment holder exiting or killed, store full, no segment at all),
 a get cancelled mid-transfer, records a foreign or broken writer left, the read lease, replicas,
 the raw ceiling measurement, and bad URLs. Needs the ``mooncake`` module (``pip install
@@ -15,7 +16,9 @@ import importlib.util
 import os
 import time
 
+import numpy as np
 import pytest
+import torch
 
 if importlib.util.find_spec("mooncake") is None:
     pytest.skip("the mooncake module is not installed", allow_module_level=True)
@@ -23,11 +26,13 @@ import mooncake.store  # noqa: F401 - fail loudly when installed but broken
 
 from tiered_kv import HostPool, nsa_spec
 from tiered_kv.backends import open_backend
-from tiered_kv.backends.mooncake import MooncakeBackend
+from tiered_kv.backends.mooncake import MooncakeBackend, disjoint_regions
+from tiered_kv.model.bound_pool import BoundPool
+from tiered_kv.model.record import HEADER_BYTES
 from tiered_kv.ops.bench.raw_ceilings import measure_raw_ceiling, measure_raw_round
 from tiered_kv.errors import BackendError, BackendTimeoutError, BackendUnavailableError, ConfigError
 
-from .contract import SPEC, BackendContract, fill_and_seal, new_keys
+from .contract import SPEC, BackendContract, assert_settled, bound_pool, fill_and_seal, new_keys, record_of
 from .mooncake_server import LOOPBACK_ENV, MooncakeMaster, RawClient, record_digest, run_reader, segment_holder
 
 
@@ -99,6 +104,119 @@ class TestMooncakeContract(BackendContract):
         backend = open_backend(master.url(global_segment_bytes="16MiB", timeout_s=10), pool)
         yield backend
         await backend.aclose()
+
+
+@pytest.fixture(scope="class")
+def shared_bound_pool():
+    with bound_pool(SPEC, 256) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="class")
+def shared_bound_backend(shared_bound_pool, master):
+    backend = open_backend(master.url(global_segment_bytes="64MiB", timeout_s=10), shared_bound_pool)
+    yield backend
+    asyncio.run(backend.aclose())
+
+
+class TestMooncakeBoundContract(TestMooncakeContract):
+    """The contract over slots bound to two unaligned ranges of engine memory each
+    (``contract.bound_pool``): every record moves in three parts, by the store's multi-buffer calls."""
+
+    @pytest.fixture
+    def pool(self, shared_bound_pool):
+        return shared_bound_pool
+
+    @pytest.fixture
+    def backend(self, shared_bound_backend):
+        return shared_bound_backend
+
+
+def engine_pool(spec, num_slots: int) -> tuple[BoundPool, np.ndarray, np.ndarray]:
+    """A ``BoundPool`` over engine-like memory, every slot bound: a page's first 5000 payload bytes
+    in a CPU tensor's row, the rest in a numpy array's row. The array is given twice, the second
+    time as a view from its 8th byte on (regions that overlap, as views an engine hands over may).
+    Returns the pool and the two buffers, as arrays."""
+    first = 5000
+    head = torch.zeros((num_slots, first), dtype=torch.uint8)
+    tail = np.zeros((num_slots, spec.page_bytes - first), dtype=np.uint8)
+    pool = BoundPool(spec, num_slots, [head, tail, tail.reshape(-1)[8:]])
+    for slot in range(num_slots):
+        pool.bind(slot, [head[slot], tail[slot]])
+    return pool, head.numpy(), tail
+
+
+def engine_payload(head: np.ndarray, tail: np.ndarray, slot: int) -> bytes:
+    return head[slot].tobytes() + tail[slot].tobytes()
+
+
+def test_disjoint_regions_merges_what_overlaps_or_touches():
+    assert disjoint_regions([(300, 50), (100, 100), (150, 20), (200, 10), (500, 0), (400, 5)]) == [
+        (100, 110), (300, 50), (400, 5)]
+    assert disjoint_regions([]) == []
+
+
+async def test_a_record_moves_between_bound_and_plain_pools(master):
+    """A page put from slots bound to an engine's memory reads back byte for byte into a plain
+    pool through another client, and the reverse; a bound get writes the payload straight into
+    the engine's buffers."""
+    bound, head, tail = engine_pool(SPEC, 4)
+    with bound, HostPool(SPEC, 4) as plain:
+        async with (open_backend(master.url(global_segment_bytes="16MiB", timeout_s=10), bound) as engine_side,
+                    open_backend(master.url(contribute_segment=False, timeout_s=10), plain) as plain_side):
+            keys = new_keys(4)
+            src = bound.allocate(2)
+            written = fill_and_seal(bound, src, keys[:2])
+            assert [engine_payload(head, tail, s) for s in src] == [written[k][HEADER_BYTES:] for k in keys[:2]]
+            assert await engine_side.put_from(keys[:2], src) == [True, True]
+            dst = plain.allocate(2)
+            assert await plain_side.get_into(keys[:2], dst) == [True, True]
+            assert [bytes(plain.record_view(s)) for s in dst] == [written[k] for k in keys[:2]]
+
+            plain_src = plain.allocate(2)
+            theirs = fill_and_seal(plain, plain_src, keys[2:])
+            assert await plain_side.put_from(keys[2:], plain_src) == [True, True]
+            bound_dst = bound.allocate(2)
+            head[bound_dst] = 0xA5  # poison: the get must overwrite every byte of the engine's rows
+            tail[bound_dst] = 0xA5
+            assert await engine_side.get_into(keys[2:], bound_dst) == [True, True]
+            assert [engine_payload(head, tail, s) for s in bound_dst] == [theirs[k][HEADER_BYTES:] for k in keys[2:]]
+            assert [record_of(bound, s) for s in bound_dst] == [theirs[k] for k in keys[2:]]
+            bound.free(src + bound_dst)
+            plain.free(dst + plain_src)
+            assert_settled(bound, bound.num_slots)
+            assert_settled(plain, plain.num_slots)
+
+
+async def test_a_batch_of_bound_and_unbound_slots(master):
+    """One batch over slots of both kinds (an engine page in place, a staged copy) is split in a
+    contiguous and a multi-buffer call; the answers come back in the batch's order."""
+    pool, head, tail = engine_pool(SPEC, 12)
+    with pool:
+        async with open_backend(master.url(global_segment_bytes="16MiB", timeout_s=10), pool) as backend:
+            slots = pool.allocate(12)
+            for slot in slots[1:4:2] + slots[5:7] + slots[8:11:2]:
+                pool.unbind(slot)
+            keys = new_keys(4)
+            src = slots[:4]  # bound, unbound, bound, unbound
+            records = fill_and_seal(pool, src, keys)
+            assert await backend.put_from(keys, src) == [True] * 4
+            dst = [slots[5], slots[4], slots[6], slots[7]]  # unbound, bound, unbound, bound
+            for slot in dst:
+                pool.fill_record(slot, b"\xa5" * pool.record_bytes)
+            assert await backend.get_into(keys, dst) == [True] * 4
+            assert [record_of(pool, s) for s in dst] == [records[k] for k in keys]
+            assert [engine_payload(head, tail, s) for s in (slots[4], slots[7])] == [
+                records[k][HEADER_BYTES:] for k in (keys[1], keys[3])]
+            # Per key and in order, misses among them (the primitive: no leading-run cut).
+            [absent] = new_keys(1)
+            mixed = [keys[3], absent, keys[0], keys[1], absent + "x", keys[2]]
+            into = [slots[8], slots[9], slots[10], slots[11], slots[5], slots[4]]
+            assert [pool.is_bound(s) for s in into] == [False, True, False, True, False, True]
+            assert await backend._get(mixed, into) == [True, False, True, True, False, True]
+            assert [record_of(pool, into[i]) for i in (0, 2, 3, 5)] == [records[k] for k in (keys[3], keys[0], keys[1], keys[2])]
+            pool.free(slots)
+        assert pool.free_slots == pool.num_slots
 
 
 async def test_capabilities(master):
@@ -261,16 +379,17 @@ def _foreign_records(pool: HostPool, key: str) -> dict[str, bytes]:
     """Broken objects a store may hold under ``key`` (another page's record of this spec among them)."""
     [slot] = pool.allocate(1)
     fill_and_seal(pool, [slot], [key])
-    good = bytes(pool.record_view(slot))
+    good = record_of(pool, slot)
     flipped = bytearray(good)
     flipped[5000] ^= 0x40
     fill_and_seal(pool, [slot], [key + "-other"])
-    other_key = bytes(pool.record_view(slot))
+    other_key = record_of(pool, slot)
     pool.free([slot])
     return {
         "corrupt": bytes(flipped),
         "other_key": other_key,
         "truncated": good[:-100],
+        "shorter_than_a_header": good[:1000],
         "longer": good + b"\0" * 4096,
         "not_a_record": os.urandom(len(good)),
     }
@@ -283,16 +402,17 @@ def raw_client(master):
     client.close()
 
 
-@pytest.fixture(scope="module")
-def shared(master):
-    """A pool and a backend that several tests share (a store client takes ~1 s to close)."""
-    with HostPool(SPEC, 64) as pool:
+@pytest.fixture(scope="module", params=["plain", "bound"])
+def shared(master, request):
+    """A pool and a backend that several tests share (a store client takes ~1 s to close): once
+    plain, once with every slot bound to an engine's memory (its reads go by parts)."""
+    with (HostPool(SPEC, 64) if request.param == "plain" else bound_pool(SPEC, 64)) as pool:
         backend = open_backend(master.url(global_segment_bytes="32MiB", timeout_s=10), pool)
         yield pool, backend
         asyncio.run(backend.aclose())
 
 
-@pytest.mark.parametrize("kind", ["corrupt", "other_key", "truncated", "longer", "not_a_record"])
+@pytest.mark.parametrize("kind", ["corrupt", "other_key", "truncated", "shorter_than_a_header", "longer", "not_a_record"])
 async def test_broken_record_is_a_counted_deleted_miss(shared, raw_client, kind):
     pool, backend = shared
     free_before = pool.free_slots
@@ -300,7 +420,7 @@ async def test_broken_record_is_a_counted_deleted_miss(shared, raw_client, kind)
     assert raw_client.put(key, _foreign_records(pool, key)[kind]) == 0
     assert await backend.exists([key]) == 1
     [dst] = pool.allocate(1)
-    pool.record_view(dst)[:] = b"\x5a" * pool.record_bytes
+    pool.fill_record(dst, b"\x5a" * pool.record_bytes)
     corrupt, foreign, hits = backend.stats.corrupt, backend.stats.foreign, backend.stats.hits
     assert await backend.get_into([key], [dst]) == [False]
     assert (backend.stats.corrupt - corrupt, backend.stats.foreign - foreign, backend.stats.hits - hits) == (1, 0, 0)
@@ -312,7 +432,8 @@ async def test_broken_record_is_a_counted_deleted_miss(shared, raw_client, kind)
 @pytest.mark.parametrize("kind", ["bigger_spec", "smaller_spec"])
 async def test_foreign_record_is_a_counted_miss_left_in_place(shared, raw_client, kind):
     """A record of another spec with bigger or smaller pages (the store refuses to read a larger
-    object into the slot: its header is read apart): a foreign miss."""
+    object into the slot, and a gather read into a bound slot's parts fails on a shorter one: its
+    size and header are read apart): a foreign miss."""
     pool, backend = shared
     free_before = pool.free_slots
     [key] = new_keys(1)

@@ -12,7 +12,8 @@ URL: ``file:///mnt/nvme/kv?capacity_bytes=2TiB&o_direct=true&fsync=true&workers=
   slot, which is 4 KiB aligned in address and length). Where the filesystem refuses O_DIRECT
   (tmpfs) the backend falls back to buffered I/O and says so in ``direct_io``. A record in parts
   (a ``BoundPool`` slot over an engine's host pool) moves with one ``readv`` / ``writev`` of its
-  parts, buffered: an engine's buffers are not 4 KiB aligned.
+  parts: direct where every part is 4 KiB aligned; else reads are buffered, and writes under
+  direct I/O go through the slot's own aligned memory (``_write_parts`` says why).
 - Capacity in bytes with least-recently-used eviction; the index is rebuilt from the directory
   (mtime order) on open, so pages survive a restart of the process (and trimmed to the capacity).
   Under any concurrency of this backend's workers, the bytes of page and temp files stay within
@@ -70,7 +71,7 @@ from pydantic import Field
 
 from ..errors import BackendError, BackendNotWritableError, BackendUnavailableError, ConfigError, PoolError, RecordError
 from ..model import record
-from ..model.sizes import round_up
+from ..model.sizes import ALIGN, round_up
 from .base import Backend, Capabilities, NotARecord, OtherLength, matches_read, read_length
 from .url_options import MAX_TTL_S, ByteSize, TimeoutSeconds, Workers, check_fields, options_from_url, split_url
 
@@ -331,35 +332,65 @@ class FileBackend(Backend):
             os.close(fd)
 
     # --- blocking work, run on the executor --------------------------------------------------
-    def _open_flags(self, slot: int) -> int:
-        # Direct I/O needs 4 KiB aligned buffers: a slot of this pool's own memory, never a record
-        # in parts (a BoundPool slot whose payload lies in an engine's host pool).
-        return os.O_DIRECT if self.direct_io and self.pool.is_contiguous(slot) else 0
+    def _aligned_parts(self, slot: int) -> bool:
+        """Whether every part of ``slot``'s record is 4 KiB aligned in address and length, as
+        direct I/O needs (a plain slot always is; an engine's ranges may be)."""
+        return all(address % ALIGN == 0 and size % ALIGN == 0 for address, size in self.pool.part_addresses(slot))
 
-    def _read_parts(self, slot: int) -> list[memoryview]:
-        """Where a get reads a page file into ``slot``: the whole padded slot for direct I/O
-        (aligned reads), else the record's parts (one view, or a bound slot's header and ranges)."""
-        if self._open_flags(slot):
-            return [self.pool.slot_view(slot)]
-        return self.pool.record_parts(slot)
+    def _read_parts(self, slot: int) -> tuple[list[memoryview], int, bool]:
+        """Where a get reads a page file into ``slot``, the open flags, and whether what lands
+        there is then copied into the slot's record parts: the whole padded slot for direct I/O
+        (aligned reads), else the record's parts (one view, or a bound slot's header and ranges:
+        read straight where they are aligned or direct I/O is off; with direct I/O and unaligned
+        parts, into the slot's own aligned memory first, as ``_write_parts`` writes them)."""
+        if self.pool.is_contiguous(slot):
+            if self.direct_io:
+                return [self.pool.slot_view(slot)], os.O_DIRECT, False
+            return [self.pool.record_view(slot)], 0, False
+        if not self.direct_io:
+            return self.pool.record_parts(slot), 0, False
+        if self._aligned_parts(slot):
+            return self.pool.record_parts(slot), os.O_DIRECT, False
+        return [self.pool.own_slot_view(slot)], os.O_DIRECT, True
 
     def _read_view(self, slot: int) -> memoryview | bytes:
         """What a get read into ``slot``, as one buffer (for the compare before a delete)."""
-        if self._open_flags(slot):
+        if self.pool.is_contiguous(slot) and self.direct_io:
             return self.pool.slot_view(slot)
         return self.pool.record_contents(slot)
 
+    def _write_parts(self, slot: int) -> tuple[list[memoryview], int]:
+        """What a put writes for ``slot``, and the open flags: always ``file_bytes``, the record then
+        its padding, whichever pool wrote it. A bound slot's parts go out as they are where they are
+        aligned or direct I/O is off; with direct I/O and unaligned parts (DSA's indexer rows, an
+        engine buffer off a page boundary) the record is first copied into the slot's own aligned
+        memory: one contiguous copy, where buffered writes of the parts ran at a third to a half of
+        the rate (docs/benchmarks.md, "SGLang HiCache storage backend")."""
+        if self.pool.is_contiguous(slot):
+            return [self.pool.slot_view(slot)], os.O_DIRECT if self.direct_io else 0
+        if self.direct_io and self._aligned_parts(slot):
+            return self.pool.record_parts(slot), os.O_DIRECT  # aligned lengths: no padding to add
+        if self.direct_io:
+            bounce = self.pool.own_slot_view(slot)
+            done = 0
+            for part in self.pool.record_parts(slot):
+                bounce[done:done + len(part)] = part
+                done += len(part)
+            bounce[done:] = bytes(len(bounce) - done)
+            return [bounce], os.O_DIRECT
+        return [*self.pool.record_parts(slot), memoryview(bytes(self.file_bytes - self.pool.record_bytes))], 0
+
     def _read_one(self, key: str, slot: int) -> bool | OtherLength | NotARecord:
         _, name, path = self._file_of(key)
+        parts, flags, bounced = self._read_parts(slot)
         try:
-            fd = open_page_file(path, self._open_flags(slot))
+            fd = open_page_file(path, flags)
         except FileNotFoundError:
             return False
         except NotRegularFile as exc:
             return NotARecord(str(exc))
         try:
             st = os.fstat(fd)
-            parts = self._read_parts(slot)
             # Never past the slot: a larger file is another spec's page, of which the header
             # (its first bytes) is all the base needs. One read for a short file, so direct I/O
             # never reads from an unaligned offset.
@@ -373,6 +404,8 @@ class FileBackend(Backend):
                 got += n
         finally:
             os.close(fd)
+        if bounced:
+            self.pool.fill_record(slot, parts[0][:min(got, self.pool.record_bytes)])
         with self._lock:
             if name in self._index:
                 self._index.move_to_end(name)
@@ -401,12 +434,12 @@ class FileBackend(Backend):
             except FileExistsError:
                 pass
             name = os.path.join(directory, f"{TEMP_PREFIX}{file_name}-{secrets.token_hex(6)}")
-            fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | self._open_flags(slot), 0o644)
+            parts, flags = self._write_parts(slot)
+            fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | flags, 0o644)
             # Only a temp file that exists is removed below: on a read-only filesystem even the
             # unlink of an absent name fails (EROFS), and would turn a refused put into an error.
             temp = name
             try:
-                parts = self._write_parts(slot)
                 total = sum(len(part) for part in parts)
                 written = 0
                 while written < total:
@@ -455,13 +488,6 @@ class FileBackend(Backend):
                     with self._lock:
                         self._in_flight -= size
         return True
-
-    def _write_parts(self, slot: int) -> list[memoryview]:
-        """What a put writes for ``slot``: the whole padded slot, or a record in parts followed by
-        the padding, so every page file is ``file_bytes`` long whichever pool wrote it."""
-        if self.pool.is_contiguous(slot):
-            return [self.pool.slot_view(slot)]
-        return [*self.pool.record_parts(slot), memoryview(bytes(self.file_bytes - self.pool.record_bytes))]
 
     def _refuse_write(self, path: Path | str, exc: OSError) -> bool:
         """A put the medium refuses for good (a read-only remount, lost permission): False, a

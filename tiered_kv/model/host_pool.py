@@ -140,6 +140,11 @@ class HostPool:
         self.check_slot(slot)
         return True
 
+    def own_slot_view(self, slot: int) -> memoryview:
+        """The padded slot of this pool's own memory (4 KiB aligned), also while a ``BoundPool``
+        slot is bound elsewhere: an aligned buffer a backend may bounce a record through."""
+        return HostPool.slot_view(self, slot)
+
     def record_contents(self, slot: int) -> memoryview | bytes:
         """``slot``'s record as one buffer: its view where it is one, else a copy of its parts."""
         parts = self.record_parts(slot)

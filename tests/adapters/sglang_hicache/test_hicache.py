@@ -99,11 +99,12 @@ def _staging_payloads(backend) -> list[bytes]:
 
 @pytest.mark.parametrize("kind", ["dsa", "mha"])
 @pytest.mark.parametrize("layout", ["page_first", "page_first_direct"])
-def test_in_place_pages_never_pass_through_a_staging_payload(make_backend, tmp_path, kind, layout, request):
-    """With page_first_direct host pools a page's record is sealed over SGLang's own ranges, written
-    from them and read back into them: the staging slots' payloads stay as they were made (zeros).
-    A staged layout gathers every page into one of them."""
-    backend, pools = make_backend(kind, layout, f"file://{tmp_path}/l3")
+def test_in_place_pages_never_pass_through_a_staging_payload(make_backend, redis_server, kind, layout, request):
+    """With page_first_direct host pools a page's record is sealed over SGLang's own ranges, sent
+    from them and received into them (Redis): the staging slots' payloads stay as they were made
+    (zeros). A staged layout gathers every page into one of them. (``file://`` under direct I/O
+    bounces ranges that are not 4 KiB aligned through the slot's own memory: its own tests.)"""
+    backend, pools = make_backend(kind, layout, redis_server.url)
     round_trip(backend, pools, kind, salt_of(request))
     touched = [payload.count(0) != len(payload) for payload in _staging_payloads(backend)]
     assert any(touched) == (layout != "page_first_direct")

@@ -338,15 +338,18 @@ class MooncakeBackend(Backend):
             sizes.append([size for _, size in parts])
         return addresses, sizes
 
-    async def _get(self, keys: list[str], slots: list[int]) -> list[bool | OtherLength | NotARecord]:
+    async def _each_kind(self, keys: list[str], slots: list[int], on_whole, on_parts) -> list:
+        """``on_whole`` for the contiguous slots, ``on_parts`` for those in parts: answers in key order."""
         whole, parts = self._split(slots)
-        found: list[bool | OtherLength | NotARecord] = [False] * len(keys)
-        for indices, get in ((whole, self._get_whole), (parts, self._get_parts)):
+        answers: list = [False] * len(keys)
+        for indices, call in ((whole, on_whole), (parts, on_parts)):
             if indices:
-                answers = await get([keys[i] for i in indices], [slots[i] for i in indices])
-                for i, answer in zip(indices, answers):
-                    found[i] = answer
-        return found
+                for i, answer in zip(indices, await call([keys[i] for i in indices], [slots[i] for i in indices])):
+                    answers[i] = answer
+        return answers
+
+    async def _get(self, keys: list[str], slots: list[int]) -> list[bool | OtherLength | NotARecord]:
+        return await self._each_kind(keys, slots, self._get_whole, self._get_parts)
 
     async def _get_whole(self, keys: list[str], slots: list[int]) -> list[bool | OtherLength | NotARecord]:
         size = self.pool.record_bytes
@@ -439,14 +442,7 @@ class MooncakeBackend(Backend):
             return -1
 
     async def _put(self, keys: list[str], slots: list[int]) -> list[bool]:
-        whole, parts = self._split(slots)
-        stored = [False] * len(keys)
-        for indices, put in ((whole, self._put_whole), (parts, self._put_parts)):
-            if indices:
-                answers = await put([keys[i] for i in indices], [slots[i] for i in indices])
-                for i, answer in zip(indices, answers):
-                    stored[i] = answer
-        return stored
+        return await self._each_kind(keys, slots, self._put_whole, self._put_parts)
 
     async def _put_whole(self, keys: list[str], slots: list[int]) -> list[bool]:
         size = self.pool.record_bytes

@@ -32,7 +32,8 @@ Shared semantics, implemented here once so backends cannot drift:
 - duplicate keys in one batch are fetched / stored once;
 - blocking calls run on the backend's own bounded executor (``run_blocking``); when a caller
   is cancelled or times out, the slots of that call stay held in the pool (``HostPool.hold``)
-  until the worker thread has returned, so no late write lands in a slot given to someone else;
+  until the worker thread has returned, so no late write lands in a slot given to someone else
+  and no late read takes bytes from a slot (or an engine's page it is bound to) reused meanwhile;
 - hits, misses, corrupt and foreign records, bytes and errors are counted from the start (``stats``).
   ``stats.foreign`` counts misses on records that are intact but not this reader's (another spec
   fingerprint, or an object that is no record at all, see ``NotARecord``): each
@@ -297,7 +298,8 @@ class Backend(ABC):
 
     @abstractmethod
     async def _get(self, keys: list[str], slots: list[int]) -> list["bool | OtherLength | NotARecord"]:
-        """Write each present key's stored record into its slot's ``record_view``; False if absent.
+        """Write each present key's stored record into its slot's record (``record_view``, or its
+        ``record_parts`` where ``moves_parts``); False if absent.
 
         Need not verify: the base verifies every slot reported True before counting it. A value
         whose length is not this pool's record size is ``OtherLength`` (its first bytes in the
@@ -307,7 +309,9 @@ class Backend(ABC):
 
     @abstractmethod
     async def _put(self, keys: list[str], slots: list[int]) -> list[bool]:
-        """Store each slot's ``record_view`` under its key unless present (present = True)."""
+        """Store each slot's record (``record_view``, or ``record_parts`` where ``moves_parts``)
+        under its key unless present (present = True). A blocking put holds its slots like a get
+        (``run_blocking``): it reads them until its thread returns."""
 
     @abstractmethod
     async def _delete(self, keys: list[str]) -> None:
@@ -329,8 +333,10 @@ class Backend(ABC):
     async def run_blocking(self, fn: Callable[..., T], *args: Any, hold_slots: Sequence[int] = ()) -> T:
         """Run ``fn`` on this backend's executor, with this backend's timeout.
 
-        ``hold_slots``: slots ``fn`` may write into; if the caller is cancelled or times out they
-        stay held in the pool until ``fn`` has returned.
+        ``hold_slots``: slots ``fn`` reads or writes (a get lands in them, a put reads them, or
+        bounces them through the slot's own memory); if the caller is cancelled or times out they
+        stay held in the pool until ``fn`` has returned, so no other call reuses them and an engine
+        whose pages a bound slot points at can wait for ``is_held`` to end.
         """
         if self._closed:
             raise BackendError(f"{self.scheme} backend is closed")

@@ -632,7 +632,9 @@ class FileBackend(Backend):
         return await self._spread(self._read_one, keys, slots, hold=True)
 
     async def _put(self, keys: list[str], slots: list[int]) -> list[bool]:
-        return await self._spread(self._write_one, keys, slots, hold=False)
+        # Held too: a write reads the slot's parts (an engine's pages, for a bound slot) and may
+        # bounce them through the slot's own memory until its thread returns.
+        return await self._spread(self._write_one, keys, slots, hold=True)
 
     async def _delete(self, keys: list[str]) -> None:
         if self.read_only:

@@ -450,7 +450,7 @@ class MooncakeBackend(Backend):
         args: tuple[Any, ...] = (keys, addresses, [size] * len(keys))
         if self._replicate is not None:
             args += (self._replicate,)
-        codes = await self.run_blocking(self._transfer, self._store.batch_put_from, *args)
+        codes = await self.run_blocking(self._transfer, self._store.batch_put_from, *args, hold_slots=slots)
         return self._classify_put(keys, codes, "batch_put_from")
 
     async def _put_parts(self, keys: list[str], slots: list[int]) -> list[bool]:
@@ -458,7 +458,8 @@ class MooncakeBackend(Backend):
         args: tuple[Any, ...] = (keys, addresses, sizes)
         if self._replicate is not None:
             args += (self._replicate,)
-        codes = await self.run_blocking(self._transfer, self._store.batch_put_from_multi_buffers, *args)
+        codes = await self.run_blocking(self._transfer, self._store.batch_put_from_multi_buffers, *args,
+                                        hold_slots=slots)
         return self._classify_put(keys, codes, "batch_put_from_multi_buffers")
 
     @staticmethod

@@ -271,6 +271,33 @@ async def test_cancelled_get_keeps_its_slots_until_the_worker_returns(tmp_path):
             assert pool.allocate(1) == [slot]
 
 
+async def test_a_cancelled_put_keeps_its_slots_held_until_the_worker_has_read_them(tmp_path):
+    """A put's thread reads the slot (an engine's pages, for a bound slot) until it returns: the
+    slot must not be reused, nor an engine's page it points at, before then."""
+    with HostPool(SPEC, 2) as pool:
+        async with open_backend(f"file://{tmp_path}", pool, workers=1, o_direct=False) as backend:
+            [key] = new_keys(1)
+            gate = threading.Event()
+            write_one = backend._write_one
+            backend._write_one = lambda k, s: (gate.wait(30), write_one(k, s))[1]
+            [slot] = pool.allocate(1)
+            fill_and_seal(pool, [slot], [key])
+            task = asyncio.create_task(backend.put_from([key], [slot]))
+            await asyncio.sleep(0.2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert pool.is_held(slot)
+            pool.free([slot])
+            assert pool.allocate(1) != [slot]
+            gate.set()
+            for _ in range(100):
+                if not pool.is_held(slot):
+                    break
+                await asyncio.sleep(0.02)
+            assert not pool.is_held(slot)
+
+
 async def test_timed_out_get_raises_our_error_and_holds_slots(tmp_path):
     with HostPool(SPEC, 2) as pool:
         async with open_backend(f"file://{tmp_path}", pool, workers=1, timeout_s=0.3, o_direct=False) as backend:

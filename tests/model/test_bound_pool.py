@@ -144,3 +144,40 @@ def test_seal_of_a_free_bound_slot_is_refused(engine):
         pool.bind(0, [latent[0], rest[0]])
         with pytest.raises(ForeignSlotError):
             pool.seal(0, "page")
+
+
+def test_wipe_zeroes_the_slots_own_memory_and_the_ranges_it_is_bound_to(engine):
+    latent, rest = engine
+    untouched = latent[1].copy(), rest[1].copy()
+    with BoundPool(SPEC, 1, [latent, rest]) as pool:
+        [slot] = pool.allocate(1)
+        pool.own_slot_view(slot)[:] = b"\xab" * pool.slot_bytes  # e.g. a record bounced through it
+        pool.bind(slot, [latent[0], rest[0]])
+        pool.wipe(slot)
+        assert not any(pool.own_slot_view(slot))
+        assert not latent[0].any() and not rest[0].any()
+        assert (latent[1] == untouched[0]).all() and (rest[1] == untouched[1]).all()
+        pool.unbind(slot)
+        pool.own_slot_view(slot)[:] = b"\xcd" * pool.slot_bytes
+        pool.wipe(slot)  # unbound: its own memory only
+        assert not any(pool.own_slot_view(slot))
+        assert (latent[1] == untouched[0]).all()
+        pool.free([slot])
+
+
+def test_engine_tensors_of_any_dtype_bind_as_bytes():
+    """An engine's pools hold bf16 (or fp8): bound as their bytes, sealed over them in place."""
+    half = SPEC.page_bytes // 2
+    region = torch.randn(2, SPEC.page_bytes // 2, dtype=torch.bfloat16)  # two pages of bytes
+    with BoundPool(SPEC, 1, [region]) as pool:
+        [slot] = pool.allocate(1)
+        pool.bind(slot, [region[1]])
+        assert pool.part_addresses(slot)[1] == (region[1].data_ptr(), SPEC.page_bytes)
+        pool.seal(slot, "page")
+        pool.verify_slot(slot, "page")
+        region[1, half // 4] += 1  # a changed value in the engine's tensor is a changed record
+        with pytest.raises(CorruptRecordError):
+            pool.verify_slot(slot, "page")
+        with pytest.raises(PoolError, match="contiguous"):
+            pool.bind(slot, [region[:, :half // 2].T])
+        pool.free([slot])

@@ -5,7 +5,7 @@ place already: each component's bytes of one page one contiguous range, in recor
 ``page_first_direct`` layouts). ``BoundPool`` lets such a page be a record without copying it: a
 slot keeps its own 4 KiB header block, and ``bind(slot, parts)`` points its payload at the engine's
 ranges. Backends move a record by its ``record_parts`` (header block, then each part), with
-``readv`` / ``writev``, a socket's gather send or Mooncake's multi-buffer calls; sealing and
+``readv`` / ``writev``, one socket send per part or Mooncake's multi-buffer calls; sealing and
 verifying run over the parts as over one buffer (``record.payload_parts``), so a record written
 through a bound slot is byte for byte the one a plain slot writes, and reads back into either.
 
@@ -14,7 +14,8 @@ engine layout that holds a page in many pieces). Parts must lie in the ``regions
 construction (the engine's pool buffers): what backends that register memory (Mooncake) register,
 and a check that a part is no stray pointer. This module never copies a bound payload, never
 touches a device and never frees the engine's memory; the engine must keep it alive, and must
-not reuse a page while a call that moves it runs (a caller waits for the slot's ``hold`` to end).
+not reuse a page while a call that moves it runs: the call's future, then the slot's ``hold``
+(``is_held``: a backend's thread still reading or writing it), must have ended.
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ def _as_array(buffer) -> np.ndarray:
     if isinstance(buffer, torch.Tensor):
         if buffer.device.type != "cpu":
             raise PoolError(f"a bound pool's memory is host memory; got a tensor on {buffer.device}")
-        return buffer.detach().numpy()
+        if not buffer.is_contiguous():
+            raise PoolError(f"a bound part or region must be one contiguous range; got strides {buffer.stride()}")
+        # Viewed as bytes first: numpy has no bfloat16 or fp8, the dtypes engines' pools use.
+        return buffer.detach().view(-1).view(torch.uint8).numpy()
     if isinstance(buffer, np.ndarray):
         return buffer
     raise PoolError(f"a bound part is a CPU tensor or numpy array, got {type(buffer).__name__}")
@@ -146,7 +150,12 @@ class BoundPool(HostPool):
         return super().slot_address(slot)
 
     def wipe(self, slot: int) -> None:
-        for part in self.record_parts(slot):
+        """Zero the slot's own padded memory and, while bound, the engine's ranges it is bound to."""
+        own = self.own_slot_view(slot)
+        own[:] = bytes(len(own))
+        with self._lock:
+            bound = self._bound.get(self.check_slot(slot), ())
+        for part in bound:
             part[:] = bytes(len(part))
 
     def __repr__(self) -> str:

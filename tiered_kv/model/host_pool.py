@@ -122,7 +122,8 @@ class HostPool:
     def record_parts(self, slot: int) -> list[memoryview]:
         """The writable buffers that hold ``slot``'s record, in order: here the one record view; a
         ``BoundPool`` slot bound to an engine's memory gives its header block, then each payload
-        part. A backend that moves records by parts (``readv``, ``sendmsg``, multi-buffer puts)
+        part. A backend that moves records by parts (``readv`` / ``writev``, one socket send per part,
+        multi-buffer puts)
         serves both."""
         return [self.record_view(slot)]
 
@@ -168,7 +169,8 @@ class HostPool:
         self.fill_record(target, self.record_contents(source))
 
     def wipe(self, slot: int) -> None:
-        """Zero every byte a record of ``slot`` may have landed in (the padding too)."""
+        """Zero every byte a record of ``slot`` may have landed in: the padded slot here; a
+        ``BoundPool`` also zeroes the engine's ranges a bound slot points at."""
         view = self.slot_view(slot)
         view[:] = bytes(len(view))
 

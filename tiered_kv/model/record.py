@@ -206,7 +206,8 @@ def verify(record, *, fingerprint: str, key: str, payload_len: int, record_key: 
 def verify_parts(header_block, payload, *, fingerprint: str, key: str, payload_len: int,
                  record_key: RecordKey | None = None) -> None:
     """``verify`` for a record held in pieces: its 4 KiB ``header_block`` and its ``payload`` as a
-    list of buffers in order (``payload_parts``), which must together be ``payload_len`` bytes.
+    list of buffers in order (``payload_parts``), together ``payload_len`` bytes: fewer is a
+    TruncatedRecordError, more fails the checksum or tag like any changed byte.
     Raises what ``verify`` raises; returns nothing (the payload stays where it is)."""
     header = read_header(header_block)
     check_owner(header, fingerprint=fingerprint, key=key, payload_len=payload_len)

@@ -331,6 +331,71 @@ def test_a_stalled_redis_answers_misses_in_time_and_its_slots_come_back(make_bac
         assert sgl.sglang_get(backend, pools, keys, [4, 5, 6]) == 3
 
 
+@pytest.mark.parametrize("layout", ["page_first", "page_first_direct"])
+def test_closing_during_a_stalled_call_cancels_it_and_later_calls_miss(make_backend, layout, request):
+    """SGLang shuts down while a prefetch waits on a stalled Redis (timeout far off): ``close``
+    returns promptly, the prefetch answers a miss that wrote nothing into its pages, and calls made
+    after the close answer misses instead of raising into SGLang's threads."""
+    import threading
+
+    from ...backends.redis_server import REDIS_SERVER, RedisServer
+
+    if REDIS_SERVER is None:
+        pytest.skip("redis-server is not installed")
+    with RedisServer() as server:
+        backend, pools = make_backend("dsa", layout, server.url, timeout_s=60)
+        keys = round_trip(backend, pools, "dsa", salt_of(request))
+        sgl.wipe(pools)
+        hits = []
+        server.pause()
+        try:
+            def get():
+                try:
+                    hits.append(sgl.sglang_get(backend, pools, keys, [4, 5, 6]))
+                except BaseException as error:  # reported by the assertion below
+                    hits.append(error)
+
+            prefetch = threading.Thread(target=get)
+            prefetch.start()
+            time.sleep(0.5)
+            assert prefetch.is_alive(), "the get ended before the close; the test proved nothing"
+            started = time.monotonic()
+            backend.close()
+            prefetch.join(timeout=20)
+            assert not prefetch.is_alive() and hits == [0]
+            assert time.monotonic() - started < 20
+        finally:
+            server.resume()
+        assert_untouched(pools, [4, 5, 6])
+        assert sgl.sglang_get(backend, pools, keys, [4, 5, 6]) == 0
+        assert sgl.sglang_exists(backend, pools, keys) == 0
+        assert not sgl.sglang_set(backend, pools, keys, [1, 2, 3])
+
+
+def test_an_in_place_call_never_wipes_pages_its_slots_were_bound_to_before(make_backend, tmp_path, request):
+    """A staging slot keeps its binding to the pages of its last call. A read that fails before it
+    bound its own pages must not zero those earlier ones (SGLang may hold other data there by now)."""
+    from tiered_kv.errors import PoolError
+
+    backend, pools = make_backend("dsa", "page_first_direct", f"file://{tmp_path}", staging_slots=2)
+    salt = salt_of(request)
+    keys = sgl.page_hashes(3, sgl.PAGE["dsa"], salt)
+    sgl.fill(pools, seed=salt % 1000)
+    assert sgl.sglang_set(backend, pools, keys, [1, 2, 3])  # the slots stay bound to pages among 1-3
+    want = [sgl.page_bytes(pools, p) for p in (1, 2, 3)]
+    pages = backend._pages
+
+    def failing_bind(slot, host_pages):
+        raise PoolError("a bind that fails before this read's pages are bound")
+
+    pages.bind = failing_bind
+    assert sgl.sglang_get(backend, pools, keys, [4, 5, 6]) == 0
+    assert_pages(pools, [1, 2, 3], want)
+    del pages.bind
+    assert sgl.sglang_get(backend, pools, keys, [4, 5, 6]) == 3
+    assert_pages(pools, [4, 5, 6], want)
+
+
 def test_sglangs_prefetch_and_backup_threads_share_the_staging_slots(make_backend, request):
     """SGLang's backup and prefetch threads call at once; two staging slots serve both, page by page."""
     import threading

@@ -24,8 +24,10 @@ Where every registered pool holds a page of each component as one range of its b
 (``Backend.moves_parts``: file, Redis, Mooncake, memory), a page is moved in place: a slot of a
 ``BoundPool`` keeps the record's 4 KiB header and takes SGLang's ranges as its payload, so the
 backend reads into and writes from SGLang's host pool with no copy, and the record is sealed and
-verified over those ranges. Such a call returns only once nothing writes into SGLang's pages any
-more (a call past its timeout is cancelled and waited for). Every other layout passes through
+verified over those ranges. Such a call returns only once nothing reads or writes SGLang's pages
+any more (a call past its timeout is cancelled and waited for, with a warning once it is past the
+timeout again: a backend thread stuck in the kernel keeps SGLang's thread waiting rather than let
+a late write land in a page SGLang reused). Every other layout passes through
 the slot's own payload, where the page is gathered or scattered (one staging copy). A failing or
 unreachable L3 makes calls answer False / 0 (a miss: SGLang recomputes), never raise.
 """
@@ -47,7 +49,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import (HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo,
                                                   PoolName, PoolTransfer, PoolTransferResult)
 
-from ...errors import ConfigError, TieredKVError
+from ...errors import BackendError, ConfigError, TieredKVError
 from ...model import record
 from ...model.bound_pool import BoundPool
 from .hicache_pages import PoolPages, host_spec, pool_pages
@@ -97,7 +99,7 @@ _OPTIONS: dict[str, tuple[Callable[[object, str], Any], Any]] = {
     "model": (_text, ""),  # the namespace's model; default: SGLang's model name
     "tenant_salt": (_salt, ""),  # keeps two tenants' pages apart
     "staging_slots": (_slots, 64),  # pages in flight between SGLang's pools and L3 at once
-    "timeout_s": (_seconds, 30.0),  # one L3 call; past it the pages are a miss
+    "timeout_s": (_seconds, 30.0),  # one L3 call; past it the pages are a miss (an in-place call cancelled)
     "in_place": (_flag, True),  # false: every page through a staging slot, whatever the layout
 }
 
@@ -118,8 +120,10 @@ def hicache_options(extra: dict | None) -> dict[str, Any]:
     return {name: check(ours[name], name) if name in ours else default for name, (check, default) in _OPTIONS.items()}
 
 
-#: What a call that reaches L3 may fail with: the pages it asked about are a miss.
-_L3_FAILURES = (TieredKVError, concurrent.futures.TimeoutError, TimeoutError, OSError)
+#: What a call that reaches L3 may fail with: the pages it asked about are a miss (cancelled:
+#: the backend was closed under the call).
+_L3_FAILURES = (TieredKVError, concurrent.futures.TimeoutError, TimeoutError, OSError,
+                concurrent.futures.CancelledError)
 
 
 class _LoopThread:
@@ -127,19 +131,59 @@ class _LoopThread:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
+        self._calls: set[asyncio.Task] = set()  # loop-side only: the calls running now
         self._thread = threading.Thread(target=self.loop.run_forever, name="tkv-hicache-loop", daemon=True)
         self._thread.start()
 
+    async def _tracked(self, coroutine: Any) -> Any:
+        task = asyncio.current_task()
+        self._calls.add(task)
+        try:
+            return await coroutine
+        finally:
+            self._calls.discard(task)
+
     def submit(self, coroutine: Any) -> concurrent.futures.Future:
-        """Start ``coroutine`` on the loop. A caller that stops waiting leaves it running (never
-        cancelled): the future is done only once nothing of the call touches its slots any more."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        """Start ``coroutine`` on the loop; a BackendError once the loop is closed. A caller that
+        stops waiting does not cancel it (the future would be done while the task still ran):
+        ``call_soon`` a cancel instead, or ``cancel_calls`` at close."""
+        tracked = self._tracked(coroutine)
+        try:
+            return asyncio.run_coroutine_threadsafe(tracked, self.loop)
+        except RuntimeError as error:  # closed under a call that had passed the closed check
+            tracked.close()
+            coroutine.close()
+            raise BackendError("the tiered-kv HiCache backend is closed") from error
 
     def run(self, coroutine: Any, timeout_s: float) -> Any:
         return self.submit(coroutine).result(timeout=timeout_s)
 
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the loop; nothing once the loop is closed (nothing runs there then)."""
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(callback)
+
+    @property
+    def running(self) -> bool:
+        """Whether the loop still runs calls (a stopped loop never resumes one)."""
+        return self.loop.is_running()
+
+    def cancel_calls(self, timeout_s: float) -> None:
+        """Cancel every call running on the loop and wait, at most ``timeout_s``, until each ended."""
+        async def _cancel() -> None:
+            calls = list(self._calls)
+            for task in calls:
+                task.cancel()
+            if calls:
+                await asyncio.wait(calls, timeout=timeout_s)
+
+        with contextlib.suppress(RuntimeError, concurrent.futures.TimeoutError):
+            asyncio.run_coroutine_threadsafe(_cancel(), self.loop).result(timeout=timeout_s + 1)
+
     def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
+        if self.loop.is_closed():
+            return
+        self.call_soon(self.loop.stop)
         self._thread.join(timeout=5)
         if not self._thread.is_alive():
             self.loop.close()
@@ -148,11 +192,11 @@ class _LoopThread:
 class _Lease:
     """Staging slots and the one L3 call that uses them."""
 
-    def __init__(self, slots: list[int], loop: Any, timeout_s: float, in_place: bool, reads: bool) -> None:
+    def __init__(self, slots: list[int], loop: _LoopThread, timeout_s: float, in_place: bool, reads: bool) -> None:
         self.slots = slots
         self.call: concurrent.futures.Future | None = None
-        self._loop = loop
-        self._timeout_s = timeout_s
+        self.loop = loop
+        self.timeout_s = timeout_s
         self.in_place = in_place
         self.reads = reads
         self.answered = False  # the call returned its answer (not an error, not the timeout)
@@ -175,14 +219,14 @@ class _Lease:
     def run(self, coroutine) -> Any:
         """The call's answer, waited for at most the timeout (a staged call that outlives it keeps
         the slots; an in-place one is cancelled, and the lease's exit waits until it let go).
-        ``call`` is done only once the call's task is (never cancelled from this side, which would
-        mark it done while the task still runs)."""
-        self.call = self._loop.submit(self._tracked(coroutine))
+        ``call`` is done only once the call's task is: it is cancelled on the loop, never through
+        the future, which would mark it done while the task still runs."""
+        self.call = self.loop.submit(self._tracked(coroutine))
         try:
-            answer = self.call.result(timeout=self._timeout_s)
+            answer = self.call.result(timeout=self.timeout_s)
         except concurrent.futures.TimeoutError:
             if self.in_place:
-                self._loop.loop.call_soon_threadsafe(self._abandon)
+                self.loop.call_soon(self._abandon)
             raise
         self.answered = True
         return answer
@@ -196,10 +240,14 @@ class _Staging:
         self.chunk = max(1, pool.num_slots // 2)
         self._array = pool.buffer.numpy()
         self._room = threading.Condition()
+        self._leases = 0  # leases SGLang's threads are inside now
+        self._closing = False
 
     def take(self, count: int, deadline: float) -> list[int] | None:
         with self._room:
             while True:
+                if self._closing:
+                    return None
                 self.pool.reap()
                 if self.pool.free_slots >= count:
                     return self.pool.allocate(count)
@@ -214,13 +262,36 @@ class _Staging:
             self.pool.free(slots, call)
             self._room.notify_all()
 
+    def _idle(self, lease: _Lease) -> bool:
+        call = lease.call
+        if call is not None and not call.done() and lease.loop.running:
+            return False  # a call on a stopped loop never resumes: only its threads may still run
+        return not any(self.pool.is_held(slot) for slot in lease.slots)
+
     def wait_idle(self, lease: _Lease) -> None:
         """Block until nothing of ``lease``'s call is left: the call and every backend thread that
-        held its slots have returned, so nothing touches the SGLang pages they are bound to."""
-        if lease.call is not None:
-            concurrent.futures.wait([lease.call])
-        while any(self.pool.is_held(slot) for slot in lease.slots):
+        held its slots have returned, so nothing touches the SGLang pages they are bound to. A
+        cancelled call ends at once; a backend thread ends with its system call, so this waits
+        past the timeout only for a stuck medium, and says so once."""
+        started, warned = time.monotonic(), False
+        while not self._idle(lease):
+            if not warned and time.monotonic() - started > lease.timeout_s:
+                log.warning("tiered-kv HiCache: an L3 call on %d of SGLang's pages still runs %.0f s after it was "
+                            "cancelled; SGLang's thread waits for it so no late byte lands in a reused page",
+                            len(lease.slots), time.monotonic() - started)
+                warned = True
             time.sleep(0.005)
+
+    def close(self, timeout_s: float) -> bool:
+        """Lease no more slots and wait, at most ``timeout_s``, for the threads inside a lease to
+        leave it; whether all did (only then may the pool's memory go)."""
+        deadline = time.monotonic() + timeout_s
+        with self._room:
+            self._closing = True
+            self._room.notify_all()
+            while self._leases and (left := deadline - time.monotonic()) > 0:
+                self._room.wait(left)
+            return not self._leases
 
     def chunks(self, count: int) -> Iterator[range]:
         """Positions ``0..count`` in runs the pool can stage at once."""
@@ -230,26 +301,34 @@ class _Staging:
     def lease(self, count: int, loop: Any, timeout_s: float, *, in_place: bool = False,
               reads: bool = False) -> Iterator[_Lease | None]:
         """``count`` slots for one L3 call (None: none came free within ``timeout_s``), given back
-        on exit once that call, if it ran, has returned. ``in_place``: the slots are bound to
-        SGLang's pages, and the exit returns only once nothing of the call touches them; a read
-        (``reads``) that gave no answer then zeroes those pages, so no byte of it is left there."""
-        slots = self.take(count, time.monotonic() + timeout_s)
-        if slots is None:
-            yield None
-            return
-        if not in_place:
-            for slot in slots:
-                self.pool.unbind(slot)  # their own payload: a slot keeps the binding of its last call
-        lease = _Lease(slots, loop, timeout_s, in_place, reads)
+        on exit once that call, if it ran, has returned. The slots start unbound (a slot keeps
+        the binding of its last call, to pages SGLang may have reused since). ``in_place``: the
+        caller binds them to SGLang's pages, and the exit returns only once nothing of the call
+        touches them; a read (``reads``) that gave no answer then zeroes the pages it bound, so
+        no byte of it is left there."""
+        with self._room:
+            self._leases += 1
         try:
-            yield lease
+            slots = self.take(count, time.monotonic() + timeout_s)
+            if slots is None:
+                yield None
+                return
+            for slot in slots:
+                self.pool.unbind(slot)
+            lease = _Lease(slots, loop, timeout_s, in_place, reads)
+            try:
+                yield lease
+            finally:
+                if in_place:
+                    self.wait_idle(lease)
+                    if reads and not lease.answered:
+                        for slot in slots:
+                            self.pool.wipe(slot)  # an unbound slot: its own memory only
+                self.give(slots, lease.call)
         finally:
-            if in_place:
-                self.wait_idle(lease)
-                if reads and not lease.answered:
-                    for slot in slots:
-                        self.pool.wipe(slot)
-            self.give(slots, lease.call)
+            with self._room:
+                self._leases -= 1
+                self._room.notify_all()
 
     def payload(self, slot: int) -> np.ndarray:
         start = slot * self.pool.slot_bytes + record.HEADER_BYTES
@@ -325,10 +404,16 @@ class _Pages:
         return self.loop.run(coroutine, self.timeout_s)
 
     def close(self) -> None:
+        """Lease no more slots, cancel the L3 calls in flight (their pages are a miss) and let
+        SGLang's threads leave their leases, then close the backend and the staging pool."""
+        self.staging.close(0)
+        self.loop.cancel_calls(self.timeout_s)
+        idle = self.staging.close(self.timeout_s)
         try:
             self.call(self.backend.aclose())
         finally:
-            self.staging.pool.close()
+            if idle:  # else a thread still in a lease reads the pool; its memory goes with the last reference
+                self.staging.pool.close()
 
 
 def _host_pages(pages: PoolPages, host_indices: torch.Tensor, count: int) -> list[int]:
@@ -382,12 +467,21 @@ class HiCacheBackend(HiCacheStorage):
     def _ready(self) -> _Pages:
         with self._build_lock:
             if self._closed:
-                raise ConfigError("the tiered-kv HiCache backend is closed")
+                raise BackendError("the tiered-kv HiCache backend is closed")
             if self._pages is None:
                 if PoolName.KV.value not in self._host_pools:
                     raise ConfigError("no KV host pool registered (register_mem_pool_host)")
                 self._pages = _Pages(self.storage_config, self.options, dict(self._host_pools), self._loop)
             return self._pages
+
+    def _live(self) -> _Pages | None:
+        """The pages, or None where no L3 call can run (closed while SGLang's threads still call,
+        or an L3 that cannot be opened): their calls answer a miss."""
+        try:
+            return self._ready()
+        except BackendError as error:
+            log.warning("tiered-kv HiCache: %s; reported as a miss", error)
+            return None
 
     @property
     def spec(self):
@@ -469,7 +563,9 @@ class HiCacheBackend(HiCacheStorage):
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
         if not keys:
             return []
-        pages = self._ready()
+        pages = self._live()
+        if pages is None:
+            return [False] * len(keys)
         kv_pages = _host_pages(pages.pools[PoolName.KV.value], host_indices, len(keys))
         indexer_pages: dict[int, int] = {}
         if PoolName.INDEXER.value in pages.pools:
@@ -481,7 +577,9 @@ class HiCacheBackend(HiCacheStorage):
 
     def batch_set_v2(self, transfers: list[PoolTransfer],
                      extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:
-        pages = self._ready()
+        pages = self._live()
+        if pages is None:
+            return {transfer.name: [False] * len(transfer.keys or ()) for transfer in transfers}
         results: dict[str, list[bool]] = {}
         for transfer in transfers:
             keys = list(transfer.keys or [])
@@ -535,7 +633,9 @@ class HiCacheBackend(HiCacheStorage):
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
         if not keys:
             return []
-        pages = self._ready()
+        pages = self._live()
+        if pages is None:
+            return [False] * len(keys)
         kv_pages = _host_pages(pages.pools[PoolName.KV.value], host_indices, len(keys))
         targets = {PoolName.KV.value: kv_pages}
         if PoolName.INDEXER.value in pages.pools:
@@ -548,7 +648,9 @@ class HiCacheBackend(HiCacheStorage):
 
     def batch_get_v2(self, transfers: list[PoolTransfer],
                      extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:
-        pages = self._ready()
+        pages = self._live()
+        if pages is None:
+            return {transfer.name: [False] * len(transfer.keys or ()) for transfer in transfers}
         results: dict[str, list[bool]] = {}
         for transfer in transfers:
             keys = list(transfer.keys or [])

@@ -75,12 +75,17 @@ def shared_pool():
         yield pool
 
 
-@pytest.fixture(scope="module")
-def shared_backend(shared_pool, master):
-    # The backend holds no event-loop state: each test's loop may drive it.
-    backend = open_backend(master.url(global_segment_bytes="64MiB", timeout_s=10), shared_pool)
+def shared_store_client(pool, master):
+    """One store client for a whole class, closed after it. It holds no event-loop state: each
+    test's loop may drive it."""
+    backend = open_backend(master.url(global_segment_bytes="64MiB", timeout_s=10), pool)
     yield backend
     asyncio.run(backend.aclose())
+
+
+@pytest.fixture(scope="module")
+def shared_backend(shared_pool, master):
+    yield from shared_store_client(shared_pool, master)
 
 
 class TestMooncakeContract(BackendContract):
@@ -114,9 +119,7 @@ def shared_bound_pool():
 
 @pytest.fixture(scope="class")
 def shared_bound_backend(shared_bound_pool, master):
-    backend = open_backend(master.url(global_segment_bytes="64MiB", timeout_s=10), shared_bound_pool)
-    yield backend
-    asyncio.run(backend.aclose())
+    yield from shared_store_client(shared_bound_pool, master)
 
 
 class TestMooncakeBoundContract(TestMooncakeContract):

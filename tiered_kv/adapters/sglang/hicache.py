@@ -282,13 +282,17 @@ class _Staging:
                 warned = True
             time.sleep(0.005)
 
-    def close(self, timeout_s: float) -> bool:
-        """Lease no more slots and wait, at most ``timeout_s``, for the threads inside a lease to
-        leave it; whether all did (only then may the pool's memory go)."""
-        deadline = time.monotonic() + timeout_s
+    def stop_leasing(self) -> None:
+        """Lease no more slots: a caller waiting for some gets None at once."""
         with self._room:
             self._closing = True
             self._room.notify_all()
+
+    def wait_leases_left(self, timeout_s: float) -> bool:
+        """Wait, at most ``timeout_s``, for the threads inside a lease to leave it; whether all did
+        (only then may the pool's memory go)."""
+        deadline = time.monotonic() + timeout_s
+        with self._room:
             while self._leases and (left := deadline - time.monotonic()) > 0:
                 self._room.wait(left)
             return not self._leases
@@ -406,9 +410,9 @@ class _Pages:
     def close(self) -> None:
         """Lease no more slots, cancel the L3 calls in flight (their pages are a miss) and let
         SGLang's threads leave their leases, then close the backend and the staging pool."""
-        self.staging.close(0)
+        self.staging.stop_leasing()
         self.loop.cancel_calls(self.timeout_s)
-        idle = self.staging.close(self.timeout_s)
+        idle = self.staging.wait_leases_left(self.timeout_s)
         try:
             self.call(self.backend.aclose())
         finally:

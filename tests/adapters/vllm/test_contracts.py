@@ -212,7 +212,9 @@ def test_the_manager_reads_l3_into_l2_and_hits_only_verified_records():
         stored = {k: bytes(pool.record_view(int(s))) for k, s in zip(keys, out.store_spec.block_ids)}
         manager.reset_cache()                                   # L2 forgets: only L3 has them
         pool.buffer.zero_()
-        assert manager.lookup(_key(99), CTX) is LookupResult.RETRY      # L3 is asked first
+        # L3 is asked first: RETRY while its answer is out, MISS where it came back already (a
+        # loaded host); never a hit from the wiped L2.
+        assert manager.lookup(_key(99), CTX) in (LookupResult.RETRY, LookupResult.MISS)
         assert _until(manager, _key(99)) is LookupResult.MISS
         for key in keys:
             assert _until(manager, key) is LookupResult.HIT
